@@ -1,0 +1,30 @@
+"""Tuning Workbench: measure a PyTorch training step under different knobs, honestly.
+
+    import workbench as wb
+    bench = wb.Workbench(model, dataset, loss_fn=..., optimizer=...)   # or wb.demo("jpeg")
+    bench.run(num_workers=2, amp="bf16")
+    bench.results
+
+The measurement core (knobs, workload, runner, results) imports without ipywidgets or altair.
+"""
+
+from .bench import Workbench
+from .knobs import Knobs, knob_names
+from .measure import TrialResult
+from .results import Comparison, ResultLog, compare
+from .runner import TrialInterrupted, run_trial
+
+__version__ = "0.1.0"
+
+
+def demo(name: str, **kwargs):
+    """A Workbench on a built-in demo workload (generated data, no downloads); see `demos.DEMOS`."""
+    from .demos import demo as _demo
+
+    return _demo(name, **kwargs)
+
+
+__all__ = [
+    "Comparison", "Knobs", "ResultLog", "TrialInterrupted", "TrialResult", "Workbench", "compare",
+    "demo", "knob_names", "run_trial",
+]

@@ -1,0 +1,167 @@
+"""Workbench: the one object a user holds. Wraps a Workload, runs trials, keeps the ResultLog."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from .knobs import Knobs
+from .measure import TrialResult
+from .results import Comparison, ResultLog, compare
+from .runner import Progress, TrialInterrupted, run_trial
+from .workload import StepFn, Workload, move_to
+
+DEFAULT_LOG_DIR = "workbench-runs"
+
+
+class Workbench:
+    """Measure your model's training step under different knobs; every trial lands in `results`.
+
+    >>> bench = Workbench(model, dataset, loss_fn=torch.nn.CrossEntropyLoss(),
+    ...                   optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
+    >>> bench.run(num_workers=2, amp="bf16")
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data: Any,
+        *,
+        loss_fn: Any = None,
+        optimizer: Any = None,
+        step_fn: StepFn | None = None,
+        device: str | torch.device = "auto",
+        seed: int = 0,
+        log: str | os.PathLike | None = DEFAULT_LOG_DIR,
+        name: str | None = None,
+        warmup_steps: int = 5,
+        steps: int = 30,
+        knobs: Knobs | None = None,
+        loader_timeout_s: float = 120.0,
+    ) -> None:
+        self.workload = Workload(model, data, loss_fn=loss_fn, optimizer=optimizer, step_fn=step_fn,
+                                 device=device, seed=seed)
+        self.name = name or type(model).__name__
+        if steps < 2 or warmup_steps < 0:
+            raise ValueError(f"steps must be >= 2 (for a median and IQR) and warmup_steps >= 0; got {steps}, {warmup_steps}")
+        self.warmup_steps = warmup_steps
+        self.steps = steps
+        self.loader_timeout_s = loader_timeout_s
+        spec = self.workload.spec
+        self.defaults = knobs or Knobs(batch_size=min(spec.default_batch_size, len(spec)) if not spec.iterable else spec.default_batch_size,
+                                       num_workers=spec.default_num_workers)
+        self._probe()
+        self.log = ResultLog(_log_path(log, self.name))
+        self._lock = threading.Lock()  # one trial at a time, whoever asks (cell or panel thread)
+
+    # ---- validation ----------------------------------------------------------------------
+    def _probe(self) -> None:
+        """Run the step's forward once on a throw-away copy so mistakes surface now, with a fix."""
+        from .apply import build_loader
+        from .runner import _check_loss, _Stage
+
+        wl = self.workload
+        if not wl.spec.iterable and len(wl.spec) == 0:
+            raise ValueError("the dataset is empty: pass a dataset with at least one batch of samples")
+        probe_knobs = self.defaults.replace(num_workers=0, persistent_workers=False, prefetch_factor=None)
+        loader = build_loader(wl.spec, probe_knobs, seed=wl.seed, device=wl.device)
+        stage = _Stage()
+        try:
+            batch = next(iter(loader))
+        except StopIteration:
+            raise ValueError("the data yields no batch: the dataset is shorter than one batch") from None
+        batch = move_to(batch, wl.device)
+        model = wl.fresh_model().train()
+        try:
+            loss = wl.compute_loss(model, batch, stage)
+            _check_loss(loss, stage)
+        except TypeError as e:
+            raise TypeError(f"checking one step: {e}") from e
+        except Exception as e:
+            raise ValueError(
+                f"checking one step: {type(e).__name__} in {stage.name}: {e}. Fix the model, loss_fn "
+                "or step_fn so that one batch gives a scalar loss"
+            ) from e
+        wl.check_optimizer(model)
+
+    # ---- the public surface ----------------------------------------------------------------
+    @property
+    def blocks(self) -> list[str]:
+        """Candidate block names for `checkpoint=[...]` (see `block_params` for their sizes)."""
+        return list(self.workload.blocks)
+
+    @property
+    def block_params(self) -> dict[str, int]:
+        """{block name: parameter count}."""
+        return dict(self.workload.blocks)
+
+    @property
+    def device(self) -> torch.device:
+        return self.workload.device
+
+    def knobs(self, base: Knobs | None = None, **changes: Any) -> Knobs:
+        """The workbench's default Knobs (or `base`) with `changes` applied and validated."""
+        return (base or self.defaults).replace(**changes)
+
+    def run(self, knobs: Knobs | None = None, /, *, progress: Progress | None = None,
+            cancel: threading.Event | None = None, **changes: Any) -> TrialResult:
+        """Run one measured trial (blocking) and append it to `results`.
+
+        `bench.run(num_workers=2, amp="bf16")` changes the defaults; `bench.run(knobs)` runs a
+        Knobs value as is. A failing trial returns with its status; Ctrl-C is recorded, then
+        re-raised.
+        """
+        k = self.knobs(knobs, **changes)
+        with self._lock:
+            try:
+                result = run_trial(self.workload, k, warmup_steps=self.warmup_steps, steps=self.steps,
+                                   progress=progress, cancel=cancel, loader_timeout_s=self.loader_timeout_s)
+            except TrialInterrupted as e:
+                e.result = self.log.append(e.result)
+                raise
+            return self.log.append(result)
+
+    @property
+    def trials(self) -> list[TrialResult]:
+        return list(self.log.trials)
+
+    @property
+    def results(self) -> pd.DataFrame:
+        """One row per trial: knobs, metrics, speedup vs baseline, status."""
+        return self.log.frame()
+
+    @property
+    def baseline(self) -> TrialResult | None:
+        return self.log.baseline
+
+    def set_baseline(self, trial: int | TrialResult) -> None:
+        """Make a trial (id or result) the reference for speedups and verdicts."""
+        self.log.set_baseline(trial.trial_id if isinstance(trial, TrialResult) else trial)
+
+    def compare(self, a: int | TrialResult, b: int | TrialResult) -> Comparison:
+        """Is B faster than A beyond noise? (trial ids or results)"""
+        ra = a if isinstance(a, TrialResult) else self.log.get(a)
+        rb = b if isinstance(b, TrialResult) else self.log.get(b)
+        return compare(ra, rb)
+
+    def __repr__(self) -> str:
+        wl = self.workload
+        return (f"<Workbench {self.name!r} on {wl.device} | {wl.num_parameters:,} parameters | "
+                f"{len(self.log.trials)} trials | log: {self.log.path}>")
+
+
+def _log_path(log: str | os.PathLike | None, name: str) -> Path | None:
+    """A directory gets one `<name>.jsonl` per workbench name; a path ending in .jsonl is used as is."""
+    if log is None:
+        return None
+    p = Path(log)
+    if p.suffix == ".jsonl":
+        return p
+    return p / (re.sub(r"[^A-Za-z0-9_.-]+", "_", name) + ".jsonl")

@@ -1,0 +1,280 @@
+"""Workload: the user's model, data, loss and optimizer, validated once and snapshotted.
+
+Everything a trial needs to rebuild the same starting point: a pristine copy of the model taken at
+construction (the user's object is never trained), the dataset and loader settings, and the
+function that turns one batch into a scalar loss.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
+
+StepFn = Callable[[nn.Module, Any], torch.Tensor]
+OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """'auto' picks cuda, then mps, then cpu; anything else must be a device torch knows."""
+    if isinstance(device, torch.device):
+        dev = device
+    elif device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    elif isinstance(device, str):
+        try:
+            dev = torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:1' or 'mps'") from e
+    else:
+        raise TypeError(f"device must be a string or torch.device, got {type(device).__name__}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for CUDA but torch.cuda.is_available() is False: use device='cpu' or 'auto'")
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"device {device!r} asked for MPS but it is not available here: use device='cpu' or 'auto'")
+    if dev.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise ValueError(f"device type {dev.type!r} is not supported: use 'cpu', 'cuda' or 'mps'")
+    return dev
+
+
+def move_to(batch: Any, device: torch.device, *, non_blocking: bool = False, channels_last: bool = False) -> Any:
+    """Move every tensor in a (nested) tuple/list/dict batch to `device`, keeping its shape."""
+    if isinstance(batch, torch.Tensor):
+        t = batch.to(device, non_blocking=non_blocking)
+        if channels_last and t.dim() == 4 and t.is_floating_point():
+            t = t.contiguous(memory_format=torch.channels_last)
+        return t
+    if isinstance(batch, Mapping):
+        moved = {k: move_to(v, device, non_blocking=non_blocking, channels_last=channels_last) for k, v in batch.items()}
+        try:
+            return type(batch)(moved)  # keeps dict subclasses such as HF BatchEncoding
+        except TypeError:
+            return moved
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(move_to(v, device, non_blocking=non_blocking, channels_last=channels_last) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(v, device, non_blocking=non_blocking, channels_last=channels_last) for v in batch)
+    return batch
+
+
+def batch_size_of(batch: Any) -> int:
+    """Samples in a batch: the leading dimension of its first tensor (1 if it has none)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else 1
+    if isinstance(batch, Mapping):
+        values = list(batch.values())
+    elif isinstance(batch, (list, tuple)):
+        values = list(batch)
+    else:
+        return 1
+    for v in values:
+        n = batch_size_of(v) if isinstance(v, (torch.Tensor, Mapping, list, tuple)) else None
+        if n is not None and (isinstance(v, torch.Tensor) or n != 1):
+            return n
+    return 1
+
+
+def split_batch(batch: Any, has_loss_fn: bool) -> tuple[tuple, dict, Any]:
+    """(positional inputs, keyword inputs, target) for the default step.
+
+    (x, y) or (x1, ..., y) feeds all but the last item to the model when there is a loss_fn; a
+    dict batch is passed as keywords; a lone tensor is the only input.
+    """
+    if isinstance(batch, Mapping):
+        return (), dict(batch), None
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        if has_loss_fn and len(batch) >= 2:
+            return tuple(batch[:-1]), {}, batch[-1]
+        return tuple(batch), {}, None
+    return (batch,), {}, None
+
+
+def output_loss(out: Any) -> Any:
+    """The loss a model returns itself: `.loss`, a dict's "loss", or the output as is."""
+    if isinstance(out, Mapping) and "loss" in out:
+        return out["loss"]
+    if hasattr(out, "loss"):
+        return out.loss
+    return out
+
+
+def optimizer_factory(optimizer: Any) -> OptimizerFactory:
+    """Accept a factory `params -> Optimizer`, an Optimizer class, or an instance to rebuild."""
+    if optimizer is None:
+        return lambda params: torch.optim.AdamW(params, lr=1e-3)
+    if isinstance(optimizer, torch.optim.Optimizer):
+        cls = type(optimizer)
+        hyper = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+        accepted = inspect.signature(cls.__init__).parameters
+        hyper = {k: v for k, v in hyper.items() if k in accepted}
+        return lambda params: cls(params, **hyper)
+    if callable(optimizer):
+        return optimizer
+    raise TypeError(
+        "optimizer must be a factory such as `lambda params: torch.optim.AdamW(params, lr=1e-3)` "
+        f"or an Optimizer instance, got {type(optimizer).__name__}"
+    )
+
+
+@dataclass
+class LoaderSpec:
+    """How to rebuild the user's loader: dataset, collate and sampling taken from what they passed."""
+
+    dataset: Dataset
+    collate_fn: Callable | None
+    shuffle: bool  # seeded shuffle (RandomSampler) or the dataset's order
+    sampler: Any  # a custom sampler reused as-is (None when shuffle decides)
+    drop_last: bool
+    default_batch_size: int
+    default_num_workers: int
+    iterable: bool
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+
+def loader_spec(data: Any) -> LoaderSpec:
+    """Read a Dataset or DataLoader into a LoaderSpec; anything else raises naming the fix."""
+    if isinstance(data, DataLoader):
+        iterable = isinstance(data.dataset, IterableDataset)
+        sampler = None
+        shuffle = False
+        if not iterable:
+            if isinstance(data.sampler, RandomSampler):
+                shuffle = True
+            elif not isinstance(data.sampler, SequentialSampler):
+                sampler = data.sampler
+        return LoaderSpec(
+            dataset=data.dataset,
+            collate_fn=data.collate_fn,
+            shuffle=shuffle,
+            sampler=sampler,
+            drop_last=data.drop_last,
+            default_batch_size=data.batch_size or 32,
+            default_num_workers=data.num_workers,
+            iterable=iterable,
+        )
+    if isinstance(data, IterableDataset):
+        return LoaderSpec(data, None, False, None, False, 32, 0, iterable=True)
+    if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        return LoaderSpec(data, None, True, None, False, 32, 0, iterable=False)
+    raise TypeError(
+        f"data must be a torch Dataset (map-style or iterable) or a DataLoader, got {type(data).__name__}; "
+        "wrap tensors with torch.utils.data.TensorDataset(x, y)"
+    )
+
+
+class Workload:
+    """The validated user inputs plus a pristine model snapshot; trials only ever copy it."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data: Any,
+        *,
+        loss_fn: Callable | None = None,
+        optimizer: Any = None,
+        step_fn: StepFn | None = None,
+        device: str | torch.device = "auto",
+        seed: int = 0,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ValueError(
+                "the model has no trainable parameters, so there is nothing to train: pass the "
+                "model itself (not a frozen copy) or set requires_grad=True on its parameters"
+            )
+        if step_fn is not None and not callable(step_fn):
+            raise TypeError("step_fn must be a function (model, batch) -> scalar loss tensor")
+        if loss_fn is not None and not callable(loss_fn):
+            raise TypeError("loss_fn must be callable, e.g. torch.nn.CrossEntropyLoss()")
+        if not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        self.device = resolve_device(device)
+        self.spec = loader_spec(data)
+        self.loss_fn = loss_fn
+        self.step_fn: StepFn | None = step_fn
+        self.optimizer_factory = optimizer_factory(optimizer)
+        self.seed = seed
+        # The snapshot every trial copies: taken now, on the CPU, so later edits to the user's
+        # model (or its training) never leak into trials.
+        self.pristine = copy.deepcopy(model).to("cpu")
+        self.has_conv = any(isinstance(m, (nn.Conv2d, nn.Conv3d, nn.Conv1d)) for m in model.modules())
+        self.blocks = blocks_of(self.pristine)
+
+    def compute_loss(self, model: nn.Module, batch: Any, stage: Any) -> Any:
+        """Batch -> loss, recording in `stage.name` which part of the user's code is running."""
+        if self.step_fn is not None:
+            stage.name = "step_fn"
+            return self.step_fn(model, batch)
+        args, kwargs, target = split_batch(batch, self.loss_fn is not None)
+        stage.name = "model"
+        out = model(*args, **kwargs)
+        stage.name = "loss"
+        if self.loss_fn is None:
+            return output_loss(out)
+        return self.loss_fn(out, target) if target is not None else self.loss_fn(out)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.pristine.parameters())
+
+    def fresh_model(self) -> nn.Module:
+        """A trainable copy of the snapshot on the workload's device."""
+        return copy.deepcopy(self.pristine).to(self.device)
+
+    def check_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """Build the optimizer, failing with a fix if the factory returns something else."""
+        opt = self.optimizer_factory(model.parameters())
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(
+                f"the optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer: "
+                "pass e.g. `optimizer=lambda params: torch.optim.SGD(params, lr=0.1)`"
+            )
+        return opt
+
+
+def blocks_of(model: nn.Module) -> dict[str, int]:
+    """Candidate blocks for activation checkpointing: {name: parameter count}.
+
+    The children of every outermost ModuleList/Sequential (e.g. 'blocks.0', 'blocks.1'); a model
+    without such containers offers its top-level children that have parameters.
+    """
+    found: dict[str, int] = {}
+
+    def visit(prefix: str, module: nn.Module) -> None:
+        for name, child in module.named_children():
+            full = f"{prefix}{name}"
+            if isinstance(child, (nn.ModuleList, nn.Sequential)) and len(child) > 1:
+                for sub_name, sub in child.named_children():
+                    n = sum(p.numel() for p in sub.parameters())
+                    if n:
+                        found[f"{full}.{sub_name}"] = n
+            else:
+                visit(f"{full}.", child)
+
+    if isinstance(model, nn.Sequential):
+        for name, child in model.named_children():
+            n = sum(p.numel() for p in child.parameters())
+            if n:
+                found[name] = n
+    else:
+        visit("", model)
+    if not found:
+        for name, child in model.named_children():
+            n = sum(p.numel() for p in child.parameters())
+            if n:
+                found[name] = n
+    return found
