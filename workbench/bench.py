@@ -151,6 +151,37 @@ class Workbench:
         rb = b if isinstance(b, TrialResult) else self.log.get(b)
         return compare(ra, rb)
 
+    # ---- notebook layer and analyses (lazy imports: the core never needs widgets or altair) ----
+    def panel(self) -> Any:
+        """Knob widgets + progress + live chart + results table in one output (see panel.py)."""
+        from .panel import Panel
+
+        return Panel(self).show()
+
+    def chart(self) -> Any:
+        """The comparison chart of all trials as a plain altair Chart (save to HTML/PNG)."""
+        from .charts import comparison_chart
+
+        return comparison_chart(self.results)
+
+    def diagnose(self, **kwargs: Any) -> Any:
+        """Why is the step slow, and what to try next (see diagnose/)."""
+        from .diagnose import diagnose
+
+        return diagnose(self, **kwargs)
+
+    def tune(self, budget: int = 12, **kwargs: Any) -> Any:
+        """Greedy search in the seeds' order, keeping a change only when it wins beyond noise."""
+        from .tune import tune
+
+        return tune(self, budget=budget, **kwargs)
+
+    def fit_memory(self, budget_bytes: int, effective_batch: int, **kwargs: Any) -> Any:
+        """A configuration within `budget_bytes` at `effective_batch` samples per optimizer step."""
+        from .tune import fit_memory
+
+        return fit_memory(self, budget_bytes=budget_bytes, effective_batch=effective_batch, **kwargs)
+
     def __repr__(self) -> str:
         wl = self.workload
         return (f"<Workbench {self.name!r} on {wl.device} | {wl.num_parameters:,} parameters | "

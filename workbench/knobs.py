@@ -119,6 +119,12 @@ class Knobs:
                 parts.append(f"{k}={v}")
         return " ".join(parts)
 
+    def to_code(self, **kwargs: Any) -> str:
+        """A runnable plain-PyTorch training loop reproducing this configuration (see codegen.py)."""
+        from .codegen import knobs_to_code
+
+        return knobs_to_code(self, **kwargs)
+
     def __str__(self) -> str:
         changes = Knobs().diff(self)
         inner = ", ".join(f"{k}={v!r}" for k, (_, v) in changes.items())

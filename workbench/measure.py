@@ -239,6 +239,10 @@ class TrialResult:
         ]
         return f"<{head} " + " | ".join(parts) + f" | {self.knobs}>"
 
+    def to_code(self, **kwargs: Any) -> str:
+        """Plain-PyTorch code reproducing this trial's knobs (see `Knobs.to_code`)."""
+        return self.knobs.to_code(**kwargs)
+
     def to_record(self) -> dict[str, Any]:
         """A flat, JSON-safe dict (knobs inlined) for the log and for pandas."""
         d = asdict(self)
