@@ -8,3 +8,63 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Every test (and notebook) that compiles shares one cache: a cold compile costs ~20 s here, warm ~2 s.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".inductor-cache"))
+
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import Dataset, TensorDataset  # noqa: E402
+
+
+class TinyNet(torch.nn.Module):
+    """Two residual blocks in a ModuleList (so `blocks` finds 'blocks.0', 'blocks.1')."""
+
+    def __init__(self, d: int = 16, classes: int = 4) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(8, d)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d)) for _ in range(2)
+        )
+        self.head = torch.nn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = h + b(h)
+        return self.head(h)
+
+
+class SquareDataset(Dataset):
+    """Map-style dataset computing its samples in __getitem__ (picklable for workers)."""
+
+    def __init__(self, n: int = 64) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randn(n, 8, generator=g)
+        self.y = torch.randint(0, 4, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+
+def tiny_data(n: int = 64) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g))
+
+
+@pytest.fixture
+def make_bench(tmp_path):
+    """Factory for a fast Workbench (3 measured steps) on TinyNet, logging under tmp_path."""
+    import workbench as wb
+
+    def make(model=None, data=None, **kw):
+        kw.setdefault("loss_fn", torch.nn.CrossEntropyLoss())
+        kw.setdefault("optimizer", lambda p: torch.optim.SGD(p, lr=0.05))
+        kw.setdefault("steps", 3)
+        kw.setdefault("warmup_steps", 1)
+        kw.setdefault("log", tmp_path / "runs")
+        kw.setdefault("knobs", wb.Knobs(batch_size=8))
+        return wb.Workbench(model if model is not None else TinyNet(), data if data is not None else tiny_data(), **kw)
+
+    return make

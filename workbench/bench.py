@@ -152,11 +152,14 @@ class Workbench:
         return compare(ra, rb)
 
     # ---- notebook layer and analyses (lazy imports: the core never needs widgets or altair) ----
-    def panel(self) -> Any:
-        """Knob widgets + progress + live chart + results table in one output (see panel.py)."""
-        from .panel import Panel
+    def panel(self, **kwargs: Any) -> Any:
+        """Knob widgets + progress + live chart + results table in one output (see panel.py).
 
-        return Panel(self).show()
+        Outside a notebook it prints how to drive the workbench from code and returns None.
+        """
+        from .panel import panel
+
+        return panel(self, **kwargs)
 
     def chart(self) -> Any:
         """The comparison chart of all trials as a plain altair Chart (save to HTML/PNG)."""

@@ -116,10 +116,14 @@ class ResultLog:
                 bad += 1
                 where = "last line (truncated by a crash?)" if i == len(lines) - 1 else f"line {i + 1}"
                 warnings.warn(f"{self.path}: skipped unreadable {where}: {e}", stacklevel=3)
-        if bad and not text.endswith("\n"):
-            # Terminate the broken tail so the next record starts on a line of its own.
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write("\n")
+        if bad and lines and not text.endswith("\n"):
+            # A crash mid-write left a partial last record: keep the fragment beside the log and
+            # cut it from the log, so the next record starts on a line of its own.
+            tail = lines[-1]
+            with open(self.path.with_suffix(".broken"), "a", encoding="utf-8") as f:
+                f.write(tail + "\n")
+            with open(self.path, "r+", encoding="utf-8") as f:
+                f.truncate(len(text.encode("utf-8")) - len(tail.encode("utf-8")))
 
     def _write(self, record: dict[str, Any]) -> None:
         if self.path is None:

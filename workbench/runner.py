@@ -17,6 +17,7 @@ import statistics
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +82,9 @@ def run_trial(
     check_knobs(workload, knobs)
     device = workload.device
     notes = device_notes(knobs, device.type, has_conv=workload.has_conv)
+    for note in notes:
+        if note.startswith("amp='fp16' on CPU"):
+            warnings.warn(note, stacklevel=3)  # a trap worth more than a quiet note
     started = now_iso()
     stage = _Stage()
     state: dict[str, Any] = {}  # every object that holds memory or processes, freed in `finally`
@@ -97,7 +101,9 @@ def run_trial(
         raise TrialInterrupted(res) from None
     except _Stopped:
         return _failure(knobs, "interrupted", f"stopped by the user during {stage.name}", stage, None, notes, started, device)
-    except Exception as e:
+    except Exception as e:  # a failing trial is a result, whatever raised
+        if "DataLoader worker" in str(e) or "DataLoader timed out" in str(e):
+            stage.name = "data"  # raised asynchronously (SIGCHLD handler / timeout), wherever we were
         status = "oom" if _is_oom(e) else "error"
         return _failure(knobs, status, _message(status, e, stage, knobs), stage, e, notes, started, device)
     finally:

@@ -1,0 +1,60 @@
+"""Meters and TrialResult: statistics from raw samples, records, readable repr."""
+
+import math
+
+import torch
+
+import workbench as wb
+from workbench.measure import CpuLoad, StepClock, TrialResult, live_tensor_bytes, profile_peak_bytes, summarize
+
+
+def test_summarize_median_and_iqr():
+    med, iqr = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert med == 3.0 and iqr == 2.0  # an outlier moves neither
+
+
+def test_step_clock_on_cpu():
+    clock = StepClock(torch.device("cpu"))
+    for _ in range(4):
+        clock.mark()
+    d = clock.durations_s()
+    assert len(d) == 3 and all(x >= 0 for x in d)
+
+
+def test_live_tensor_bytes_counts_shared_storage_once():
+    w = torch.zeros(1000)
+    assert live_tensor_bytes([w, w[10:], {"state": w}]) == 4000
+
+
+def test_profile_peak_bytes_sees_transient_allocations():
+    def work():
+        a = torch.ones(1_000_000)  # 4 MB
+        b = torch.ones(1_000_000)  # 8 MB live together
+        del a, b
+        c = torch.ones(500_000)
+        del c
+
+    peak = profile_peak_bytes(work, torch.device("cpu"))
+    assert 7.9e6 < peak < 9e6
+
+
+def test_cpu_load_reports_a_number_on_linux():
+    load = CpuLoad()
+    sum(i * i for i in range(200_000))
+    foreign = load.foreign_cores()
+    assert foreign is None or foreign >= 0
+
+
+def test_record_round_trip_and_repr():
+    r = TrialResult(knobs=wb.Knobs(num_workers=2), status="ok", samples_per_s=1234.5, step_time_s=0.0123,
+                    step_time_iqr_s=0.001, step_times_s=(0.012, 0.013), data_wait_s=(0.0, 0.001),
+                    data_wait_share=0.04, peak_memory_bytes=12_300_000, samples_per_step=16,
+                    losses=(2.0, float("inf")), notes=("a note",), trial_id=3)
+    rec = r.to_record()
+    assert rec["num_workers"] == 2 and rec["losses"] == [2.0, None] and rec["final_loss"] == 2.0
+    back = TrialResult.from_record(rec)
+    assert back.knobs == r.knobs and back.step_times_s == r.step_times_s and math.isnan(back.losses[1])
+    text = repr(r)
+    assert "1,234.5 samples/s" in text and "step 12.3 ms" in text and "peak 12.3 MB" in text and "#3" in text
+    failed = TrialResult(knobs=wb.Knobs(), status="oom", message="out of memory in the model's forward")
+    assert "OOM: out of memory" in repr(failed)

@@ -1,0 +1,262 @@
+"""run_trial: same start for every trial, honest counting, and failure as a result."""
+
+import os
+import signal
+import threading
+import typing
+
+import psutil
+import pytest
+import torch
+from conftest import SquareDataset, TinyNet, tiny_data
+
+import workbench as wb
+from workbench.runner import TrialInterrupted
+
+
+def test_identical_trials_give_bit_identical_losses(make_bench):
+    bench = make_bench()
+    a, b = bench.run(), bench.run()
+    assert a.ok and b.ok
+    assert a.losses == b.losses and len(a.losses) == 3
+
+
+def test_user_model_is_never_mutated(make_bench):
+    class WithBN(TinyNet):
+        def __init__(self):
+            super().__init__()
+            self.bn = torch.nn.BatchNorm1d(4)
+
+        def forward(self, x):
+            return self.bn(super().forward(x))
+
+    model = WithBN()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    bench = make_bench(model=model)
+    bench.run()
+    bench.run(amp="bf16", checkpoint=["blocks.0"])
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert model.training and all(p.grad is None for p in model.parameters())
+    # later edits to the user's model do not leak into trials either (snapshot at construction)
+    first = bench.trials[0].losses
+    with torch.no_grad():
+        model.head.weight.add_(1.0)
+    assert bench.run().losses == first
+
+
+def test_accumulation_counts_samples(make_bench):
+    r = make_bench().run(batch_size=4, accum_steps=3)
+    assert r.samples_per_step == 12
+    assert r.samples_per_s == pytest.approx(12 * 3 / r.extra["wall_s"])
+    assert len(r.step_times_s) == 3 and len(r.data_wait_s) == 3
+
+
+def test_loader_cycles_over_epochs(make_bench):
+    bench = make_bench(data=tiny_data(16), steps=6)
+    r = bench.run(batch_size=8)  # 2 batches per epoch, 1 + 6 steps
+    assert r.ok and r.extra["epochs"] >= 2
+
+
+def test_rng_state_of_the_caller_is_restored(make_bench):
+    bench = make_bench()
+    torch.manual_seed(123)
+    expected = torch.rand(1)
+    torch.manual_seed(123)
+    bench.run()
+    assert torch.equal(torch.rand(1), expected)
+
+
+def test_cached_data_short_circuits_the_loader(make_bench):
+    r = make_bench(data=SquareDataset()).run(data="cached")
+    assert r.ok and r.data_wait_share < 0.05
+
+
+class Counting(torch.nn.Linear):
+    """A block that counts its forward runs in a class-level dict (shared by deep copies)."""
+
+    runs: typing.ClassVar[dict] = {}
+
+    def __init__(self, name: str):
+        super().__init__(16, 16)
+        self.name = name
+
+    def forward(self, x):
+        Counting.runs[self.name] = Counting.runs.get(self.name, 0) + 1
+        return super().forward(x)
+
+
+def test_checkpoint_wraps_exactly_the_named_blocks(make_bench):
+    model = TinyNet()
+    model.blocks = torch.nn.ModuleList([Counting("blocks.0"), Counting("blocks.1")])
+    bench = make_bench(model=model, steps=2, warmup_steps=0)
+    Counting.runs.clear()
+    bench.run(checkpoint=["blocks.1"])
+    assert Counting.runs == {"blocks.0": 2, "blocks.1": 4}  # 2 steps; blocks.1 recomputed in backward
+
+
+def test_unknown_block_lists_the_candidates(make_bench):
+    with pytest.raises(ValueError, match=r"blocks\.0, blocks\.1"):
+        make_bench().run(checkpoint=["encoder.3"])
+
+
+def test_batch_larger_than_dataset(make_bench):
+    with pytest.raises(ValueError, match="lower batch_size to at most 64"):
+        make_bench().run(batch_size=65)
+
+
+def test_notes_say_no_ops(make_bench):
+    r = make_bench().run(pin_memory=True)
+    assert any("pin_memory is a no-op" in n for n in r.notes)
+
+
+class Faulty(TinyNet):
+    """Raises (or returns NaN) at the n-th forward call of the trial's copy."""
+
+    def __init__(self, kind: str, at: int = 2):
+        super().__init__()
+        self.kind, self.at, self.calls = kind, at, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls >= self.at:
+            if self.kind == "oom":
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            if self.kind == "cpu-oom":
+                raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+            if self.kind == "error":
+                raise IndexError("index 9 is out of bounds")
+            if self.kind == "nan":
+                return super().forward(x) * float("nan")
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("kind, status, words", [
+    ("oom", "oom", "out of memory in the model's forward"),
+    ("cpu-oom", "oom", "amp='bf16'"),
+    ("error", "error", "IndexError in the model's forward"),
+    ("nan", "nan", "loss became nan"),
+])
+def test_failures_are_results_and_the_next_trial_works(make_bench, kind, status, words):
+    model = Faulty(kind)
+    bench = make_bench(model=model)
+    model.calls = -10**6  # the probe at construction must pass; trials copy the snapshot below
+    bench.workload.pristine.calls = 0
+    r = bench.run()
+    assert r.status == status and words in r.message
+    assert bench.results["status"].tolist() == [status]
+    bench.workload.pristine.at = 10**9  # heal the workload: the next trial succeeds
+    assert bench.run().ok
+    assert len(bench.results) == 2
+
+
+def test_exception_in_dataset_main_process_and_worker(make_bench):
+    class BadData(SquareDataset):
+        def __getitem__(self, i):
+            if i == 5:
+                raise KeyError("sample 5 is corrupt")
+            return super().__getitem__(i)
+
+    bench = make_bench(data=BadData(), knobs=wb.Knobs(batch_size=8))
+    bench.workload.spec.shuffle = False  # the probe batch (0..7) passes; make order deterministic
+    for workers in (0, 2):
+        r = bench.run(num_workers=workers)
+        assert r.status == "error" and r.where == "data", r.message
+        assert "data pipeline" in r.message and "corrupt" in (r.message + r.traceback)
+    assert psutil.Process().children() == []
+
+
+def test_error_in_step_fn_is_attributed(make_bench):
+    state = {"n": 0}
+
+    def step(model, batch):
+        state["n"] += 1
+        if state["n"] > 1:
+            raise ValueError("bad step")
+        x, y = batch
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    r = make_bench(step_fn=step).run()
+    assert r.status == "error" and r.where == "step_fn" and "in step_fn" in r.message
+
+
+def test_cancel_event_stops_at_a_step_boundary(make_bench):
+    bench = make_bench(steps=50)
+    cancel = threading.Event()
+
+    def progress(phase, done, total):
+        if done >= 3:
+            cancel.set()
+
+    r = bench.run(progress=progress, cancel=cancel)
+    assert r.status == "interrupted" and "stopped by the user" in r.message
+    assert bench.run().ok
+
+
+def test_keyboard_interrupt_is_recorded_then_reraised(make_bench):
+    bench = make_bench(steps=50)
+
+    def progress(phase, done, total):
+        if done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        bench.run(progress=progress)
+    assert isinstance(info.value, TrialInterrupted)
+    assert bench.trials[-1].status == "interrupted" and info.value.result.trial_id == 1
+    assert bench.run().ok
+
+
+def test_no_worker_processes_survive_trials(make_bench):
+    bench = make_bench(data=SquareDataset(), steps=3)
+    bench.run(num_workers=2)
+    bench.run(num_workers=2, persistent_workers=True, prefetch_factor=4)
+    assert psutil.Process().children(recursive=True) == []
+
+
+def test_killed_worker_is_an_error_not_a_hang(make_bench):
+    class Suicidal(SquareDataset):
+        def __getitem__(self, i):
+            import torch.utils.data as tud
+
+            if tud.get_worker_info() is not None and i >= 16:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().__getitem__(i)
+
+    bench = make_bench(data=Suicidal(), steps=6)
+    bench.workload.spec.shuffle = False
+    r = bench.run(num_workers=1)
+    assert r.status == "error" and r.where == "data"
+    assert psutil.Process().children(recursive=True) == []
+    assert bench.run().ok
+
+
+def test_checkpointing_lowers_measured_peak_memory(make_bench):
+    class Wide(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = torch.nn.Linear(8, 64)
+            self.blocks = torch.nn.ModuleList(
+                torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 64))
+                for _ in range(6)
+            )
+            self.head = torch.nn.Linear(64, 4)
+
+        def forward(self, x):
+            h = self.inp(x)
+            for b in self.blocks:
+                h = h + b(h)
+            return self.head(h)
+
+    bench = make_bench(model=Wide(), data=tiny_data(512), knobs=wb.Knobs(batch_size=512), steps=2)
+    plain = bench.run()
+    ckpt = bench.run(checkpoint=bench.blocks)
+    assert plain.peak_memory_bytes > 2.5 * ckpt.peak_memory_bytes
+
+
+def test_fp16_on_cpu_runs_and_warns(make_bench):
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only behaviour")
+    with pytest.warns(UserWarning, match="far slower"):
+        r = make_bench().run(amp="fp16")
+    assert r.status in ("ok", "nan") and any("fp16" in n for n in r.notes)
