@@ -98,6 +98,14 @@ def apply_checkpointing(model: nn.Module, names: tuple[str, ...], available: dic
         block.forward = forward  # instance attribute shadows the class method
 
 
+def remove_checkpointing(model: nn.Module | None, names: tuple[str, ...]) -> None:
+    """Undo `apply_checkpointing` (the wrapper refers back to its block: a reference cycle)."""
+    if model is None:
+        return
+    for name in names:
+        model.get_submodule(name).__dict__.pop("forward", None)
+
+
 def compile_model(model: nn.Module, knobs: Knobs, device: torch.device) -> nn.Module:
     """torch.compile with the knob's mode; reduce-overhead (CUDA graphs) falls back to default off CUDA."""
     if knobs.compile == "off":

@@ -97,19 +97,25 @@ def run_trial(
                               loader_timeout_s, stage, state, notes)
             return TrialResult(knobs=knobs, env=env, started_at=started, **result)
     except KeyboardInterrupt as e:
+        state["failed"] = True
         res = _failure(knobs, "interrupted", f"interrupted by the user during {stage.name}", stage, e, notes, started, device)
         raise TrialInterrupted(res) from None
     except _Stopped:
+        state["failed"] = True
         return _failure(knobs, "interrupted", f"stopped by the user during {stage.name}", stage, None, notes, started, device)
     except Exception as e:  # a failing trial is a result, whatever raised
+        state["failed"] = True
         if "DataLoader worker" in str(e) or "DataLoader timed out" in str(e):
             stage.name = "data"  # raised asynchronously (SIGCHLD handler / timeout), wherever we were
         status = "oom" if _is_oom(e) else "error"
         return _failure(knobs, status, _message(status, e, stage, knobs), stage, e, notes, started, device)
     finally:
         apply.shutdown_loader(state.get("loader"), state.get("iterator"))
+        apply.remove_checkpointing(state.get("model"), knobs.checkpoint)  # breaks a reference cycle
+        failed = state.get("failed", False)
         state.clear()
-        gc.collect()
+        if failed or knobs.compile != "off":
+            gc.collect()  # tracebacks and compiled graphs hold cycles; plain trials free by refcount
         if device.type == "cuda":
             torch.cuda.empty_cache()
         report("done", total, total)
@@ -200,7 +206,7 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
                 loss = workload.compute_loss(step_model, batch, stage)
             _check_loss(loss, stage)
             stage.name = "backward"
-            scaled = loss / knobs.accum_steps
+            scaled = loss / knobs.accum_steps if knobs.accum_steps > 1 else loss  # no extra op at k=1
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         stage.name = "optimizer"
@@ -211,7 +217,7 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if losses is not None:
-            losses.append(step_loss.float() / knobs.accum_steps)  # stays on the device: no sync
+            losses.append(step_loss)  # stays on the device: no sync; averaged once at the end
         if waits is not None:
             waits.append(wait)
         if cancel is not None and cancel.is_set():
@@ -219,7 +225,9 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
 
     # ---- warm-up: compile, allocator growth, worker pipelines fill; not measured -----------
     peak_bytes = None
+    probe_s = 0.0
     warm_times: list[float] = []
+    t_warm = time.perf_counter()
     for i in range(warmup_steps):
         report("compiling" if knobs.compile != "off" and i == 0 else "warming up", i, total)
         probe = measure_memory and device.type == "cpu" and i == warmup_steps - 1
@@ -228,10 +236,13 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
             before = live_tensor_bytes(list(model.parameters()), [p.grad for p in model.parameters()],
                                        optimizer.state, cached)
             peak_bytes = before + profile_peak_bytes(lambda: one_step(None, None), device)
+            probe_s = time.perf_counter() - tw
         else:
             one_step(None, None)
             sync(device)
             warm_times.append(time.perf_counter() - tw)
+
+    warmup_wall_s = time.perf_counter() - t_warm
 
     # ---- the measured window, bracketed by device syncs ------------------------------------
     report("measuring", warmup_steps, total)
@@ -253,7 +264,8 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
     wall = time.perf_counter() - t_start
     foreign = load.foreign_cores()
     step_times = clock.durations_s()
-    loss_values = torch.stack(losses).cpu().tolist()  # the one device->host read of the losses
+    # the one device->host read of the losses (each summed over its micro-batches)
+    loss_values = (torch.stack(losses).float() / knobs.accum_steps).cpu().tolist()
     if device.type == "cuda" and measure_memory:
         peak_bytes = torch.cuda.max_memory_allocated(device)
     samples = state["samples"]
@@ -276,7 +288,8 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
         message = (f"loss became {loss_values[bad[0]]} at measured step {bad[0] + 1}: lower the learning "
                    "rate, clip gradients, check input normalisation"
                    + ("; with fp16 keep the GradScaler (it is on)" if knobs.amp == "fp16" else ""))
-    extra = {"epochs": epochs, "warmup_steps": warmup_steps, "wall_s": wall, "foreign_cores": foreign}
+    extra = {"epochs": epochs, "warmup_steps": warmup_steps, "wall_s": wall, "foreign_cores": foreign,
+             "warmup_wall_s": warmup_wall_s, "memory_probe_s": probe_s}
     return dict(
         status=status,
         message=message,
