@@ -260,3 +260,12 @@ def test_fp16_on_cpu_runs_and_warns(make_bench):
     with pytest.warns(UserWarning, match="far slower"):
         r = make_bench().run(amp="fp16")
     assert r.status in ("ok", "nan") and any("fp16" in n for n in r.notes)
+
+
+@pytest.mark.slow
+def test_compiled_trial_reports_compile_time_and_graphs(make_bench):
+    r = make_bench(steps=3, warmup_steps=2).run(compile="default")
+    assert r.ok, r.message
+    info = r.extra["compile"]
+    assert info["graph_count"] >= 1 and "graph_breaks" in info
+    assert r.compile_s > 0

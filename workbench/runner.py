@@ -17,6 +17,7 @@ import statistics
 import threading
 import time
 import traceback
+import typing
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -227,6 +228,8 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
     peak_bytes = None
     probe_s = 0.0
     warm_times: list[float] = []
+    watch = _compile_watch(knobs)  # graph breaks, recompiles, fallbacks of a compiled trial
+    watch.__enter__()
     t_warm = time.perf_counter()
     for i in range(warmup_steps):
         report("compiling" if knobs.compile != "off" and i == 0 else "warming up", i, total)
@@ -269,6 +272,7 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
     if device.type == "cuda" and measure_memory:
         peak_bytes = torch.cuda.max_memory_allocated(device)
     samples = state["samples"]
+    watch.__exit__(None, None, None)  # only on success: a failed trial reports its exception instead
 
     # ---- derive statistics from the raw samples --------------------------------------------
     median, iqr = summarize(step_times)
@@ -290,6 +294,12 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
                    + ("; with fp16 keep the GradScaler (it is on)" if knobs.amp == "fp16" else ""))
     extra = {"epochs": epochs, "warmup_steps": warmup_steps, "wall_s": wall, "foreign_cores": foreign,
              "warmup_wall_s": warmup_wall_s, "memory_probe_s": probe_s}
+    if watch.info:
+        extra["compile"] = watch.info
+        if watch.info.get("graph_breaks"):
+            notes.append(f"torch.compile: {watch.info['graph_breaks']} graph break(s); see bench.diagnose()")
+        if watch.info.get("recompiles"):
+            notes.append(f"torch.compile: {watch.info['recompiles']} recompile(s) (dynamic shapes?)")
     return dict(
         status=status,
         message=message,
@@ -307,6 +317,27 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
         notes=tuple(notes),
         extra=extra,
     )
+
+
+def _compile_watch(knobs: Knobs) -> Any:
+    """CompileWatch for compiled trials (imported lazily: plain trials never load dynamo)."""
+    if knobs.compile == "off":
+        return _NoWatch()
+    from .diagnose.compile import CompileWatch
+
+    return CompileWatch(enabled=True)
+
+
+class _NoWatch:
+    """Stands in for CompileWatch when nothing is compiled."""
+
+    info: typing.ClassVar[dict] = {}
+
+    def __enter__(self) -> _NoWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
 
 
 def _check_loss(loss: Any, stage: _Stage) -> None:
