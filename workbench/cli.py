@@ -45,7 +45,10 @@ def _demo_lines() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree: run / diagnose / tune, each with --demo and every knob as a flag."""
-    epilog = "demos:\n" + _demo_lines() + "\n\nexample:\n  python -m workbench run --demo jpeg --num-workers 2 --cpu-threads 1"
+    helps = _knob_help()
+    knob_lines = "\n".join(f"  --{name.replace('_', '-'):<20} {text}" for name, text in helps.items())
+    epilog = ("demos:\n" + _demo_lines() + "\n\nknobs (flags of run, diagnose and tune):\n" + knob_lines
+              + "\n\nexample:\n  python -m workbench run --demo jpeg --num-workers 2 --cpu-threads 1")
     parser = argparse.ArgumentParser(
         prog="python -m workbench",
         description="Measure a PyTorch training step under different knobs (30 measured steps after warm-up).",
@@ -53,7 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    helps = _knob_help()
     for cmd, text in (("run", "run one measured trial and print its result"),
                       ("diagnose", "find the bottleneck: short-circuit test, profiler, memory, FLOPs, verdict"),
                       ("tune", "greedy search in the recommended order, keeping only wins beyond noise")):

@@ -282,7 +282,8 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
     if foreign is not None and foreign > FOREIGN_LOAD_LIMIT:
         notes.append(f"disturbed: other processes kept {foreign:.2f} cores busy during the measurement")
     if epochs and not knobs.persistent_workers and knobs.num_workers:
-        notes.append(f"{epochs} epoch boundary(ies) in the window re-forked the workers (persistent_workers=True avoids it)")
+        which = "an epoch boundary" if epochs == 1 else f"{epochs} epoch boundaries"
+        notes.append(f"{which} in the window re-forked the workers (persistent_workers=True avoids it)")
     steady = statistics.median(step_times)  # compile_s = warm-up time beyond steady-state steps
     compile_s = max(0.0, sum(warm_times) - steady * len(warm_times)) if warm_times else 0.0
     status, message = "ok", ""
