@@ -57,9 +57,14 @@ class _Stopped(Exception):
 
 
 class _Stage:
-    """Where the trial is, so a failure can say which part of the user's code raised."""
+    """Where the trial is, so a failure can say which part of the user's code raised, and when."""
 
-    name = "setup"
+    name = "setup"  # setup | data | model | loss | step_fn | backward | optimizer
+    phase = "setup"  # setup | warm-up | measured
+    step = 0  # 1-based step within the phase
+
+    def when(self) -> str:
+        return "while setting up" if self.phase == "setup" else f"at {self.phase} step {self.step}"
 
 
 def run_trial(
@@ -99,11 +104,11 @@ def run_trial(
             return TrialResult(knobs=knobs, env=env, started_at=started, **result)
     except KeyboardInterrupt as e:
         state["failed"] = True
-        res = _failure(knobs, "interrupted", f"interrupted by the user during {stage.name}", stage, e, notes, started, device)
+        res = _failure(knobs, "interrupted", f"interrupted by the user {stage.when()}", stage, e, notes, started, device)
         raise TrialInterrupted(res) from None
     except _Stopped:
         state["failed"] = True
-        return _failure(knobs, "interrupted", f"stopped by the user during {stage.name}", stage, None, notes, started, device)
+        return _failure(knobs, "interrupted", f"stopped by the user {stage.when()}", stage, None, notes, started, device)
     except Exception as e:  # a failing trial is a result, whatever raised
         state["failed"] = True
         if "DataLoader worker" in str(e) or "DataLoader timed out" in str(e):
@@ -232,6 +237,7 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
     watch.__enter__()
     t_warm = time.perf_counter()
     for i in range(warmup_steps):
+        stage.phase, stage.step = "warm-up", i + 1
         report("compiling" if knobs.compile != "off" and i == 0 else "warming up", i, total)
         probe = measure_memory and device.type == "cpu" and i == warmup_steps - 1
         tw = time.perf_counter()
@@ -260,6 +266,7 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
     t_start = time.perf_counter()
     clock.mark()
     for i in range(steps):
+        stage.phase, stage.step = "measured", i + 1
         one_step(losses, waits)
         clock.mark()  # CUDA: an event after the optimizer step; CPU: perf_counter
         report("measuring", warmup_steps + i + 1, total)
@@ -377,7 +384,7 @@ def _message(status: str, e: BaseException, stage: _Stage, knobs: Knobs) -> str:
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
     if status == "oom":
         hint = "try amp='bf16', a smaller batch_size with accum_steps, or checkpoint the largest blocks"
-        return f"out of memory {where}: {hint}"
+        return f"out of memory {where} {stage.when()}: {hint}"
     hints = {
         "data": "run with num_workers=0 to see the dataset's own traceback; check __getitem__ and collate_fn",
         "model": "check the batch's shapes and dtypes against the model's inputs",
@@ -388,7 +395,7 @@ def _message(status: str, e: BaseException, stage: _Stage, knobs: Knobs) -> str:
     if stage.name in ("model", "step_fn") and knobs.compile != "off" and "torch._dynamo" in traceback.format_exc():
         hints[stage.name] = "torch.compile failed: run with compile='off' to confirm, then see the traceback"
     hint = hints.get(stage.name, "see result.traceback")
-    return f"{type(e).__name__} {where}: {text} ({hint})"
+    return f"{type(e).__name__} {where} {stage.when()}: {text} ({hint})"
 
 
 def _failure(knobs, status, message, stage, exc, notes, started, device) -> TrialResult:
