@@ -1,0 +1,239 @@
+"""diagnose/: compile watch, the analyses, the decision tree, and bench.diagnose() end to end."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+import workbench as wb
+from workbench.diagnose import CompileWatch, Diagnosis, explain_compile
+from workbench.diagnose import compile as compile_mod
+from workbench.diagnose.data import DataCheck, check_data, loader_rate, short_circuit_knobs
+from workbench.diagnose.flops import compute_dtype, flops_per_step, gpu_peak_flops
+from workbench.diagnose.memory import block_activation_bytes, memory_breakdown
+from workbench.diagnose.profile import profile_step
+from workbench.diagnose.threads import thread_check
+from workbench.diagnose.verdict import decide
+from workbench.measure import TrialResult
+
+
+class SlowData(Dataset):
+    """Tensors behind a busy-wait __getitem__: a data pipeline far slower than the step."""
+
+    def __init__(self, n: int = 128, delay_s: float = 0.004) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 16, generator=g)
+        self.y = torch.randint(0, 4, (n,), generator=g)
+        self.delay_s = delay_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        t = time.perf_counter()
+        while time.perf_counter() - t < self.delay_s:
+            pass
+        return self.x[i], self.y[i]
+
+
+class Blocks(nn.Module):
+    """Two blocks; block 1 is 8x wider, so it saves far more activations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(16, 16), nn.ReLU()),
+                                     nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 16), nn.ReLU())])
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def make_bench(data=None, **kw) -> wb.Workbench:
+    data = data if data is not None else TensorDataset(torch.randn(128, 16), torch.randint(0, 4, (128,)))
+    return wb.Workbench(Blocks(), data, loss_fn=nn.CrossEntropyLoss(), log=None, steps=3, warmup_steps=1,
+                        knobs=wb.Knobs(batch_size=16), **kw)
+
+
+def fake_result(trial_id: int, step_s: float, *, status: str = "ok", wait: float = 0.0, batch: int = 16,
+                knobs: wb.Knobs | None = None, extra: dict | None = None, n: int = 8) -> TrialResult:
+    """A synthetic trial with steady step times (slightly jittered so the bootstrap has spread)."""
+    times = tuple(step_s * (1 + 0.01 * ((i % 3) - 1)) for i in range(n)) if status == "ok" else ()
+    return TrialResult(knobs=knobs or wb.Knobs(batch_size=batch), status=status, trial_id=trial_id,
+                       samples_per_s=batch / step_s if status == "ok" else None,
+                       step_time_s=step_s if status == "ok" else None, step_times_s=times,
+                       data_wait_share=wait, samples_per_step=batch, peak_memory_bytes=1000,
+                       message="" if status == "ok" else "out of memory in the model's forward",
+                       extra=extra or {})
+
+
+# ---- compile watch ---------------------------------------------------------------------------
+def test_compile_watch_disabled_is_empty():
+    with CompileWatch(enabled=False) as w:
+        torch.ones(2) + 1
+    assert w.info == {}
+
+
+def test_compile_watch_counts_graph_breaks_and_recompiles():
+    torch._dynamo.reset()
+
+    def f(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
+
+    fn = torch.compile(f, backend="eager", dynamic=False)  # dynamo only: fast, no inductor
+    with CompileWatch(enabled=True) as w:
+        fn(torch.ones(3))
+        fn(torch.ones(5))  # new static shape: recompile
+    info = w.info
+    assert info["graph_breaks"] >= 1
+    assert info["break_reasons"] and all(isinstance(r, str) for r in info["break_reasons"])
+    assert info["graph_count"] >= 2
+    assert info["recompiles"] >= 1
+    assert info["recompile_reasons"]
+    import json
+
+    json.dumps(info)  # JSON-safe for the result log
+
+
+def test_compile_watch_never_raises_and_lets_block_errors_through(monkeypatch):
+    watch = CompileWatch(enabled=True)
+    with watch:
+        monkeypatch.setattr(compile_mod, "_counters", lambda: 1 / 0)
+    assert watch.info["errors"] and "ZeroDivisionError" in watch.info["errors"][0]
+    with pytest.raises(KeyError), CompileWatch(enabled=True):
+        raise KeyError("user error")
+
+
+def test_explain_compile_says_why_no_faster():
+    info = {"graph_count": 3, "graph_breaks": 2, "break_reasons": ["Tensor.item()"], "recompiles": 1,
+            "recompile_reasons": ["size mismatch at index 0"], "fallback": ["Unsupported: custom op"]}
+    text = "\n".join(explain_compile(info, speedup=0.98, device_type="cpu", num_parameters=1000, compile_s=12.0))
+    assert "compiled but no faster" in text
+    assert "fell back to eager" in text and "small" in text and "12.0 s" in text
+    assert not any("no faster" in s for s in explain_compile(info, speedup=1.5))
+
+
+# ---- analyses --------------------------------------------------------------------------------
+def test_gpu_peak_table_matches_longest_name_first():
+    assert gpu_peak_flops("NVIDIA H200", "bf16") == pytest.approx(989.4e12)
+    assert gpu_peak_flops("NVIDIA H100 PCIe", "bf16") == pytest.approx(756e12)
+    assert gpu_peak_flops("NVIDIA H100 80GB HBM3", "fp32") == pytest.approx(66.9e12)
+    assert gpu_peak_flops("NVIDIA A10", "fp32") == pytest.approx(31.2e12)  # not the A100 row
+    assert gpu_peak_flops("Tesla T4", "bf16") is None
+    assert gpu_peak_flops("Mystery GPU", "fp32") is None
+    assert compute_dtype(wb.Knobs(amp="bf16")) == "bf16"
+    assert compute_dtype(wb.Knobs(matmul_precision="high")) == "tf32"
+
+
+def test_thread_check_flags_oversubscription():
+    over = thread_check(wb.Knobs(num_workers=2, cpu_threads=2), cores=2)
+    assert over["oversubscribed"] and over["suggest_cpu_threads"] == 1
+    fine = thread_check(wb.Knobs(num_workers=1, cpu_threads=1), cores=2)
+    assert not fine["oversubscribed"] and fine["suggest_cpu_threads"] is None
+
+
+def test_short_circuit_knobs_drop_workers():
+    k = short_circuit_knobs(wb.Knobs(num_workers=2, persistent_workers=True, prefetch_factor=4))
+    assert k.data == "cached" and k.num_workers == 0 and not k.persistent_workers
+
+
+def test_memory_breakdown_and_block_ranking():
+    bench = make_bench()
+    k = bench.defaults
+    mem = memory_breakdown(bench.workload, k).set_index("kind")["bytes"]
+    params = sum(p.numel() * 4 for p in bench.workload.pristine.parameters())
+    assert mem["parameters"] == params
+    assert mem["gradients"] == params
+    assert mem["optimizer state"] >= 2 * params  # AdamW: exp_avg and exp_avg_sq per parameter
+    assert mem["activations at peak"] > 0
+    blocks = block_activation_bytes(bench.workload, k)
+    assert list(blocks.index) == ["blocks.1", "blocks.0"]  # the wide block saves more
+    assert blocks["blocks.1"] > blocks["blocks.0"] > 0
+
+
+def test_flops_profile_and_loader_rate():
+    bench = make_bench()
+    k = bench.defaults
+    n = flops_per_step(bench.workload, k)
+    # forward+backward of the Linear layers = 3 x forward matmul FLOPs (2*B*in*out each), minus
+    # the first layer's input gradient (the batch does not require grad)
+    fwd = 2 * 16 * (16 * 16 + 16 * 128 + 128 * 16 + 16 * 4)
+    assert n == 3 * fwd - 2 * 16 * 16 * 16
+    assert flops_per_step(bench.workload, k.replace(accum_steps=2)) == 2 * n
+    stages, ops = profile_step(bench.workload, k, steps=2)
+    assert {"data", "forward", "backward", "optimizer"} <= set(stages["stage"])
+    assert not ops.empty and ops["self_cpu_ms"].is_monotonic_decreasing
+    rate = loader_rate(bench.workload, k, batches=4)
+    assert rate["samples_per_s"] > 0 and rate["startup_s"] >= 0
+
+
+# ---- the decision tree (synthetic trials: deterministic) ----------------------------------------
+THREADS = {"cores": 2, "main_threads": 2, "workers": 0, "threads_wanted": 2, "oversubscribed": False,
+           "suggest_cpu_threads": None}
+
+
+def test_decide_data_bound_suggests_workers():
+    base, cached = fake_result(1, 0.10, wait=0.6), fake_result(2, 0.02)
+    v = decide(wb.Knobs(batch_size=16), check_data(base, cached, None), THREADS, device=torch.device("cpu"))
+    assert v.bottleneck == "data"
+    assert v.next_knobs["num_workers"] == 1 and v.next_knobs["cpu_threads"] == 1
+    assert "Next: bench.run(num_workers=1" in str(v)
+
+
+def test_decide_other_branches():
+    cpu = torch.device("cpu")
+    oom = fake_result(1, 0.1, status="oom")
+    assert decide(wb.Knobs(), DataCheck(oom, None, None, None, None), THREADS, device=cpu).bottleneck == "memory"
+    fast = check_data(fake_result(1, 0.1, wait=0.01), fake_result(2, 0.1), None)
+    fb = decide(wb.Knobs(compile="default"), fast, THREADS, device=cpu, compile_info={"fallback": ["x"]})
+    assert fb.bottleneck == "compile" and fb.next_knobs == {"compile": "off"}
+    over = dict(THREADS, workers=2, threads_wanted=4, oversubscribed=True, suggest_cpu_threads=1)
+    assert decide(wb.Knobs(num_workers=2), fast, over, device=cpu).next_knobs == {"cpu_threads": 1}
+    compute = decide(wb.Knobs(amp="bf16"), fast, THREADS, device=cpu, has_conv=True)
+    assert compute.bottleneck == "compute" and compute.next_knobs == {"channels_last": True}
+
+
+# ---- end to end --------------------------------------------------------------------------------
+def test_diagnose_data_bound_end_to_end():
+    bench = make_bench(SlowData())
+    d = bench.diagnose()
+    assert isinstance(d, Diagnosis)
+    assert d.bottleneck == "data"  # 4 ms per sample vs a sub-millisecond step
+    assert d.next_knobs.get("num_workers", 0) >= 1
+    df = bench.results
+    assert len(df) == 2 and (df["data"] == "cached").sum() == 1 and (df["status"] == "ok").all()
+    text = str(d)
+    for section in ("Bottleneck: data", "Data pipeline", "Time by stage", "Memory at the peak", "FLOPs and MFU"):
+        assert section in text
+    page = d._repr_html_()
+    assert "<table" in page and "Diagnosis" in page
+    assert d.mfu is not None and d.mfu > 0
+    assert d.problems == []
+    before = len(bench.trials)
+    bench.diagnose(profile=False, memory=False, flops=False, loader=False)
+    assert len(bench.trials) == before  # ok trials with the same knobs are reused
+
+
+def test_diagnose_on_a_failing_baseline_reports_instead_of_crashing():
+    def step_fn(model, batch):
+        x, y = batch
+        if len(x) == 8:
+            raise RuntimeError("batch of 8 breaks this step")
+        return nn.functional.cross_entropy(model(x), y)
+
+    data = TensorDataset(torch.randn(64, 16), torch.randint(0, 4, (64,)))
+    bench = wb.Workbench(Blocks(), data, step_fn=step_fn, log=None, steps=3, warmup_steps=1,
+                         knobs=wb.Knobs(batch_size=16))
+    d = bench.diagnose(knobs=bench.knobs(batch_size=8))
+    assert d.bottleneck == "failed" and "batch of 8" in str(d)
+    assert len(bench.trials) == 1  # no short-circuit trial after a failure
+    with pytest.raises(TypeError):
+        bench.diagnose(knobs={"batch_size": 4})

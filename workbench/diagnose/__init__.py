@@ -1,0 +1,17 @@
+"""Why is the step slow? One module per analysis; `diagnose(bench)` runs them all.
+
+    data.py      short-circuit test, loader-alone rate, the 20% data-wait rule
+    threads.py   main-process threads + workers vs cores
+    profile.py   torch.profiler stages and top ops
+    memory.py    parameters / gradients / optimizer state / activations; activations per block
+    flops.py     FLOPs per step, peak FLOP/s, MFU
+    compile.py   CompileWatch (graph breaks, recompiles, fallbacks) and explanations
+    verdict.py   the decision tree -> bottleneck + next knob
+    report.py    Diagnosis (text + HTML) and diagnose()
+"""
+
+from .compile import CompileWatch, explain_compile
+from .report import Diagnosis, diagnose
+from .verdict import Verdict
+
+__all__ = ["CompileWatch", "Diagnosis", "Verdict", "diagnose", "explain_compile"]

@@ -1,0 +1,120 @@
+"""Is the step waiting for data? The short-circuit test, the loader's own rate, the 20% rule.
+
+Short circuit (BRIEF §2): run the same knobs with `data="cached"` (one batch kept on the
+device). Clearly faster beyond noise => the data pipeline is the bottleneck; about the same =>
+the step itself is. The loader's own maximum rate (iterating it with no model) shows how far the
+pipeline is from feeding the step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .. import apply
+from ..knobs import Knobs
+from ..measure import TrialResult
+from ..results import Comparison, compare
+from ..workload import Workload, batch_size_of, move_to
+
+DATA_WAIT_LIMIT = 0.20  # the seeds' checklist: data loading under 20% of iteration time
+DATA_BOUND_SPEEDUP = 1.10  # cached batch this much faster (beyond noise) => data-bound
+
+
+def short_circuit_knobs(knobs: Knobs) -> Knobs:
+    """The same step fed by one cached batch (no workers to start, nothing to load)."""
+    return knobs.replace(data="cached", num_workers=0, persistent_workers=False, prefetch_factor=None,
+                         pin_memory=False)
+
+
+def loader_rate(workload: Workload, knobs: Knobs, *, batches: int = 20, max_s: float = 20.0) -> dict[str, float]:
+    """The loader alone: samples/s after the first batch (worker start excluded), and start-up s.
+
+    Batches are moved to the device too (that copy is part of feeding the step). Stops after
+    `batches` batches or `max_s` seconds, whichever comes first.
+    """
+    k = knobs.replace(data="loader")
+    loader = apply.build_loader(workload.spec, k, seed=workload.seed, device=workload.device,
+                                timeout_s=120 if k.num_workers else 0)
+    it = None
+    try:
+        t0 = time.perf_counter()
+        it = iter(loader)
+        move_to(next(it), workload.device)
+        startup = time.perf_counter() - t0
+        n = 0
+        t1 = time.perf_counter()
+        for _ in range(batches):
+            try:
+                batch = next(it)
+            except StopIteration:  # a short epoch: start another, as training would
+                it = iter(loader)
+                batch = next(it)
+            n += batch_size_of(move_to(batch, workload.device))
+            if time.perf_counter() - t1 > max_s:
+                break
+        wall = time.perf_counter() - t1
+    finally:
+        apply.shutdown_loader(loader, it)
+    return {"samples_per_s": n / wall if wall > 0 else float("inf"), "startup_s": startup}
+
+
+@dataclass(frozen=True)
+class DataCheck:
+    """Baseline vs short-circuit trial, the loader's own rate, and the data-wait share."""
+
+    baseline: TrialResult
+    cached: TrialResult | None
+    comparison: Comparison | None  # cached vs baseline
+    loader_samples_per_s: float | None
+    loader_startup_s: float | None
+
+    @property
+    def data_wait_share(self) -> float | None:
+        return self.baseline.data_wait_share
+
+    @property
+    def cached_speedup(self) -> float | None:
+        return self.comparison.speedup if self.comparison else None
+
+    @property
+    def data_bound(self) -> bool:
+        """Cached batch clearly faster beyond noise, or data wait above the 20% rule."""
+        by_cache = bool(self.comparison and self.comparison.beyond_noise and self.comparison.speedup >= DATA_BOUND_SPEEDUP)
+        by_wait = (self.data_wait_share or 0.0) > DATA_WAIT_LIMIT
+        return by_cache or by_wait
+
+    @property
+    def loader_headroom(self) -> float | None:
+        """Loader-alone rate / the rate the step could consume (cached trial); < 1 = loader too slow."""
+        demand = (self.cached or self.baseline).samples_per_s
+        if not self.loader_samples_per_s or not demand:
+            return None
+        return self.loader_samples_per_s / demand
+
+    def frame(self) -> pd.DataFrame:
+        """One row per figure, with the rule it is judged by."""
+        b, c = self.baseline, self.cached
+        rows = [
+            ("step with real loader", b.samples_per_s, "samples/s", f"trial #{b.trial_id}"),
+            ("step with one cached batch", c.samples_per_s if c else None, "samples/s",
+             f"trial #{c.trial_id}" if c else "not run"),
+            ("cached / real", self.cached_speedup, "x",
+             str(self.comparison) if self.comparison else ""),
+            ("loader alone (no model)", self.loader_samples_per_s, "samples/s",
+             "how fast the pipeline can deliver at most"),
+            ("data-wait share", self.data_wait_share, "fraction",
+             f"rule: under {DATA_WAIT_LIMIT:.0%} of the step"),
+        ]
+        return pd.DataFrame(rows, columns=["figure", "value", "unit", "note"])
+
+
+def check_data(baseline: TrialResult, cached: TrialResult | None, rate: dict[str, float] | None) -> DataCheck:
+    """Assemble a DataCheck from the two trials (compare only when both are ok)."""
+    comp = None
+    if cached is not None and cached.ok and baseline.ok and len(cached.step_times_s) >= 2:
+        comp = compare(baseline, cached)
+    return DataCheck(baseline, cached, comp,
+                     rate["samples_per_s"] if rate else None, rate["startup_s"] if rate else None)

@@ -1,0 +1,95 @@
+"""Where the memory goes: parameters, gradients, optimizer state, activations at the peak, and
+which blocks save the most activations (the ones worth checkpointing first)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+import torch
+
+from ..knobs import Knobs
+from ..measure import live_tensor_bytes, profile_peak_bytes, sync
+from ..workload import Workload
+from ._rig import rig
+
+
+def _peak_extra(fn: Callable[[], Any], device: torch.device) -> int:
+    """Peak bytes allocated on `device` beyond what was live when `fn` started."""
+    if device.type == "cuda":
+        sync(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        sync(device)
+        return max(0, torch.cuda.max_memory_allocated(device) - base)
+    return profile_peak_bytes(fn, device)
+
+
+def memory_breakdown(workload: Workload, knobs: Knobs) -> pd.DataFrame:
+    """Bytes by kind at the step's peak (one micro-batch's forward+backward, eager).
+
+    Activations = peak extra during forward+backward minus the gradients it creates: what
+    autograd saves for backward plus temporaries; checkpointing and AMP shrink it.
+    """
+    with rig(workload, knobs) as r:
+        r.step()  # one full step so the optimizer state exists (Adam: 2 tensors per parameter)
+        params = list(r.model.parameters())
+        batch = r.next_batch()
+        param_b = live_tensor_bytes(params)
+        opt_b = live_tensor_bytes(r.optimizer.state)
+        batch_b = live_tensor_bytes([batch] if isinstance(batch, torch.Tensor) else batch)
+        peak = _peak_extra(lambda: r.forward_backward(batch), workload.device)
+        grad_b = live_tensor_bytes([p.grad for p in params if p.grad is not None])
+        r.optimizer.zero_grad(set_to_none=True)
+    act_b = max(0, peak - grad_b)
+    rows = [("parameters", param_b), ("gradients", grad_b), ("optimizer state", opt_b),
+            ("activations at peak", act_b), ("input batch", batch_b)]
+    df = pd.DataFrame(rows, columns=["kind", "bytes"])
+    df["mb"] = df["bytes"] / 1e6
+    df["share"] = df["bytes"] / max(1, int(df["bytes"].sum()))
+    return df
+
+
+def block_activation_bytes(workload: Workload, knobs: Knobs) -> pd.Series:
+    """Bytes autograd saves for backward inside each checkpointable block, largest first.
+
+    Counted with saved-tensor hooks during one forward pass: exactly what checkpointing a block
+    would drop (and recompute in backward).
+    """
+    saved: dict[str, int] = dict.fromkeys(workload.blocks, 0)
+    stack: list[str] = []
+    seen: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if stack and isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter):
+            st = t.untyped_storage()
+            key = st.data_ptr()
+            if key and key not in seen:  # a storage saved twice costs once
+                seen.add(key)
+                saved[stack[-1]] += st.nbytes()
+        return t
+
+    with rig(workload, knobs.replace(checkpoint=())) as r:
+        def enter(name: str) -> Callable[..., None]:
+            def hook(module: torch.nn.Module, args: Any) -> None:
+                stack.append(name)
+            return hook
+
+        def leave(module: torch.nn.Module, args: Any, output: Any) -> None:
+            stack.pop()  # returns None: a forward hook's return value would replace the output
+
+        handles = []
+        for name in workload.blocks:
+            block = r.model.get_submodule(name)
+            handles.append(block.register_forward_pre_hook(enter(name)))
+            handles.append(block.register_forward_hook(leave))
+        try:
+            batch = r.next_batch()
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                r.forward_backward(batch)
+        finally:
+            for h in handles:
+                h.remove()
+    return pd.Series(saved, name="saved_bytes", dtype="int64").sort_values(ascending=False)

@@ -1,0 +1,69 @@
+"""Which op? torch.profiler over a few eager steps, with record_function ranges per stage.
+
+Two tables: the stages (data / forward / backward / optimizer, wall time per step) and the top
+ops by self time on the device (self CPU time when the device is the CPU). Often the culprit is
+a `.to(device)` copy, a slow collate or `__getitem__`, not the convolutions.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from torch.profiler import ProfilerActivity, profile
+
+from ..knobs import Knobs
+from ..measure import sync
+from ..workload import Workload
+from ._rig import rig
+
+STAGES = ("data", "forward", "backward", "optimizer")
+
+
+def profile_step(workload: Workload, knobs: Knobs, *, steps: int = 3, warmup: int = 1,
+                 top: int = 15) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(stages, top ops) over `steps` profiled optimizer steps after `warmup` unprofiled ones.
+
+    Times are per optimizer step, in milliseconds. Runs eager even when knobs.compile is set.
+    """
+    device = workload.device
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with rig(workload, knobs) as r:
+        for _ in range(warmup):
+            r.step()
+        sync(device)
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                r.step()
+            sync(device)  # device work of the last step lands inside the trace
+    events = prof.key_averages()
+    on_device = device.type == "cuda"
+    rows = []
+    stage_rows = []
+    for e in events:
+        self_dev = getattr(e, "self_device_time_total", 0.0) if on_device else 0.0
+        row = {
+            "op": e.key,
+            "calls_per_step": e.count / steps,
+            "self_cpu_ms": e.self_cpu_time_total / 1e3 / steps,  # profiler reports microseconds
+            "total_cpu_ms": e.cpu_time_total / 1e3 / steps,
+        }
+        if on_device:
+            row["self_device_ms"] = self_dev / 1e3 / steps
+        if e.key in STAGES:
+            stage_rows.append({"stage": e.key, "ms_per_step": e.cpu_time_total / 1e3 / steps})
+        else:
+            rows.append(row)
+    sort_key = "self_device_ms" if on_device else "self_cpu_ms"
+    ops = pd.DataFrame(rows)
+    if not ops.empty:
+        ops = ops.sort_values(sort_key, ascending=False).head(top).reset_index(drop=True)
+        total = sum(r[sort_key] for r in rows) or 1.0
+        ops["share"] = ops[sort_key] / total
+    stages = pd.DataFrame(stage_rows, columns=["stage", "ms_per_step"])
+    if not stages.empty:
+        stages["stage"] = pd.Categorical(stages["stage"], STAGES, ordered=True)
+        stages = stages.sort_values("stage").reset_index(drop=True)
+        stages["stage"] = stages["stage"].astype(str)
+        stages["share"] = stages["ms_per_step"] / stages["ms_per_step"].sum()
+    return stages, ops

@@ -1,0 +1,52 @@
+"""CPU oversubscription: main-process threads + DataLoader workers against the cores we have.
+
+Each worker is a process that needs a core; the main process runs `torch.get_num_threads()`
+intra-op threads. More runnable threads than cores makes every one of them slower: on a 2-core
+machine, 2 workers looked useless (1.09x) until the main process used 1 thread (1.65x).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import torch
+
+from ..knobs import Knobs
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (affinity-aware where the OS tells us)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_has_bf16() -> bool:
+    """Native bf16 arithmetic on this CPU (AVX512-BF16 or AMX); without it bf16 is emulated."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return any(f in flags.split() for f in ("avx512_bf16", "amx_bf16"))
+
+
+def thread_check(knobs: Knobs, cores: int | None = None) -> dict[str, object]:
+    """Threads wanted vs cores; `suggest_cpu_threads` is set when the main process should shrink."""
+    cores = cores or usable_cores()
+    main = knobs.cpu_threads or torch.get_num_threads()
+    workers = knobs.num_workers if knobs.data == "loader" else 0
+    # each worker runs its dataset code in one process (torch sets 1 intra-op thread in workers)
+    wanted = main + workers
+    over = workers > 0 and wanted > cores
+    suggest = max(1, cores - workers) if over else None
+    return {"cores": cores, "main_threads": main, "workers": workers, "threads_wanted": wanted,
+            "oversubscribed": over, "suggest_cpu_threads": suggest,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_bf16": cpu_has_bf16()}
+
+
+def thread_frame(check: dict[str, object]) -> pd.DataFrame:
+    """The check as a two-column table for the report."""
+    return pd.DataFrame({"figure": list(check), "value": [str(v) for v in check.values()]})

@@ -1,0 +1,139 @@
+"""The verdict: the seeds' decision tree applied to what the diagnosis measured, in plain words,
+with the next knob to try and why. Real jobs stack bottlenecks: fix this one, diagnose again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+
+from ..knobs import Knobs
+from ..measure import TrialResult
+from .data import DATA_WAIT_LIMIT, DataCheck
+
+SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+            "cudaMemcpy", "aten::nonzero")
+SYNC_SHARE = 0.10  # sync-type ops above this share of device/CPU self time => sync-bound
+MEMORY_FULL = 0.85  # peak above this share of device memory => memory is the constraint
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Which bottleneck, the evidence, and the next knob change to try."""
+
+    bottleneck: str  # data | cpu-threads | compile | memory | sync | compute | failed
+    summary: str
+    evidence: tuple[str, ...] = ()
+    next_knobs: dict[str, Any] = field(default_factory=dict)  # changes to pass to bench.run(**...)
+    why: str = ""
+
+    def __str__(self) -> str:
+        lines = [f"Bottleneck: {self.bottleneck} — {self.summary}"]
+        lines += [f"  • {e}" for e in self.evidence]
+        if self.next_knobs:
+            args = ", ".join(f"{k}={v!r}" for k, v in self.next_knobs.items())
+            lines.append(f"Next: bench.run({args}) — {self.why}")
+        elif self.why:
+            lines.append(f"Next: {self.why}")
+        return "\n".join(lines)
+
+
+def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: torch.device,
+           ops: pd.DataFrame | None = None, mfu: float | None = None, has_conv: bool = False,
+           compile_info: dict[str, Any] | None = None) -> Verdict:
+    """Walk the decision tree: failure → compile fallback → data → threads → sync → memory → compute."""
+    base: TrialResult = data.baseline
+    cores = int(threads["cores"])
+    if not base.ok and base.status == "oom":
+        return Verdict("memory", "the step does not fit in memory", (base.message,),
+                       {"amp": "bf16"} if knobs.amp == "off" else {"batch_size": max(1, knobs.batch_size // 2),
+                                                                   "accum_steps": knobs.accum_steps * 2},
+                       "lower precision activations first, then accumulation and checkpointing "
+                       "(or let bench.fit_memory(budget, effective_batch) search)")
+    if not base.ok:
+        return Verdict("failed", f"the baseline trial ended with status {base.status!r}", (base.message,),
+                       why="fix the error first: see result.traceback")
+
+    if compile_info and compile_info.get("fallback"):
+        return Verdict("compile", "torch.compile fell back to eager for part of the model",
+                       tuple(compile_info["fallback"][:3]), {"compile": "off"},
+                       "a partly compiled model pays the compile time without the speed; run eager or fix the failing op")
+
+    evidence: list[str] = []
+    wait = data.data_wait_share or 0.0
+    if data.comparison is not None:
+        evidence.append(f"one cached batch runs at {data.comparison.speedup:.2f}x the real loader "
+                        f"({data.comparison.verdict})")
+    evidence.append(f"data wait is {wait:.0%} of the step (rule: under {DATA_WAIT_LIMIT:.0%})")
+    if data.loader_headroom is not None:
+        evidence.append(f"the loader alone delivers {data.loader_samples_per_s:,.0f} samples/s = "
+                        f"{data.loader_headroom:.2f}x what the step can consume")
+
+    if data.data_bound:
+        workers = knobs.num_workers
+        if workers == 0:
+            w = max(1, cores // 2)
+            change: dict[str, Any] = {"num_workers": w, "persistent_workers": True}
+            if device.type == "cpu":
+                change["cpu_threads"] = max(1, cores - w)
+            why = ("batches are loaded in the main process between steps; workers prepare the next ones "
+                   "while the step runs" + (" (and one fewer compute thread leaves them a core)" if device.type == "cpu" else ""))
+        elif threads["oversubscribed"]:
+            change = {"cpu_threads": threads["suggest_cpu_threads"]}
+            why = (f"{threads['main_threads']} compute threads + {workers} workers fight over {cores} cores; "
+                   "give the workers their own cores")
+        elif not knobs.persistent_workers and base.extra.get("epochs"):
+            change = {"persistent_workers": True}
+            why = "each epoch re-forks the workers; persistent workers start once"
+        elif workers < cores:
+            change = {"num_workers": workers + 1}
+            why = "the workers cannot keep up; one more may (watch the cores)"
+        else:
+            change = {"prefetch_factor": 4} if (knobs.prefetch_factor or 2) < 4 else {}
+            why = ("every core already loads data: make __getitem__ cheaper (pre-decode, cache decoded "
+                   "samples in RAM, pack small files into one array and np.load(mmap_mode='r'))")
+        return Verdict("data", "the step waits for the data pipeline", tuple(evidence), change, why)
+
+    if threads["oversubscribed"]:
+        return Verdict("cpu-threads", "more runnable threads than cores", tuple(evidence),
+                       {"cpu_threads": threads["suggest_cpu_threads"]},
+                       f"{threads['threads_wanted']} threads on {cores} cores slow each other down")
+
+    if ops is not None and not ops.empty and "share" in ops:
+        sync_share = float(ops[ops["op"].isin(SYNC_OPS)]["share"].sum())
+        if sync_share > SYNC_SHARE and device.type != "cpu":
+            return Verdict("sync", "the host waits on the device (hidden syncs)", (*evidence,
+                           f"sync-type ops take {sync_share:.0%} of the time"), {},
+                           "remove .item()/.cpu()/print(tensor) and data-dependent ifs from the step")
+
+    if device.type == "cuda" and base.peak_memory_bytes:
+        total = torch.cuda.get_device_properties(device).total_memory
+        if base.peak_memory_bytes > MEMORY_FULL * total:
+            return Verdict("memory", f"the step uses {base.peak_memory_bytes / total:.0%} of device memory",
+                           tuple(evidence), {"amp": "bf16"} if knobs.amp == "off" else {},
+                           "near the limit a larger batch will OOM and the allocator fragments; "
+                           "AMP, accumulation and checkpointing buy room")
+
+    # Compute-bound: the data keeps up; make the step itself cheaper.
+    if mfu is not None:
+        evidence.append(f"MFU {mfu:.0%} of the {'measured' if device.type == 'cpu' else 'data-sheet'} peak")
+    from .threads import cpu_has_bf16
+
+    bf16_ok = device.type != "cpu" or cpu_has_bf16()
+    if knobs.amp == "off" and bf16_ok:
+        dtype = "bf16" if (device.type != "cuda" or torch.cuda.is_bf16_supported()) else "fp16"
+        return Verdict("compute", "the step itself is the bottleneck (the data keeps up)", tuple(evidence),
+                       {"amp": dtype}, "lower-precision matmuls/convs use tensor units and halve activation memory")
+    if has_conv and knobs.amp != "off" and not knobs.channels_last:
+        return Verdict("compute", "the step itself is the bottleneck (the data keeps up)", tuple(evidence),
+                       {"channels_last": True}, "convolutions with AMP run fastest in NHWC layout")
+    if knobs.compile == "off":
+        note = "" if bf16_ok else " (AMP is skipped: this CPU has no bf16 units, so bf16 is emulated and slower)"
+        return Verdict("compute", "the step itself is the bottleneck (the data keeps up)", tuple(evidence),
+                       {"compile": "default"},
+                       "compile fuses elementwise ops and cuts Python overhead; measure whether it pays" + note)
+    return Verdict("compute", "the step itself is the bottleneck (the data keeps up)", tuple(evidence),
+                   {"batch_size": knobs.batch_size * 2},
+                   "a larger batch amortises per-step overhead (check the loss still trains well)")

@@ -1,0 +1,476 @@
+"""Guided tuning: a greedy search in the seeds' order, and fitting a memory budget.
+
+`tune(bench)` walks data pipeline → precision → compile → batch size, trying one change at a time
+against the incumbent and keeping it only when it wins beyond noise *twice*: once against the
+incumbent's last measurement, then again in a fresh incumbent/candidate pair run back to back
+(paired confirmation, so a burst of load from another process cannot crown a winner).
+
+`fit_memory(bench, budget, effective_batch)` walks the memory rescue order: AMP → gradient
+accumulation → checkpointing the blocks that save the most activations, reporting what each step
+costs in time. Every trial goes through `bench.run`, so it lands in the results and the chart.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+
+from .knobs import Knobs
+from .measure import TrialResult, _fmt_bytes
+from .results import compare
+
+STAGES = ("data", "precision", "compile", "batch")
+BATCH_GROWTH_LIMIT = 0.8  # never try a batch whose predicted peak exceeds this share of free memory
+
+
+# ---- the search space -------------------------------------------------------------------------
+def _cores() -> int:
+    from .diagnose.threads import usable_cores
+
+    return usable_cores()
+
+
+def _bf16_worth_trying(device: torch.device) -> bool:
+    """bf16 on CUDA with bf16 support, MPS, or a CPU with native bf16 units (else it is emulated)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        from .diagnose.threads import cpu_has_bf16
+
+        return cpu_has_bf16()
+    return True
+
+
+def stage_options(bench: Any, stage: str, knobs: Knobs) -> list[dict[str, Any]]:
+    """Candidate changes for one stage, relative to `knobs`, in the order they are tried.
+
+    Device-aware pruning: no fp16 on CPU (a trap there), no bf16 where it is emulated, no
+    channels_last without convolutions, no pin_memory without an accelerator.
+    """
+    device = bench.device
+    out: list[dict[str, Any]] = []
+    if stage == "data" and knobs.data == "loader":
+        cores = _cores()
+        for w in sorted({max(1, cores // 2), cores}):  # start at half the cores (seed advice)
+            change: dict[str, Any] = {"num_workers": w, "persistent_workers": True}
+            if device.type == "cpu":
+                change["cpu_threads"] = max(1, cores - w)  # leave the workers their cores
+            out.append(change)
+        out.append({"prefetch_factor": 4})
+        if device.type == "cuda":
+            out.append({"pin_memory": True})
+    elif stage == "precision":
+        if device.type == "cuda" and not _bf16_worth_trying(device):
+            out.append({"amp": "fp16"})
+        elif _bf16_worth_trying(device):
+            out.append({"amp": "bf16"})
+        if bench.workload.has_conv:
+            out.append({"channels_last": True})
+        if device.type == "cuda":
+            out.append({"matmul_precision": "high"})
+    elif stage == "compile":
+        out.append({"compile": "default"})
+    # keep only changes that are valid and actually change something
+    valid = []
+    for change in out:
+        try:
+            k = knobs.replace(**change)
+        except (ValueError, TypeError):
+            continue
+        if k != knobs:
+            valid.append(change)
+    return valid
+
+
+def _predicted_peak(result: TrialResult, factor: float) -> float | None:
+    """Peak memory if the batch grows by `factor`: the whole peak scaled (a safe over-estimate)."""
+    return None if result.peak_memory_bytes is None else result.peak_memory_bytes * factor
+
+
+def _memory_ceiling(bench: Any, memory_budget: int | None) -> float | None:
+    """The most memory a trial may use: the caller's budget, else most of the free device memory."""
+    if memory_budget is not None:
+        return float(memory_budget)
+    if bench.device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(bench.device)
+        return BATCH_GROWTH_LIMIT * free
+    try:
+        import psutil
+
+        return BATCH_GROWTH_LIMIT * psutil.virtual_memory().available
+    except ImportError:
+        return None
+
+
+# ---- the result types ---------------------------------------------------------------------------
+@dataclass
+class TuneResult:
+    """The best Knobs found, its trial, and the path taken (one row per trial the tuner ran)."""
+
+    best_knobs: Knobs
+    best: TrialResult
+    start: TrialResult
+    steps: pd.DataFrame
+    trials_used: int
+    budget: int
+
+    @property
+    def speedup(self) -> float | None:
+        """Best vs start throughput (different trials, so read it with the path's verdicts)."""
+        if not self.start.samples_per_s or not self.best.samples_per_s:
+            return None
+        return self.best.samples_per_s / self.start.samples_per_s
+
+    def to_code(self, **kwargs: Any) -> str:
+        return self.best_knobs.to_code(**kwargs)
+
+    def __str__(self) -> str:
+        sp = f"{self.speedup:.2f}x" if self.speedup else "n/a"
+        head = (f"Tuned in {self.trials_used}/{self.budget} trials: {self.best_knobs}\n"
+                f"  {self.best.samples_per_s or 0:,.1f} samples/s vs {self.start.samples_per_s or 0:,.1f} "
+                f"at the start ({sp}; trial #{self.best.trial_id} vs #{self.start.trial_id})")
+        cols = ["stage", "change", "trial", "samples_per_s", "speedup", "decision"]
+        with pd.option_context("display.width", 140, "display.max_colwidth", 60, "display.float_format", "{:,.2f}".format):
+            return head + "\n\n" + self.steps[cols].to_string(index=False)
+
+    def __repr__(self) -> str:
+        return f"<TuneResult best={self.best_knobs} trials={self.trials_used}/{self.budget}>"
+
+    def _repr_html_(self) -> str:
+        sp = f"{self.speedup:.2f}×" if self.speedup else "n/a"
+        return (f"<h3>Tuned: {html.escape(str(self.best_knobs))}</h3><p>{self.best.samples_per_s or 0:,.1f} samples/s "
+                f"vs {self.start.samples_per_s or 0:,.1f} at the start ({sp}); {self.trials_used} of "
+                f"{self.budget} trials. <code>result.to_code()</code> prints the training loop.</p>"
+                + self.steps.to_html(index=False, float_format="{:,.2f}".format, border=0))
+
+
+@dataclass
+class FitResult:
+    """A configuration within the memory budget (or None), and what each rescue step cost."""
+
+    knobs: Knobs | None
+    result: TrialResult | None
+    budget_bytes: int
+    effective_batch: int
+    steps: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.knobs is not None
+
+    def to_code(self, **kwargs: Any) -> str:
+        if self.knobs is None:
+            raise ValueError("nothing fits the budget: raise budget_bytes or lower effective_batch")
+        return self.knobs.to_code(**kwargs)
+
+    def __str__(self) -> str:
+        head = (f"Fits {_fmt_bytes(self.budget_bytes)} at effective batch {self.effective_batch}: {self.knobs}"
+                if self.fits else
+                f"Nothing tried fits {_fmt_bytes(self.budget_bytes)} at effective batch {self.effective_batch}")
+        cols = ["step", "change", "trial", "status", "peak", "fits", "samples_per_s", "time_cost"]
+        with pd.option_context("display.width", 140, "display.max_colwidth", 50, "display.float_format", "{:,.2f}".format):
+            body = self.steps[cols].to_string(index=False) if len(self.steps) else "(no trials)"
+        return "\n".join([head, "", body, *self.notes])
+
+    def __repr__(self) -> str:
+        return f"<FitResult fits={self.fits} knobs={self.knobs}>"
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(str(self))}</pre>"
+
+
+# ---- tune ---------------------------------------------------------------------------------------
+class _Budget:
+    """Counts the trials the tuner runs (each one goes through bench.run)."""
+
+    def __init__(self, bench: Any, limit: int) -> None:
+        self.bench, self.limit, self.used = bench, limit, 0
+
+    @property
+    def left(self) -> int:
+        return self.limit - self.used
+
+    def run(self, knobs: Knobs) -> TrialResult:
+        self.used += 1
+        return self.bench.run(knobs)
+
+
+def _wins(a: TrialResult, b: TrialResult) -> tuple[bool, float | None, str]:
+    """(b beats a beyond noise, speedup, verdict text)."""
+    if not (a.ok and b.ok) or len(a.step_times_s) < 2 or len(b.step_times_s) < 2:
+        return False, None, "not comparable"
+    c = compare(a, b)
+    return c.beyond_noise and c.speedup > 1, c.speedup, c.verdict
+
+
+def _label(change: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in change.items())
+
+
+def tune(bench: Any, budget: int = 12, *, start: Knobs | None = None, memory_budget: int | None = None,
+         stages: tuple[str, ...] = STAGES, confirm: bool = True, max_batch_size: int | None = None) -> TuneResult:
+    """Greedy search; returns the best Knobs, its trial and the path taken.
+
+    `budget` counts trials (the start, candidates and confirmations). `memory_budget` (bytes)
+    rejects any configuration whose peak exceeds it. `stages` picks and orders the stages.
+    """
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 2:
+        raise ValueError(f"budget must be an int >= 2 (trials, including the starting point), got {budget!r}")
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; choose from {STAGES}")
+    if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
+        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+    b = _Budget(bench, budget)
+    k = start or bench.defaults
+    rows: list[dict[str, Any]] = []
+    inc = b.run(k)
+    rows.append({"stage": "start", "change": "", "trial": inc.trial_id, "samples_per_s": inc.samples_per_s,
+                 "speedup": None, "decision": "start" if inc.ok else f"start failed: {inc.status}"})
+    if not inc.ok:
+        return TuneResult(k, inc, inc, pd.DataFrame(rows), b.used, budget)
+    start_result = inc
+    ceiling = _memory_ceiling(bench, memory_budget)
+
+    def over_memory(r: TrialResult) -> bool:
+        return memory_budget is not None and r.peak_memory_bytes is not None and r.peak_memory_bytes > memory_budget
+
+    def attempt(stage: str, change: dict[str, Any]) -> str:
+        """Try one change against the incumbent; returns the decision (and updates k/inc on a win)."""
+        nonlocal k, inc
+        cand_k = k.replace(**change)
+        r = b.run(cand_k)
+        row = {"stage": stage, "change": _label(change), "trial": r.trial_id, "samples_per_s": r.samples_per_s,
+               "speedup": None, "decision": ""}
+        rows.append(row)
+        if not r.ok:
+            row["decision"] = f"rejected: {r.status}"
+            return "failed"
+        if over_memory(r):
+            row["decision"] = f"rejected: peak {_fmt_bytes(r.peak_memory_bytes)} over the memory budget"
+            return "over"
+        won, speed, verdict = _wins(inc, r)
+        row["speedup"] = speed
+        if not won:
+            row["decision"] = f"rejected ({verdict})"
+            return "lost"
+        if not confirm:
+            row["decision"] = "kept"
+            k, inc = cand_k, r
+            return "won"
+        if b.left < 2:
+            row["decision"] = "won once; no budget left to confirm, not kept"
+            return "lost"
+        inc2 = b.run(k)  # paired confirmation: incumbent and candidate back to back
+        r2 = b.run(cand_k)
+        won2, speed2, verdict2 = _wins(inc2, r2)
+        rows.append({"stage": stage, "change": f"confirm: {_label(change)}", "trial": r2.trial_id,
+                     "samples_per_s": r2.samples_per_s, "speedup": speed2,
+                     "decision": f"confirmed vs #{inc2.trial_id}" if won2 else f"not confirmed vs #{inc2.trial_id} ({verdict2})"})
+        if won2:
+            row["decision"] = "kept"
+            k, inc = cand_k, r2
+            return "won"
+        row["decision"] = "rejected after confirmation"
+        if inc2.ok:
+            inc = inc2  # the fresher measurement of the incumbent is the better reference
+        return "lost"
+
+    for stage in stages:
+        if stage == "batch":
+            _tune_batch(bench, b, attempt, lambda: (k, inc), ceiling, max_batch_size)
+            continue
+        for change in stage_options(bench, stage, k):
+            if b.left < 1:
+                break
+            if k.replace(**change) == k:
+                continue  # an earlier win already made this change
+            attempt(stage, change)
+    return TuneResult(k, inc, start_result, pd.DataFrame(rows), b.used, budget)
+
+
+def _tune_batch(bench: Any, b: _Budget, attempt: Any, current: Any, ceiling: float | None,
+                max_batch_size: int | None) -> None:
+    """Batch size for throughput: double while it wins and is predicted to fit; else try half.
+
+    OOM-safe: a doubling whose predicted peak (today's peak x 2) exceeds the memory ceiling is not
+    run at all, and a trial that does run out of memory ends the upward search.
+    """
+    spec = bench.workload.spec
+    limit = len(spec) if not spec.iterable else None
+    if max_batch_size is not None:
+        limit = min(limit, max_batch_size) if limit else max_batch_size
+    grew = False
+    while b.left >= 1:
+        k, inc = current()
+        nxt = k.batch_size * 2
+        if limit is not None and nxt > limit:
+            break
+        predicted = _predicted_peak(inc, 2.0)
+        if ceiling is not None and predicted is not None and predicted > ceiling:
+            break
+        if attempt("batch", {"batch_size": nxt}) != "won":
+            break
+        grew = True
+    k, _ = current()
+    if not grew and b.left >= 1 and k.batch_size >= 2:
+        attempt("batch", {"batch_size": k.batch_size // 2})
+
+
+# ---- fit_memory -----------------------------------------------------------------------------------
+def _accum_options(effective_batch: int, min_micro_batch: int) -> Iterator[int]:
+    """Accumulation counts that divide the effective batch exactly: 2, 4, 8, ... (then any divisor)."""
+    seen = set()
+    a = 2
+    while effective_batch // a >= min_micro_batch and a <= effective_batch:
+        if effective_batch % a == 0:
+            seen.add(a)
+            yield a
+        a *= 2
+    for a in range(3, effective_batch + 1):
+        if a not in seen and effective_batch % a == 0 and effective_batch // a >= min_micro_batch:
+            yield a
+            return
+
+
+def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Knobs | None = None,
+               min_micro_batch: int | None = None, max_trials: int = 12) -> FitResult:
+    """The first configuration (in rescue order) whose measured peak fits `budget_bytes`.
+
+    Effective batch = batch_size x accum_steps stays `effective_batch` throughout. Order: as is →
+    AMP → accumulation (micro-batch down to `min_micro_batch`, default effective_batch // 8) →
+    checkpointing the blocks that save the most activations, one more block per trial. Each row
+    reports the time cost vs the first trial that ran (per-sample time ratio, 1.25 = 25% slower).
+    """
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) or budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be a positive number of bytes (e.g. 2 * 1024**3), got {budget_bytes!r}")
+    if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
+        raise ValueError(f"effective_batch must be an int >= 1 (samples per optimizer step), got {effective_batch!r}")
+    spec = bench.workload.spec
+    if not spec.iterable and effective_batch > len(spec) * 64:
+        raise ValueError(f"effective_batch={effective_batch} is far beyond the dataset ({len(spec)} samples)")
+    min_micro = min_micro_batch or max(1, effective_batch // 8)
+    k = (base or bench.defaults).replace(batch_size=effective_batch, accum_steps=1)
+    if not spec.iterable and k.batch_size > len(spec):
+        # accumulate from the start: the micro-batch cannot exceed the dataset
+        a = next((a for a in range(2, effective_batch + 1) if effective_batch % a == 0
+                  and effective_batch // a <= len(spec)), effective_batch)
+        k = k.replace(batch_size=effective_batch // a, accum_steps=a)
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    ref: list[TrialResult] = []  # the first ok trial: time costs are relative to it
+    trials = 0
+
+    def run(step: str, change: str, knobs: Knobs) -> TrialResult:
+        nonlocal trials
+        trials += 1
+        r = bench.run(knobs)
+        peak = r.peak_memory_bytes
+        fits = r.ok and peak is not None and peak <= budget_bytes
+        if r.ok and not ref:
+            ref.append(r)
+        cost = None
+        if r.ok and ref and r.samples_per_s:
+            cost = ref[0].samples_per_s / r.samples_per_s
+        rows.append({"step": step, "change": change, "trial": r.trial_id, "status": r.status,
+                     "batch_size": knobs.batch_size, "accum_steps": knobs.accum_steps, "amp": knobs.amp,
+                     "checkpoint": ",".join(knobs.checkpoint), "peak_bytes": peak, "peak": _fmt_bytes(peak),
+                     "fits": fits, "samples_per_s": r.samples_per_s, "time_cost": cost})
+        return r
+
+    def fits(r: TrialResult) -> bool:
+        return r.ok and r.peak_memory_bytes is not None and r.peak_memory_bytes <= budget_bytes
+
+    def lower(r: TrialResult, than: TrialResult | None) -> bool:
+        """r is usable and uses less memory than `than` (a failed `than` counts as infinite)."""
+        if not r.ok or r.peak_memory_bytes is None:
+            return r.status == "ok"
+        return than is None or not than.ok or than.peak_memory_bytes is None or r.peak_memory_bytes < than.peak_memory_bytes
+
+    def done(r: TrialResult, knobs: Knobs) -> FitResult:
+        return FitResult(knobs, r, int(budget_bytes), effective_batch, pd.DataFrame(rows), notes)
+
+    cur = run("start", "as is", k)
+    if fits(cur):
+        return done(cur, k)
+
+    # 1. AMP: activations in half precision
+    if k.amp == "off" and trials < max_trials:
+        amp = "fp16" if bench.device.type == "cuda" and not torch.cuda.is_bf16_supported() else "bf16"
+        r = run("amp", f"amp={amp!r}", k.replace(amp=amp))
+        if fits(r):
+            return done(r, k.replace(amp=amp))
+        if lower(r, cur):
+            k, cur = k.replace(amp=amp), r
+        else:
+            rows[-1]["step"] = "amp (no help, reverted)"
+            notes.append(f"amp={amp!r} did not lower the peak here (on CPU autocast keeps fp32 weights and "
+                         "often adds bf16 copies), so later steps run without it")
+
+    # 2. accumulation: smaller micro-batches, same effective batch
+    for a in _accum_options(effective_batch, min_micro):
+        if trials >= max_trials or a <= k.accum_steps:
+            continue
+        knobs = k.replace(batch_size=effective_batch // a, accum_steps=a)
+        r = run("accumulation", f"batch_size={knobs.batch_size} x accum_steps={a}", knobs)
+        if fits(r):
+            return done(r, knobs)
+        if lower(r, cur):
+            k, cur = knobs, r
+
+    # 3. checkpoint the blocks that save the most activations, one more per trial
+    if bench.workload.blocks and trials < max_trials:
+        from .diagnose.memory import block_activation_bytes
+
+        order = [n for n, v in block_activation_bytes(bench.workload, k).items() if v > 0]
+        for i in range(1, len(order) + 1):
+            if trials >= max_trials:
+                break
+            knobs = k.replace(checkpoint=tuple(order[:i]))
+            r = run("checkpoint", f"checkpoint {i} heaviest block(s): {', '.join(order[:i])}", knobs)
+            if fits(r):
+                return done(r, knobs)
+    if trials >= max_trials:
+        notes.append(f"stopped after max_trials={max_trials}")
+    notes.append("nothing fits: raise the budget, lower effective_batch, or pass min_micro_batch=1 "
+                 "to accumulate over smaller micro-batches")
+    return FitResult(None, None, int(budget_bytes), effective_batch, pd.DataFrame(rows), notes)
+
+
+def exhaustive_space(bench: Any, start: Knobs | None = None, batch_sizes: tuple[int, ...] | None = None,
+                     stages: tuple[str, ...] = ("data", "precision", "compile")) -> list[Knobs]:
+    """Every combination of the tuner's options (for benchmarking the tuner against a full sweep)."""
+    import itertools
+
+    k0 = start or bench.defaults
+    per_stage = []
+    for stage in stages:
+        options = [{}, *stage_options(bench, stage, k0)]
+        if stage == "data":
+            # workers options are alternatives; prefetch/pin combine with any worker count
+            workers = [o for o in options if "num_workers" in o]
+            extras = [o for o in options if o and "num_workers" not in o]
+            options = [{}] + workers + [{**w, **e} for w in workers for e in extras]
+        elif stage == "precision":
+            options = [{}] + [dict(itertools.chain.from_iterable(o.items() for o in combo))
+                              for n in range(1, len(options)) for combo in itertools.combinations(options[1:], n)]
+        per_stage.append(options)
+    sizes = batch_sizes or (k0.batch_size,)
+    out = []
+    for combo in itertools.product(*per_stage):
+        change = dict(itertools.chain.from_iterable(c.items() for c in combo))
+        for bs in sizes:
+            try:
+                out.append(k0.replace(**change, batch_size=bs))
+            except (ValueError, TypeError):
+                continue
+    return list(dict.fromkeys(out))
+
+
+__all__ = ["STAGES", "FitResult", "TuneResult", "exhaustive_space", "fit_memory", "stage_options", "tune"]
