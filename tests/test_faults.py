@@ -106,7 +106,7 @@ MATRIX = {
     "step_fn": ({}, "error", "KeyError in step_fn", "step_fn"),
     "getitem": ({}, "error", "in the data pipeline", "data"),
     "getitem-worker": ({"num_workers": 2}, "error", "in the data pipeline", "data"),
-    "kill": ({"num_workers": 1}, "error", "killed by signal", "data"),
+    "kill": ({"num_workers": 1}, "error", "DataLoader worker", "data"),
     "hang": ({"num_workers": 1}, "error", "timed out", "data"),
     "nan": ({}, "nan", "loss became nan", ""),
     "inf": ({}, "nan", "loss became inf", ""),

@@ -269,3 +269,27 @@ def test_compiled_trial_reports_compile_time_and_graphs(make_bench):
     info = r.extra["compile"]
     assert info["graph_count"] >= 1 and "graph_breaks" in info
     assert r.compile_s > 0
+
+
+def test_ctrl_c_in_the_calling_thread_stops_the_trial_and_records_it(make_bench):
+    bench = make_bench(steps=10**6)
+    # a shell's background job inherits SIGINT ignored; a kernel (and this test) wants Ctrl-C
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            bench.run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert isinstance(info.value, TrialInterrupted)
+    assert bench.trials[-1].status == "interrupted" and "by the user at measured step" in bench.trials[-1].message
+    bench.steps = 3
+    assert bench.run(batch_size=4).ok  # the trial thread is free again
+
+
+def test_trials_run_on_one_dedicated_thread(make_bench):
+    names = []
+    bench = make_bench()
+    bench.run(progress=lambda *a: names.append(threading.current_thread().name))
+    assert set(names) == {names[0]} and names[0].startswith("workbench-trial")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import threading
@@ -15,7 +16,7 @@ from torch import nn
 from .knobs import Knobs
 from .measure import TrialResult
 from .results import Comparison, ResultLog, compare
-from .runner import Progress, TrialInterrupted, run_trial
+from .runner import Progress, TrialInterrupted, check_knobs, run_trial, trial_thread
 from .workload import StepFn, Workload, move_to
 
 DEFAULT_LOG_DIR = "workbench-runs"
@@ -119,14 +120,30 @@ class Workbench:
         re-raised.
         """
         k = self.knobs(knobs, **changes)
+        check_knobs(self.workload, k)  # a ValueError here, in the caller's thread, records nothing
         with self._lock:
+            stop = cancel or threading.Event()
+            # Every trial runs on the one trial thread, whoever asks (a cell, the panel, the CLI):
+            # each thread that calls into torch gets its own OpenMP pool, and two pools spinning
+            # on two cores made the same knobs measure 5x apart depending on the caller.
+            future = trial_thread().submit(run_trial, self.workload, k, warmup_steps=self.warmup_steps,
+                                           steps=self.steps, progress=progress, cancel=stop,
+                                           loader_timeout_s=self.loader_timeout_s)
             try:
-                result = run_trial(self.workload, k, warmup_steps=self.warmup_steps, steps=self.steps,
-                                   progress=progress, cancel=cancel, loader_timeout_s=self.loader_timeout_s)
-            except TrialInterrupted as e:
+                return self.log.append(_wait(future))
+            except TrialInterrupted as e:  # KeyboardInterrupt raised inside the trial (a callback)
                 e.result = self.log.append(e.result)
                 raise
-            return self.log.append(result)
+            except KeyboardInterrupt:  # Ctrl-C in this thread: stop at the next step boundary
+                stop.set()
+                try:
+                    result = _wait(future)
+                except TrialInterrupted as e:
+                    result = e.result
+                except KeyboardInterrupt:  # a second Ctrl-C: record the trial whenever it ends
+                    future.add_done_callback(lambda f: self.log.append(_outcome(f)))
+                    raise
+                raise TrialInterrupted(self.log.append(result)) from None
 
     @property
     def trials(self) -> list[TrialResult]:
@@ -189,6 +206,24 @@ class Workbench:
         wl = self.workload
         return (f"<Workbench {self.name!r} on {wl.device} | {wl.num_parameters:,} parameters | "
                 f"{len(self.log.trials)} trials | log: {self.log.path}>")
+
+
+def _wait(future: concurrent.futures.Future) -> TrialResult:
+    """future.result(), waking every 0.1 s: a Ctrl-C (SIGINT) that the kernel delivered to another
+    thread only raises in the main thread when it runs Python code, not while it blocks on a lock."""
+    while True:
+        try:
+            return future.result(timeout=0.1)
+        except concurrent.futures.TimeoutError:
+            continue
+
+
+def _outcome(future: Any) -> TrialResult:
+    """The TrialResult a finished trial future holds, interrupted or not."""
+    try:
+        return future.result()
+    except TrialInterrupted as e:
+        return e.result
 
 
 def _log_path(log: str | os.PathLike | None, name: str) -> Path | None:

@@ -10,6 +10,7 @@ TrialInterrupted so the notebook cell still stops.
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import math
 import random
@@ -35,6 +36,7 @@ from .measure import (
     live_tensor_bytes,
     now_iso,
     profile_peak_bytes,
+    release_free_memory,
     summarize,
     sync,
 )
@@ -122,9 +124,21 @@ def run_trial(
         state.clear()
         if failed or knobs.compile != "off":
             gc.collect()  # tracebacks and compiled graphs hold cycles; plain trials free by refcount
+        release_free_memory()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         report("done", total, total)
+
+
+_TRIAL_THREAD: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def trial_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """The single thread every Workbench runs its trials on (one at a time, one OpenMP pool)."""
+    global _TRIAL_THREAD
+    if _TRIAL_THREAD is None:
+        _TRIAL_THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="workbench-trial")
+    return _TRIAL_THREAD
 
 
 def check_knobs(workload: Workload, knobs: Knobs) -> None:
