@@ -1,0 +1,107 @@
+"""charts.py: DataFrame -> altair, checked on a synthetic log (fast, deterministic) and one real bench."""
+
+from __future__ import annotations
+
+import json
+
+import altair as alt
+import numpy as np
+import pytest
+import torch
+
+import workbench as wb
+from workbench.charts import EMPTY_TEXT, chart_data, chart_frame, comparison_chart
+from workbench.knobs import knob_names
+from workbench.results import ResultLog
+
+
+def fake(knobs: wb.Knobs, status: str = "ok", step_ms: float = 10.0, spread: float = 0.02) -> wb.TrialResult:
+    """A TrialResult with 30 step times around `step_ms` (no torch run needed)."""
+    if status in ("error", "oom", "interrupted"):
+        return wb.TrialResult(knobs=knobs, status=status, message=f"{status} in the model's forward")
+    rng = np.random.default_rng(int(step_ms * 100))
+    times = tuple(float(t) for t in step_ms / 1e3 * (1 + spread * rng.standard_normal(30)))
+    bs = knobs.batch_size
+    return wb.TrialResult(
+        knobs=knobs, status=status, samples_per_s=bs / float(np.mean(times)), step_time_s=float(np.median(times)),
+        step_time_iqr_s=float(np.subtract(*np.quantile(times, [0.75, 0.25]))), step_times_s=times,
+        data_wait_s=tuple(0.1 * t for t in times), data_wait_share=0.1, peak_memory_bytes=5_000_000,
+        samples_per_step=bs, losses=(1.0,) * 30, message="" if status == "ok" else "loss became nan",
+    )
+
+
+@pytest.fixture
+def log() -> ResultLog:
+    log = ResultLog(None)
+    log.append(fake(wb.Knobs(), step_ms=10))
+    log.append(fake(wb.Knobs(num_workers=2), step_ms=6))
+    log.append(fake(wb.Knobs(amp="fp16"), status="nan", step_ms=12))
+    log.append(fake(wb.Knobs(batch_size=4096), status="oom"))
+    log.append(fake(wb.Knobs(compile="default"), status="interrupted"))
+    return log
+
+
+def test_chart_frame_marks_baseline_failures_and_order(log: ResultLog) -> None:
+    df = chart_frame(log.frame())
+    assert list(df["trial_id"]) == [1, 2, 3, 4, 5]
+    assert list(df["kind"]) == ["baseline", "ok", "nan", "oom", "interrupted"]
+    assert df["trial"].iloc[1] == "#2 num_workers=2"  # labelled by what differs from the baseline
+    assert df.loc[df["kind"] == "oom", "throughput"].item() == 0.0  # a failure still gets a mark, on zero
+    assert df["throughput"].iloc[1] > df["throughput"].iloc[0]
+
+
+def test_comparison_chart_has_band_baseline_linked_views_and_full_tooltip(log: ResultLog) -> None:
+    spec = comparison_chart(log.frame()).to_dict()
+    assert len(spec["vconcat"]) == 3  # throughput, peak memory, data wait
+    throughput = spec["vconcat"][0]["layer"]
+    marks = [layer["mark"]["type"] for layer in throughput]
+    assert marks == ["rule", "rule", "point", "text"]  # band, baseline line, trials, failure labels
+    band = throughput[0]["encoding"]
+    assert band["y"]["field"] == "samples_per_s_low" and band["y2"]["field"] == "samples_per_s_high"
+    assert "baseline" in json.dumps(throughput[1]["transform"])
+    # one click selection, used by all three views (linked)
+    (pick,) = spec["params"]  # altair hoists a concat's selection to the top, bound to the points view
+    assert pick["name"] == "trial_pick" and pick["views"] == [throughput[2]["name"]]
+    for view in (throughput[2], spec["vconcat"][1], spec["vconcat"][2]):
+        assert "trial_pick" in json.dumps(view["encoding"]["opacity"])
+    tooltip = {t["field"] for t in throughput[2]["encoding"]["tooltip"]}
+    assert set(knob_names()) <= tooltip
+    assert {"speedup", "verdict", "status", "samples_per_s"} <= tooltip
+
+
+def test_chart_data_has_one_row_per_trial(log: ResultLog) -> None:
+    chart = comparison_chart(log.frame())
+    rows = chart_data(chart)
+    assert list(rows["trial_id"]) == [1, 2, 3, 4, 5]
+    assert list(chart_data(chart.to_dict())["trial_id"]) == [1, 2, 3, 4, 5]
+    with pytest.raises(TypeError, match="altair chart"):
+        chart_data(42)
+
+
+def test_empty_results_give_a_placeholder_not_an_error() -> None:
+    chart = comparison_chart(ResultLog(None).frame())
+    spec = chart.to_dict()
+    assert spec["mark"]["type"] == "text" and EMPTY_TEXT in json.dumps(spec)
+    assert chart_data(chart).empty
+
+
+def test_chart_exports_html_and_png(log: ResultLog, tmp_path) -> None:
+    chart = comparison_chart(log.frame())
+    chart.save(tmp_path / "runs.html")
+    html = (tmp_path / "runs.html").read_text()
+    assert "vega" in html and "#2 num_workers=2" in html
+    chart.save(tmp_path / "runs.png")  # rendered by vl-convert, no browser
+    assert (tmp_path / "runs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_chart_is_the_comparison_chart_of_its_results(tmp_path) -> None:
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
+    bench = wb.Workbench(torch.nn.Linear(8, 3), data, loss_fn=torch.nn.CrossEntropyLoss(),
+                         optimizer=lambda p: torch.optim.SGD(p, lr=0.1), log=None, steps=3, warmup_steps=1,
+                         knobs=wb.Knobs(batch_size=8))
+    bench.run()
+    bench.run(batch_size=16)
+    chart = bench.chart()
+    assert isinstance(chart, alt.VConcatChart)
+    assert chart.to_dict() == comparison_chart(bench.results).to_dict()
+    assert list(chart_data(chart)["label"]) == ["baseline", "batch_size=16"]

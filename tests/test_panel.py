@@ -1,0 +1,282 @@
+"""panel.py driven from Python the way a user drives it in the browser: set a widget, wait, look.
+
+Tiny trials (3 measured steps, 1 warm-up) on a tiny model; a "sleepy" dataset makes trials long
+enough to stop or to change knobs during. No assertion depends on timing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+import workbench as wb
+from workbench import panel as panel_module
+from workbench.charts import chart_data
+from workbench.knobs import knob_names
+from workbench.panel import GROUPS, Panel
+
+ROOT = Path(__file__).resolve().parents[1]
+WAIT_S = 120  # generous: other work shares the 2 cores; only a hang fails
+
+
+class Blocks(nn.Module):
+    """Linear in, two blocks in a ModuleList (checkpointing candidates), linear out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)) for _ in range(2))
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 7:
+            raise RuntimeError("batches of seven are not supported")  # a user bug the panel must report
+        h = self.inp(x)
+        for b in self.blocks:
+            h = h + b(h)
+        return self.out(h)
+
+
+class Sleepy(Dataset):
+    """1 ms per sample: a trial of 8-sample batches takes ~10 ms a step, long enough to interrupt."""
+
+    def __init__(self, n: int = 256) -> None:
+        self.x, self.y = torch.randn(n, 8), torch.randint(0, 3, (n,))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        time.sleep(0.001)
+        return self.x[i], self.y[i]
+
+
+def make_bench(data=None, *, log=None, steps: int = 3) -> wb.Workbench:
+    data = data if data is not None else TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
+    return wb.Workbench(Blocks(), data, loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.05),
+                        log=log, steps=steps, warmup_steps=1, knobs=wb.Knobs(batch_size=8), name="blocks")
+
+
+@pytest.fixture
+def bench() -> wb.Workbench:
+    return make_bench()
+
+
+@pytest.fixture
+def panel(bench: wb.Workbench):
+    p = Panel(bench, debounce_s=0.05)
+    yield p
+    p.close()
+
+
+def phase(p: Panel) -> str:
+    return p.status.value.split('data-phase="')[1].split('"')[0]
+
+
+def test_controls_cover_every_knob_grouped_with_blocks(panel: Panel, bench: wb.Workbench) -> None:
+    grouped = [name for names in GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(knob_names())
+    assert list(GROUPS) == ["Data pipeline", "Precision & compile", "Memory", "CPU"]
+    for name, widget in panel.controls.items():
+        assert widget.description == name
+    assert set(panel.controls) == set(knob_names()) - {"checkpoint"}
+    assert list(panel.block_boxes) == bench.blocks == ["blocks.0", "blocks.1"]
+    n = bench.block_params["blocks.0"]
+    assert f"{n:,} params" in panel.block_boxes["blocks.0"].description
+    assert panel.knobs() == bench.defaults
+
+
+def test_noop_knobs_are_disabled_with_the_reason(bench: wb.Workbench) -> None:
+    panel = Panel(bench, debounce_s=3600)  # changes queue but never start: this test only reads widgets
+    pin = panel.controls["pin_memory"]
+    assert pin.disabled and "no-op" in pin.tooltip  # CPU: nothing is copied to a device
+    assert panel.controls["channels_last"].disabled  # no Conv2d in this model
+    persistent = panel.controls["persistent_workers"]
+    assert persistent.disabled and "num_workers" in persistent.tooltip
+    panel.controls["num_workers"].value = 1
+    assert not persistent.disabled and not panel.controls["prefetch_factor"].disabled
+    threads = panel.controls["cpu_threads"]
+    assert threads.label == "default" and panel.knobs().cpu_threads is None  # None shows as "default"
+    threads.value = 1
+    assert panel.knobs().cpu_threads == 1
+    panel.controls["data"].value = "cached"  # one batch on the device: workers have nothing to do
+    assert panel.controls["num_workers"].disabled
+    assert panel.knobs().num_workers == 0 and panel.knobs().data == "cached"
+    panel.close()
+    assert bench.trials == []
+
+
+def test_widget_change_runs_a_trial_and_grows_chart_and_table(panel: Panel, bench: wb.Workbench) -> None:
+    assert chart_data(panel.chart).empty and "No trials yet" in panel.table.value
+    panel.controls["num_workers"].value = 1
+    assert panel.wait(WAIT_S)
+    (result,) = bench.trials
+    assert result.ok and result.knobs.num_workers == 1
+    assert list(chart_data(panel.chart)["trial_id"]) == [1]
+    assert "wb-results" in panel.table.value and "samples_per_s" in panel.table.value
+    assert phase(panel) == "ok" and "#1" in panel.status.value
+    assert panel.progress.value == panel.progress.max == 4  # 1 warm-up + 3 measured steps
+    panel.block_boxes["blocks.1"].value = True
+    assert panel.wait(WAIT_S)
+    assert bench.trials[-1].knobs.checkpoint == ("blocks.1",)
+    assert list(chart_data(panel.chart)["trial_id"]) == [1, 2]
+    assert [v for _, v in panel.trial_pick.options] == [2, 1]  # newest first
+
+
+def test_three_rapid_changes_coalesce_and_measure_the_last_config(bench: wb.Workbench) -> None:
+    p = Panel(bench, debounce_s=0.3)
+    try:
+        p.controls["batch_size"].value = 16
+        p.controls["num_workers"].value = 1
+        p.controls["batch_size"].value = 12
+        assert p.wait(WAIT_S)
+        assert 1 <= len(bench.trials) <= 2
+        assert bench.trials[-1].knobs == wb.Knobs(batch_size=12, num_workers=1)
+    finally:
+        p.close()
+
+
+def test_changes_during_a_run_coalesce_latest_wins() -> None:
+    bench = make_bench(Sleepy(), steps=30)
+    p = Panel(bench, debounce_s=0.0)
+    try:
+        p.run_button.click()
+        _wait_for(lambda: phase(p) == "measuring")
+        for bs in (10, 12, 16):  # all while trial #1 runs
+            p.controls["batch_size"].value = bs
+        assert p.wait(WAIT_S)
+        assert [t.knobs.batch_size for t in bench.trials] == [8, 16]
+        assert all(t.ok for t in bench.trials)
+    finally:
+        p.close()
+
+
+def test_stop_interrupts_the_running_trial_and_panel_stays_usable() -> None:
+    bench = make_bench(Sleepy(), steps=200)
+    p = Panel(bench, debounce_s=0.0)
+    try:
+        p.run_button.click()
+        _wait_for(lambda: phase(p) == "measuring")
+        p.stop_button.click()
+        assert p.wait(WAIT_S)
+        (r,) = bench.trials
+        assert r.status == "interrupted" and "stopped" in r.message
+        assert phase(p) == "interrupted" and "INTERRUPTED" in p.status.value
+        assert chart_data(p.chart)["kind"].tolist() == ["interrupted"]
+        bench.steps = 3  # the next trial runs normally
+        p.controls["batch_size"].value = 16
+        assert p.wait(WAIT_S) and bench.trials[-1].ok
+    finally:
+        p.close()
+
+
+def test_failure_shows_status_and_message_never_a_traceback(panel: Panel, bench: wb.Workbench) -> None:
+    panel.controls["batch_size"].value = 7
+    assert panel.wait(WAIT_S)
+    (r,) = bench.trials
+    assert r.status == "error" and "Traceback" in r.traceback
+    assert phase(panel) == "error" and "batches of seven" in panel.status.value
+    assert "Traceback" not in panel.status.value and "Traceback" not in panel.table.value
+    assert chart_data(panel.chart)["kind"].tolist() == ["error"]
+
+
+def test_programmatic_runs_land_in_the_same_chart_and_table(panel: Panel, bench: wb.Workbench) -> None:
+    bench.run()
+    bench.run(batch_size=16)
+    assert list(chart_data(panel.chart)["label"]) == ["baseline", "batch_size=16"]
+    assert "batch_size=16" in panel.table.value
+    assert not panel.busy  # a run from code does not queue a panel trial
+
+
+@pytest.mark.slow
+def test_set_baseline_and_repeat_to_confirm(panel: Panel, bench: wb.Workbench) -> None:
+    bench.run()
+    bench.run(batch_size=32)
+    panel.trial_pick.value = 2
+    panel.repeat_button.click()
+    assert panel.wait(WAIT_S)
+    rep = panel.last_repeat
+    assert rep is not None and rep["trial_id"] == 2 and rep["baseline_id"] == 1
+    assert len(rep["rounds"]) == 2
+    # alternating rounds: baseline, pick, then pick, baseline
+    assert [t.knobs.batch_size for t in bench.trials[2:]] == [8, 32, 32, 8]
+    assert rep["confirmed"].startswith(("confirmed", "not confirmed"))
+    assert "Repeat to confirm #2" in panel.verdict.value
+    panel.trial_pick.value = 2
+    panel.baseline_button.click()
+    assert bench.baseline.trial_id == 2
+    assert chart_data(panel.chart).set_index("trial_id").loc[2, "kind"] == "baseline"
+
+
+def test_restart_safe_a_new_panel_shows_the_logged_trials(tmp_path) -> None:
+    first = make_bench(log=tmp_path)
+    first.run()
+    first.run(batch_size=16)
+    again = make_bench(log=tmp_path)  # a "restarted kernel": same log file
+    p = Panel(again)
+    try:
+        assert list(chart_data(p.chart)["trial_id"]) == [1, 2]
+        assert "batch_size=16" in p.table.value
+    finally:
+        p.close()
+
+
+def test_a_new_panel_replaces_the_old_one_on_the_same_bench(bench: wb.Workbench) -> None:
+    old = Panel(bench)
+    new = Panel(bench)
+    try:
+        _wait_for(lambda: not old._thread.is_alive())
+        bench.run()
+        assert chart_data(old.chart).empty and len(chart_data(new.chart)) == 1
+    finally:
+        new.close()
+
+
+def test_terminal_fallback_explains_itself(bench: wb.Workbench, capsys) -> None:
+    assert bench.panel() is None  # pytest has no IPython kernel
+    out = capsys.readouterr().out
+    assert "bench.run(" in out and "bench.results" in out
+
+
+@pytest.mark.slow
+def test_core_imports_and_runs_without_ipywidgets_or_altair() -> None:
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["ipywidgets"] = None
+        sys.modules["altair"] = None
+        import torch, workbench as wb
+        from workbench import panel
+        b = wb.Workbench(torch.nn.Linear(4, 2), torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))),
+                         loss_fn=torch.nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                         log=None, steps=2, warmup_steps=0, knobs=wb.Knobs(batch_size=4))
+        assert b.run().ok
+        panel.has_frontend = lambda: True  # pretend a notebook: the missing widgets are explained
+        assert b.panel() is None
+        assert "ipywidgets" not in sys.modules or sys.modules["ipywidgets"] is None
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "needs ipywidgets and altair" in out.stdout and "bench.run(" in out.stdout
+
+
+def test_has_frontend_is_false_outside_a_kernel() -> None:
+    assert panel_module.has_frontend() is False
+
+
+def _wait_for(cond, timeout: float = WAIT_S) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+    return True

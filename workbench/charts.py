@@ -1,0 +1,140 @@
+"""Charts: pure functions from the `bench.results` DataFrame to altair charts.
+
+    comparison_chart(bench.results)      throughput per trial with its noise band, the baseline
+                                         marked, failures visible; linked peak-memory and
+                                         data-wait views underneath
+    chart.save("runs.html")              a standalone page; chart.save("runs.png") via vl-convert
+
+Nothing here runs trials or touches widgets: the panel and `bench.chart()` both call these, so the
+live chart and the exported one are the same picture. altair is imported only by this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from .knobs import knob_names
+
+# Every status gets a fixed colour and shape, so a colour means the same thing in every chart.
+KINDS = ["baseline", "ok", "nan", "interrupted", "error", "oom"]
+KIND_COLORS = ["#222222", "#4c78a8", "#f58518", "#9d755d", "#e45756", "#b22222"]
+KIND_SHAPES = ["diamond", "circle", "triangle-up", "cross", "cross", "cross"]
+FAILED = ("interrupted", "error", "oom")  # no throughput: drawn as a cross on the zero line
+
+WIDTH = 560  # px; the three views share it so their columns line up
+EMPTY_TEXT = "No trials yet: change a knob in the panel, or call bench.run()"
+
+
+def chart_frame(results: pd.DataFrame) -> pd.DataFrame:
+    """The rows the chart draws: one per trial, with plot-ready columns added.
+
+    `trial` is the x label ("#3 num_workers=2"), `kind` is baseline/ok/<failure status> and
+    `throughput` is samples/s with failed trials at 0 so they still get a mark.
+    """
+    if results.empty:
+        return pd.DataFrame(columns=["trial_id", "trial", "kind", "throughput"])
+    df = results.reset_index(drop=True).copy()
+    df["trial"] = "#" + df["trial_id"].astype(str) + " " + df["label"].astype(str)
+    df["kind"] = df["status"].where(df["verdict"] != "baseline", "baseline")
+    df["throughput"] = pd.to_numeric(df["samples_per_s"], errors="coerce").fillna(0.0)
+    df["speedup_pct"] = (pd.to_numeric(df["speedup"], errors="coerce") - 1.0) * 100.0
+    keep = ["trial_id", "trial", "kind", "throughput", "samples_per_s", "samples_per_s_low",
+            "samples_per_s_high", "speedup", "speedup_pct", "verdict", "status", "label",
+            "step_time_ms", "step_time_iqr_ms", "peak_memory_mb", "data_wait_share", "final_loss",
+            "message", *knob_names()]
+    return df[[c for c in keep if c in df.columns]]
+
+
+def comparison_chart(results: pd.DataFrame, *, width: int = WIDTH) -> alt.TopLevelMixin:
+    """Throughput per trial (noise band, baseline, failures) over linked memory and data-wait views.
+
+    Click a trial to highlight it in all three views (double-click clears). Hover for the full knob
+    set, the speedup against the baseline and the verdict.
+    """
+    data = chart_frame(results)
+    if data.empty:
+        return (alt.Chart(pd.DataFrame({"text": [EMPTY_TEXT]}))
+                .mark_text(size=14, color="gray").encode(text="text:N")
+                .properties(width=width, height=60, title="Throughput per trial"))
+
+    picked = alt.selection_point(name="trial_pick", fields=["trial_id"], on="click", clear="dblclick")
+    highlight = alt.condition(picked, alt.value(1.0), alt.value(0.25))
+    x = alt.X("trial:N", sort=list(data["trial"]), title=None,
+              axis=alt.Axis(labelAngle=-25, labelLimit=180))
+    legend = alt.Legend(title="trial", symbolOpacity=1)  # not faded by the band's or bars' opacity
+    color = alt.Color("kind:N", scale=alt.Scale(domain=KINDS, range=KIND_COLORS), legend=legend)
+    shape = alt.Shape("kind:N", scale=alt.Scale(domain=KINDS, range=KIND_SHAPES), legend=legend)
+    # Views carry no data of their own: the rows sit once at the top (smaller spec, faster to build).
+    base = alt.Chart().encode(x=x)
+    below = alt.Chart().encode(x=x.axis(labels=False, ticks=False))  # the top view names the trials
+    tooltip = _tooltip(data)
+
+    # ---- throughput: interquartile band (from step-time quartiles), median point, baseline line
+    band = base.transform_filter("isValid(datum.samples_per_s_low)").mark_rule(
+        strokeWidth=7, opacity=0.35
+    ).encode(y=alt.Y("samples_per_s_low:Q"), y2="samples_per_s_high:Q", color=color)
+    points = base.mark_point(filled=True, size=110).encode(
+        y=alt.Y("throughput:Q", title="samples / s"), color=color, shape=shape, opacity=highlight,
+        tooltip=tooltip,
+    ).add_params(picked)
+    failed_text = base.transform_filter(alt.FieldOneOfPredicate("kind", list(FAILED))).mark_text(
+        dy=-12, fontSize=11, color=KIND_COLORS[KINDS.index("error")]
+    ).encode(y="throughput:Q", text="status:N")
+    baseline_rule = base.transform_filter(alt.datum.kind == "baseline").mark_rule(
+        strokeDash=[5, 4], color=KIND_COLORS[0]
+    ).encode(y="samples_per_s:Q", x=alt.value(0), x2=alt.value(width))
+    throughput = alt.layer(band, baseline_rule, points, failed_text).properties(
+        width=width, height=220, title="Throughput per trial (band: middle half of steps; dashed: baseline)"
+    )
+
+    # ---- linked views: same trials on x, highlighted together ------------------------------
+    memory = below.mark_bar().encode(
+        y=alt.Y("peak_memory_mb:Q", title="peak MB"), color=color, opacity=highlight,
+        tooltip=["trial:N", alt.Tooltip("peak_memory_mb:Q", title="peak MB", format=",.1f")],
+    ).properties(width=width, height=90, title="Peak memory")
+    wait = below.mark_bar().encode(
+        y=alt.Y("data_wait_share:Q", title="data wait", axis=alt.Axis(format="%"),
+                scale=alt.Scale(domain=[0, 1])),
+        color=color, opacity=highlight,
+        tooltip=["trial:N", alt.Tooltip("data_wait_share:Q", title="data wait", format=".0%")],
+    ).properties(width=width, height=90, title="Share of time waiting for data (target < 20%)")
+    return alt.vconcat(throughput, memory, wait, data=data, spacing=8).resolve_scale(color="shared", shape="shared")
+
+
+def _tooltip(data: pd.DataFrame) -> list[alt.Tooltip]:
+    """Headline numbers first, then every knob (so a point says exactly what was run)."""
+    tips = [
+        alt.Tooltip("trial_id:O", title="trial"),
+        alt.Tooltip("status:N"),
+        alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.1f"),
+        alt.Tooltip("speedup:Q", title="speedup vs baseline", format=".2f"),
+        alt.Tooltip("verdict:N"),
+        alt.Tooltip("step_time_ms:Q", title="median step ms", format=".2f"),
+        alt.Tooltip("peak_memory_mb:Q", title="peak MB", format=",.1f"),
+        alt.Tooltip("data_wait_share:Q", title="data wait", format=".0%"),
+        alt.Tooltip("final_loss:Q", title="final loss", format=".4f"),
+        alt.Tooltip("message:N"),
+    ]
+    tips += [alt.Tooltip(f"{k}:N") for k in knob_names() if k in data.columns]
+    return tips
+
+
+def chart_data(chart: Any) -> pd.DataFrame:
+    """The trial rows inside a chart (an altair chart, a JupyterChart, or a spec dict).
+
+    For tests and notebooks: `chart_data(bench.chart())` has one row per trial drawn.
+    """
+    spec = chart
+    if hasattr(chart, "spec") and isinstance(chart.spec, dict):  # JupyterChart: the synced spec
+        spec = chart.spec
+    elif hasattr(chart, "to_dict"):
+        spec = chart.to_dict()
+    if not isinstance(spec, dict):
+        raise TypeError(f"chart_data takes an altair chart, JupyterChart or spec dict, got {type(chart).__name__}")
+    for rows in (spec.get("datasets") or {}).values():
+        if rows and "trial_id" in rows[0]:
+            return pd.DataFrame(rows)
+    return pd.DataFrame(columns=["trial_id"])
