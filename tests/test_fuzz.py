@@ -94,7 +94,7 @@ def fuzz(examples: int, *, invalid: bool) -> dict:
 
 def test_fuzz_valid_ranges_quick():
     tally = fuzz(25, invalid=False)
-    assert tally["ok"] + tally["nan"] >= 12, tally  # most draws must run trials, not only validate
+    assert tally["ok"] + tally["nan"] >= 8, tally  # a third of the draws must run trials, not only validate
 
 
 def test_fuzz_invalid_values_are_rejected_with_a_fix():
@@ -105,7 +105,7 @@ def test_fuzz_invalid_values_are_rejected_with_a_fix():
 @pytest.mark.slow
 def test_fuzz_1000():
     tally = fuzz(1000, invalid=False)
-    assert tally["ok"] + tally["nan"] >= 500, tally
+    assert tally["ok"] + tally["nan"] >= 333, tally
 
 
 @pytest.mark.slow
