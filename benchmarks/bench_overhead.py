@@ -1,6 +1,6 @@
 """Overhead of the workbench's measured step vs a bare hand-written loop on the same workload.
 
-Paired, alternating rounds (workbench trial, then bare loop, R times) so machine drift hits both
+Paired rounds in ABBA order (workbench trial and bare loop, R times) so machine drift hits both
 sides alike; the figure is the median over rounds of (workbench median step / bare median step).
 Goal: <= 2% on a ~5 ms step.   Run: .venv/bin/python benchmarks/bench_overhead.py [rounds]
 """
@@ -15,6 +15,7 @@ from _workload import BATCH, make, optimizer
 from torch.utils.data import DataLoader
 
 import workbench as wb
+from workbench.runner import trial_thread
 
 WARMUP, STEPS = 5, 30
 
@@ -46,9 +47,15 @@ def main(rounds: int = 10) -> None:
     bench = wb.Workbench(model, data, loss_fn=torch.nn.CrossEntropyLoss(), optimizer=optimizer, log=None,
                          device="cpu", warmup_steps=WARMUP, steps=STEPS, knobs=wb.Knobs(batch_size=BATCH))
     ratios, wb_ms, bare_ms = [], [], []
-    for _ in range(rounds):
-        r = bench.run()
-        bare = statistics.median(bare_loop(model, data))
+    for i in range(rounds):
+        # ABBA order (so neither side always runs second); the bare loop runs on the same
+        # thread as the workbench's trials (same OpenMP pool)
+        if i % 2:
+            bare = statistics.median(trial_thread().submit(bare_loop, model, data).result())
+            r = bench.run()
+        else:
+            r = bench.run()
+            bare = statistics.median(trial_thread().submit(bare_loop, model, data).result())
         ratios.append(r.step_time_s / bare)
         wb_ms.append(r.step_time_s * 1e3)
         bare_ms.append(bare * 1e3)
