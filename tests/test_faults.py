@@ -247,3 +247,25 @@ def test_kernel_killed_mid_trial_then_a_new_workbench_on_the_same_log(tmp_path):
                          warmup_steps=0, log=tmp_path, knobs=wb.Knobs(batch_size=8))
     assert [r.status for r in bench.trials] == ["ok", "ok"]  # the killed trial never finished: not recorded
     assert bench.run().trial_id == 3
+
+
+class ExitingData(SquareDataset):
+    def __getitem__(self, i):
+        if i >= 16 and get_worker_info() is not None:
+            os._exit(1)  # a worker dying without a word (a crash in native decode code, say)
+        return super().__getitem__(i)
+
+
+def test_a_dying_worker_never_raises_into_the_main_thread(tmp_path):
+    # Iterating any loader with workers on the main thread installs PyTorch's SIGCHLD handler,
+    # which would raise into whatever the main thread runs when a registered worker dies.
+    from torch.utils.data import DataLoader
+
+    list(DataLoader(SquareDataset(8), num_workers=1))
+    bench = wb.Workbench(TinyNet(), ExitingData(64), loss_fn=torch.nn.CrossEntropyLoss(), steps=6,
+                         warmup_steps=1, log=tmp_path, knobs=wb.Knobs(batch_size=8))
+    bench.workload.spec.shuffle = False
+    r = bench.run(num_workers=1)
+    assert r.status == "error" and r.where == "data" and "DataLoader worker" in r.message
+    time.sleep(0.5)  # give a stray SIGCHLD time to arrive
+    assert bench.run().ok and psutil.Process().children(recursive=True) == []

@@ -193,7 +193,7 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
             batch = next(state["iterator"])
         except StopIteration:
             epochs += 1  # an epoch boundary: non-persistent workers are re-forked here
-            state["iterator"] = iter(loader)
+            state["iterator"] = apply.start_iterator(loader)
             try:
                 batch = next(state["iterator"])
             except StopIteration:
@@ -204,7 +204,7 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
         return batch
 
     t0 = time.perf_counter()
-    state["iterator"] = iter(loader)
+    state["iterator"] = apply.start_iterator(loader)
     first = next_batch()
     sync(device)
     startup_s = time.perf_counter() - t0

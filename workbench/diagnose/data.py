@@ -41,7 +41,7 @@ def loader_rate(workload: Workload, knobs: Knobs, *, batches: int = 20, max_s: f
     it = None
     try:
         t0 = time.perf_counter()
-        it = iter(loader)
+        it = apply.start_iterator(loader)
         move_to(next(it), workload.device)
         startup = time.perf_counter() - t0
         n = 0
@@ -50,7 +50,7 @@ def loader_rate(workload: Workload, knobs: Knobs, *, batches: int = 20, max_s: f
             try:
                 batch = next(it)
             except StopIteration:  # a short epoch: start another, as training would
-                it = iter(loader)
+                it = apply.start_iterator(loader)
                 batch = next(it)
             n += batch_size_of(move_to(batch, workload.device))
             if time.perf_counter() - t1 > max_s:
