@@ -51,7 +51,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
 def move_to(batch: Any, device: torch.device, *, non_blocking: bool = False, channels_last: bool = False) -> Any:
     """Move every tensor in a (nested) tuple/list/dict batch to `device`, keeping its shape."""
     if isinstance(batch, torch.Tensor):
-        t = batch.to(device, non_blocking=non_blocking)
+        # .to() is a dispatcher round trip even when there is nothing to move (hot path)
+        t = batch if batch.device == device else batch.to(device, non_blocking=non_blocking)
         if channels_last and t.dim() == 4 and t.is_floating_point():
             t = t.contiguous(memory_format=torch.channels_last)
         return t
