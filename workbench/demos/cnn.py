@@ -8,6 +8,7 @@ CPUs); on a CPU without them it can be slower than fp32, and the workbench will 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -72,9 +73,6 @@ class SmallResNet(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
-def adamw(params: Any) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=3e-3)
-
 
 def build(size: str) -> dict[str, Any]:
     """Generate the cached tensors and the model (both seeded) and return the Workbench's parts."""
@@ -86,7 +84,7 @@ def build(size: str) -> dict[str, Any]:
         model=model,
         data=make_images(cfg["samples"], cfg["px"]),
         loss_fn=nn.CrossEntropyLoss(),
-        optimizer=adamw,
+        optimizer=functools.partial(torch.optim.AdamW, lr=3e-3),  # picklable factory
         step_fn=None,
         knobs=Knobs(batch_size=cfg["batch_size"]),
     )

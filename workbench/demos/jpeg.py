@@ -10,6 +10,7 @@ The Dataset is module-level and holds plain bytes, so workers can fork or spawn 
 
 from __future__ import annotations
 
+import functools
 import io
 from typing import Any
 
@@ -132,9 +133,6 @@ class TinyCNN(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
-def adamw(params: Any) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=3e-3)
-
 
 def build(size: str) -> dict[str, Any]:
     """Encode the images once (deterministic) and return the Workbench's parts."""
@@ -147,7 +145,7 @@ def build(size: str) -> dict[str, Any]:
         model=model,
         data=JpegDataset(jpegs, labels, cfg["out"]),
         loss_fn=nn.CrossEntropyLoss(),
-        optimizer=adamw,
+        optimizer=functools.partial(torch.optim.AdamW, lr=3e-3),  # picklable factory
         step_fn=None,
         knobs=Knobs(batch_size=cfg["batch_size"]),
     )

@@ -8,6 +8,7 @@ rest in backward: a several-fold lower peak for roughly one extra forward of tim
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -62,9 +63,6 @@ class ResidualMLP(nn.Module):
         return self.head(x)  # (B, 1)
 
 
-def adamw(params: Any) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=1e-3)
-
 
 def build(size: str) -> dict[str, Any]:
     """Generate the regression data and the model (both seeded) and return the Workbench's parts."""
@@ -76,7 +74,7 @@ def build(size: str) -> dict[str, Any]:
         model=model,
         data=make_regression(cfg["samples"], cfg["dim"]),
         loss_fn=nn.MSELoss(),
-        optimizer=adamw,
+        optimizer=functools.partial(torch.optim.AdamW, lr=1e-3),  # picklable factory
         step_fn=None,
         knobs=Knobs(batch_size=cfg["batch_size"]),
     )

@@ -8,6 +8,7 @@ tokens predicts the rest and the loss visibly falls within one trial.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -101,9 +102,6 @@ def lm_step(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
 
 
-def adamw(params: Any) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=3e-3)
-
 
 def build(size: str) -> dict[str, Any]:
     """Generate the token data and the model (both seeded) and return the Workbench's parts."""
@@ -115,7 +113,7 @@ def build(size: str) -> dict[str, Any]:
         model=model,
         data=ModularSequences(cfg["sequences"], cfg["seq_len"], cfg["vocab"]),
         loss_fn=None,
-        optimizer=adamw,
+        optimizer=functools.partial(torch.optim.AdamW, lr=3e-3),  # picklable factory
         step_fn=lm_step,
         knobs=Knobs(batch_size=cfg["batch_size"]),
     )
