@@ -159,6 +159,20 @@ def test_memory_breakdown_and_block_ranking():
     assert blocks["blocks.1"] > blocks["blocks.0"] > 0
 
 
+def test_memory_breakdown_without_a_peak_meter_says_not_measured(monkeypatch):
+    # the MPS path, exercised on CPU: with no meter the activations are <NA> with a note, never 0
+    import workbench.diagnose.memory as memory_mod
+
+    monkeypatch.setattr(memory_mod, "memory_meter", lambda device_type: None)
+    bench = make_bench()
+    df = memory_breakdown(bench.workload, bench.defaults)
+    mem = df.set_index("kind")["bytes"]
+    assert mem.isna()["activations at peak"] and mem.isna().sum() == 1
+    params = sum(p.numel() * 4 for p in bench.workload.pristine.parameters())
+    assert mem["parameters"] == params and mem["gradients"] == params  # the step still ran
+    assert "not measured" in df.attrs["note"]
+
+
 def test_flops_profile_and_loader_rate():
     bench = make_bench()
     k = bench.defaults

@@ -70,3 +70,9 @@ def test_no_op_notes_on_cpu():
     assert "fp16" in text and "slower" in text
     assert "channels_last is a no-op" in text
     assert device_notes(Knobs(pin_memory=True), "cuda") == []
+
+
+def test_pin_memory_on_mps_says_it_is_dropped():
+    notes = device_notes(Knobs(pin_memory=True), "mps")
+    assert any("pin_memory is a no-op on MPS" in n for n in notes)
+    assert not any("pin_memory" in n for n in device_notes(Knobs(pin_memory=False), "mps"))

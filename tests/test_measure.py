@@ -2,10 +2,19 @@
 
 import math
 
+import pytest
 import torch
 
 import workbench as wb
-from workbench.measure import CpuLoad, StepClock, TrialResult, live_tensor_bytes, profile_peak_bytes, summarize
+from workbench.measure import (
+    CpuLoad,
+    StepClock,
+    TrialResult,
+    live_tensor_bytes,
+    memory_meter,
+    profile_peak_bytes,
+    summarize,
+)
 
 
 def test_summarize_median_and_iqr():
@@ -36,6 +45,19 @@ def test_profile_peak_bytes_sees_transient_allocations():
 
     peak = profile_peak_bytes(work, torch.device("cpu"))
     assert 7.9e6 < peak < 9e6
+
+
+def test_memory_meter_per_device_type():
+    assert memory_meter("cuda") == "allocator"
+    assert memory_meter("cpu") == "profiler"
+    assert memory_meter("mps") is None  # no peak counter: "not measured", never a 0 from the wrong profiler
+
+
+def test_profile_peak_bytes_refuses_mps_instead_of_reading_zero():
+    ran = []
+    with pytest.raises(ValueError, match="not measured on 'mps'"):
+        profile_peak_bytes(lambda: ran.append(1), torch.device("mps"))
+    assert ran == []  # refused before running anything
 
 
 def test_cpu_load_reports_a_number_on_linux():

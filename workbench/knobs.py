@@ -156,6 +156,8 @@ def device_notes(knobs: Knobs, device_type: str, *, has_conv: bool = True) -> li
     accel = device_type in ("cuda", "mps", "xpu")
     if knobs.pin_memory and not accel:
         notes.append("pin_memory is a no-op without an accelerator (nothing is copied to a device)")
+    if knobs.pin_memory and device_type == "mps":
+        notes.append("pin_memory is a no-op on MPS (unified memory): the loader does not pin, copies are synchronous")
     if knobs.prefetch_factor is not None and knobs.num_workers == 0:
         notes.append("prefetch_factor is a no-op with num_workers=0 (the main process loads)")
     if knobs.persistent_workers and knobs.data == "cached":

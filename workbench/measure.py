@@ -125,13 +125,29 @@ def live_tensor_bytes(*groups: Any) -> int:
     return total
 
 
+def memory_meter(device_type: str) -> str | None:
+    """How peak memory is measured on this device type: 'allocator' (CUDA's max_memory_allocated),
+    'profiler' (CPU: replay of the profiler's memory events) or None (not measured).
+
+    MPS has no peak counter, and the profiler path looks for CPU or CUDA memory events, which an
+    MPS step does not produce (a code review found the breakdown read 0 there): report it as not
+    measured instead. torch.mps's current/driver allocated memory are levels, not peaks.
+    """
+    return {"cuda": "allocator", "cpu": "profiler"}.get(device_type)
+
+
 def profile_peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
     """Peak extra bytes allocated on `device` while `fn` runs, from the profiler's memory events.
 
     On CPU there is no allocator with peak statistics and peak RSS hides reuse inside glibc, so
     we replay every allocation/free the profiler saw in time order and take the running maximum.
+    Raises ValueError on a device the profiler's memory events do not cover (MPS): see memory_meter.
     """
     from torch.profiler import ProfilerActivity, profile
+
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"peak memory is not measured on {device.type!r} (see measure.memory_meter); "
+                         "use device='cpu' or 'cuda' for a memory figure")
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
     with _quiet_stderr():  # kineto prints "USDT ... profiler_start/stop" lines on every start/stop

@@ -10,14 +10,18 @@ import pandas as pd
 import torch
 
 from ..knobs import Knobs
-from ..measure import live_tensor_bytes, profile_peak_bytes, sync
+from ..measure import live_tensor_bytes, memory_meter, profile_peak_bytes, sync
 from ..workload import Workload
 from ._rig import rig
 
 
-def _peak_extra(fn: Callable[[], Any], device: torch.device) -> int:
-    """Peak bytes allocated on `device` beyond what was live when `fn` started."""
-    if device.type == "cuda":
+def _peak_extra(fn: Callable[[], Any], device: torch.device) -> int | None:
+    """Peak bytes allocated on `device` beyond what was live when `fn` started (None: not measured)."""
+    meter = memory_meter(device.type)
+    if meter is None:  # MPS: no peak counter; run the step anyway so gradients exist
+        fn()
+        return None
+    if meter == "allocator":
         sync(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -43,10 +47,13 @@ def memory_breakdown(workload: Workload, knobs: Knobs) -> pd.DataFrame:
         peak = _peak_extra(lambda: r.forward_backward(batch), workload.device)
         grad_b = live_tensor_bytes([p.grad for p in params if p.grad is not None])
         r.optimizer.zero_grad(set_to_none=True)
-    act_b = max(0, peak - grad_b)
+    act_b = None if peak is None else max(0, peak - grad_b)
     rows = [("parameters", param_b), ("gradients", grad_b), ("optimizer state", opt_b),
             ("activations at peak", act_b), ("input batch", batch_b)]
     df = pd.DataFrame(rows, columns=["kind", "bytes"])
+    if act_b is None:  # shown as <NA> ("not measured on MPS"), never as 0
+        df["bytes"] = df["bytes"].astype("Int64")
+        df.attrs["note"] = f"activations at peak: not measured on {workload.device.type} (no peak-memory counter)"
     df["mb"] = df["bytes"] / 1e6
     df["share"] = df["bytes"] / max(1, int(df["bytes"].sum()))
     return df
