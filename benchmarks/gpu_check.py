@@ -1,0 +1,621 @@
+"""Every accelerator path of the workbench, checked in one prepared run (no arguments).
+
+    python benchmarks/gpu_check.py                  # prints one table: check | expected | measured | result
+    OUT=/some/dir python benchmarks/gpu_check.py    # ... and writes /some/dir/gpu_check.json
+
+A GPU machine is lent only sometimes and briefly, so this script is written to run once, cold, in
+at most ~5 minutes on one GPU: it checks the clock before each check, skips what no longer fits
+("skipped: time"), and a watchdog prints the table and exits if one check hangs. Features that may
+not exist in this version of the workbench (the `cudnn_benchmark` and `world_size` knobs, trace
+export with a CUDA memory snapshot) are detected at run time and reported as "skipped: not in this
+version". Everything goes through the public API (`wb.demo`, `wb.Workbench`, `bench.run`,
+`TrialResult` fields), so a restructured core still runs it.
+
+Without CUDA it prints "no CUDA device: N checks skipped" and exits 0 (CI runs it that way); on
+Apple MPS it runs the checks that apply there and skips the CUDA-only ones. Exit status: 0 when
+nothing failed, 1 when a check failed, 3 when the watchdog stopped the run.
+Env: GPU_CHECK_BUDGET_S (default 300) sets the time budget in seconds. GPU_CHECK_DEVICE=cpu is a
+dry run of the device-agnostic checks on the CPU at small sizes: it tests this script's own code
+before a GPU is lent (tests/test_gpu_check.py), and verifies nothing about an accelerator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import gc
+import inspect
+import itertools
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+BUDGET_S = 300.0  # the issue's limit: the whole run in <= 5 minutes on one GPU
+WATCHDOG_GRACE_S = 45.0  # past the budget, a hung check gets this long before the watchdog exits
+STEPS, WARMUP = 20, 3  # measured / warm-up optimizer steps of most trials (short: this is a check)
+JSON_NAME = "gpu_check.json"
+
+PASS, FAIL = "pass", "fail"
+SKIP_NO_CUDA = "skipped: no CUDA device"
+SKIP_TIME = "skipped: time"
+SKIP_VERSION = "skipped: not in this version"
+
+
+# ---- pure helpers (unit-tested on CPU in tests/test_gpu_check.py) ------------------------------
+@dataclass
+class Row:
+    """One line of the table; `detail` (traceback, raw figures) goes to the JSON only."""
+
+    check: str
+    expected: str
+    measured: str = "-"
+    result: str = ""  # pass | fail | skipped: <why>
+    seconds: float = 0.0
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Budget:
+    """Wall-clock budget checked as the run goes: a check starts only if its estimate still fits."""
+
+    def __init__(self, total_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if not total_s > 0:
+            raise ValueError(f"the time budget must be > 0 seconds, got {total_s!r} (GPU_CHECK_BUDGET_S)")
+        self.total_s = float(total_s)
+        self._clock = clock
+        self._start = clock()
+
+    def elapsed(self) -> float:
+        return self._clock() - self._start
+
+    def left(self) -> float:
+        return self.total_s - self.elapsed()
+
+    def allows(self, estimate_s: float) -> bool:
+        """True when a check estimated at `estimate_s` seconds still ends inside the budget."""
+        return self.elapsed() + estimate_s <= self.total_s
+
+
+def budget_from_env(env: dict[str, str] | None = None) -> float:
+    """GPU_CHECK_BUDGET_S or the default 300 s; a bad value raises ValueError naming the variable."""
+    raw = (os.environ if env is None else env).get("GPU_CHECK_BUDGET_S", "")
+    if not raw:
+        return BUDGET_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"GPU_CHECK_BUDGET_S={raw!r} is not a number of seconds (e.g. 300)") from None
+    if not value > 0:
+        raise ValueError(f"GPU_CHECK_BUDGET_S={raw!r} must be > 0 seconds")
+    return value
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """A Markdown table (paste-able into benchmarks/README.md): check | expected | measured | pass/fail."""
+    head = ("check", "expected", "measured", "pass/fail")
+    cells = [head] + [(r.check, r.expected, r.measured, r.result) for r in rows]
+    cells = [tuple(str(c).replace("|", "/").replace("\n", " ") for c in row) for row in cells]
+    widths = [max(len(row[i]) for row in cells) for i in range(4)]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    lines.insert(1, "| " + " | ".join("-" * w for w in widths) + " |")
+    return "\n".join(lines)
+
+
+def count(rows: Sequence[Row]) -> dict[str, int]:
+    """How many rows passed, failed and were skipped (any 'skipped: ...' reason)."""
+    return {
+        "pass": sum(r.result == PASS for r in rows),
+        "fail": sum(r.result == FAIL for r in rows),
+        "skipped": sum(r.result.startswith("skipped") for r in rows),
+    }
+
+
+def summary_line(rows: Sequence[Row], device: str, elapsed_s: float) -> str:
+    """The one line the README's device table quotes."""
+    n = count(rows)
+    return (f"gpu_check: {n['pass']} pass, {n['fail']} fail, {n['skipped']} skipped "
+            f"on {device} in {elapsed_s:.0f} s")
+
+
+def write_json(rows: Sequence[Row], meta: dict[str, Any], out_dir: str | os.PathLike | None) -> Path | None:
+    """Write {meta..., rows: [...]} to <out_dir>/gpu_check.json; None (nothing written) without a dir."""
+    if not out_dir:
+        return None
+    path = Path(out_dir) / JSON_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {**meta, "rows": [asdict(r) for r in rows]}
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return path
+
+
+def losses_match(a: Sequence[float], b: Sequence[float], rtol: float, atol: float = 0.0) -> tuple[bool, float]:
+    """(every |a-b| <= atol + rtol*|b|, largest relative difference); unequal lengths never match."""
+    if len(a) != len(b) or not a:
+        return False, math.inf
+    worst = 0.0
+    ok = True
+    for x, y in zip(a, b):
+        if not (math.isfinite(x) and math.isfinite(y)):
+            return False, math.inf
+        diff = abs(x - y)
+        worst = max(worst, diff / max(abs(y), 1e-12))
+        ok = ok and diff <= atol + rtol * abs(y)
+    return ok, worst
+
+
+def all_identical(values: Sequence[float]) -> bool:
+    """True for a loss series that never moves: the symptom of losses overwritten by graph replays."""
+    return len(values) > 1 and len(set(values)) == 1
+
+
+# ---- the checks ---------------------------------------------------------------------------------
+class Skip(Exception):
+    """Raised by a check that cannot run here; the message is the reason shown in the table."""
+
+
+@dataclass
+class Check:
+    name: str
+    expected: str
+    run: Callable[[Context], tuple[str, bool, dict[str, Any]]]  # -> (measured, passed, detail)
+    estimate_s: float  # cold, on one GPU, including compiles; what the budget reserves
+    devices: tuple[str, ...] = ("cuda",)
+
+
+class Context:
+    """What the checks share: the device, the workbench module, a scratch dir, cached trials."""
+
+    def __init__(self, device: str, tmp: Path) -> None:
+        import torch
+
+        import workbench as wb
+
+        self.torch, self.wb = torch, wb
+        self.device = device
+        self.tmp = tmp
+        self.cache: dict[str, Any] = {}
+        self.small = device == "cpu"  # the CPU dry run: same code, sizes a 2-core CPU runs in seconds
+
+    def size(self, gpu: int, cpu: int) -> int:
+        """A size for the GPU run, or its small stand-in for the CPU dry run."""
+        return cpu if self.small else gpu
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+    def knob_names(self) -> list[str]:
+        names = getattr(self.wb, "knob_names", None)
+        return list(names()) if callable(names) else list(self.wb.Knobs.__dataclass_fields__)
+
+    def demo(self, name: str, **kw: Any) -> Any:
+        kw.setdefault("size", "tiny" if self.small else "default")
+        kw.setdefault("steps", STEPS)
+        kw.setdefault("warmup_steps", WARMUP)
+        return self.wb.demo(name, device=self.device, log=None, **kw)
+
+    def mlp(self, *, dim: int, hidden: int, depth: int, samples: int, batch_size: int, name: str,
+            step_fn: Callable | None = None, steps: int = STEPS, warmup: int = WARMUP, log: Any = None) -> Any:
+        """A Workbench on a seeded MLP classifier over random data (TensorDataset on the host)."""
+        torch, nn = self.torch, self.torch.nn
+        torch.manual_seed(0)
+        layers: list[Any] = [nn.Linear(dim, hidden), nn.ReLU()]
+        for _ in range(depth - 1):
+            layers += [nn.Linear(hidden, hidden), nn.ReLU()]
+        layers.append(nn.Linear(hidden, 10))
+        g = torch.Generator().manual_seed(0)
+        data = torch.utils.data.TensorDataset(torch.randn(samples, dim, generator=g),
+                                              torch.randint(0, 10, (samples,), generator=g))
+        loss_fn = None if step_fn is not None else nn.CrossEntropyLoss()
+        return self.wb.Workbench(nn.Sequential(*layers), data, loss_fn=loss_fn, step_fn=step_fn,
+                                 optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3), device=self.device,
+                                 log=log, name=name, steps=steps, warmup_steps=warmup,
+                                 knobs=self.wb.Knobs(batch_size=batch_size))
+
+    def free(self) -> None:
+        """Drop cycles and cached blocks between checks so one check's memory is not the next's."""
+        gc.collect()
+        if self.cuda:
+            self.torch.cuda.empty_cache()
+
+
+def _ok(r: Any) -> bool:
+    return r.status == "ok" and bool(r.losses) and all(math.isfinite(x) for x in r.losses)
+
+
+def _status(r: Any) -> str:
+    return r.status if r.status == "ok" else f"{r.status}: {r.message[:120]}"
+
+
+def _wall_s(r: Any) -> float:
+    """Host wall time of the measured window (bracketed by device syncs)."""
+    wall = (r.extra or {}).get("wall_s")
+    if wall:
+        return float(wall)
+    return (r.samples_per_step or 0) * len(r.step_times_s) / r.samples_per_s
+
+
+def check_step_clock(ctx: Context) -> tuple[str, bool, dict]:
+    # A GPU-bound step (big matmuls, one cached batch): host timers would only see launches here.
+    width = ctx.size(2048, 128)
+    bench = ctx.mlp(dim=width, hidden=width, depth=3, samples=1024, batch_size=ctx.size(512, 64), name="clock",
+                    steps=30, warmup=5)
+    r = bench.run(data="cached")
+    if not r.ok:
+        return _status(r), False, {}
+    total, wall = sum(r.step_times_s), _wall_s(r)
+    ratio = total / wall
+    good = 0.90 <= ratio <= 1.001 and min(r.step_times_s) > 0
+    clock = "CUDA events" if ctx.cuda else "host clock"  # CPU and MPS: perf_counter
+    return (f"{clock} sum {total * 1e3:.1f} ms / window {wall * 1e3:.1f} ms = {ratio:.3f}; "
+            f"median step {r.step_time_s * 1e3:.2f} ms"), good, {"step_times_s": list(r.step_times_s), "wall_s": wall}
+
+
+def check_peak_memory(ctx: Context) -> tuple[str, bool, dict]:
+    torch = ctx.torch
+    bench = ctx.demo("mlp-memory")
+    base = bench.run()
+    if not base.ok:
+        return _status(base), False, {}
+    if not ctx.cuda:  # MPS has no peak counter: the honest answer is "not measured", never 0
+        good = base.peak_memory_bytes is None or base.peak_memory_bytes > 0
+        return f"peak_memory_bytes={base.peak_memory_bytes}", good, {}
+    stats_peak = torch.cuda.memory_stats(ctx.device)["allocated_bytes.all.peak"]  # same window, read after
+    ck = bench.run(checkpoint=list(bench.blocks))
+    if not ck.ok:
+        return f"checkpointed trial {_status(ck)}", False, {}
+    floor = 4 * 4 * bench.workload.num_parameters  # fp32 params + grads + AdamW's two moments
+    same = abs(base.peak_memory_bytes - stats_peak) <= 0.01 * stats_peak
+    ratio = ck.peak_memory_bytes / base.peak_memory_bytes
+    good = same and base.peak_memory_bytes >= floor and ratio < 0.8
+    return (f"peak {base.peak_memory_bytes / 2**20:.1f} MiB vs memory_stats {stats_peak / 2**20:.1f} MiB; "
+            f"checkpoint all {len(bench.blocks)} blocks: {ck.peak_memory_bytes / 2**20:.1f} MiB ({ratio:.2f}x)"), good, {
+        "peak": base.peak_memory_bytes, "memory_stats_peak": stats_peak, "checkpointed_peak": ck.peak_memory_bytes,
+        "params_grads_adam_floor": floor}
+
+
+def check_fp16_scaler(ctx: Context) -> tuple[str, bool, dict]:
+    torch = ctx.torch
+    spike_at = WARMUP + 3  # the 3rd measured step: its loss is scaled so fp16 gradients overflow
+    seen: dict[str, Any] = {"n": 0, "params": []}
+
+    def step_fn(model: Any, batch: Any) -> Any:
+        x, y = batch
+        seen["n"] += 1
+        seen["params"].append(next(model.parameters()).detach().clone())  # weights before this step
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        return loss * 1e6 if seen["n"] == spike_at else loss  # x1e6 x scale 65536: inf in fp16 grads
+
+    bench = ctx.mlp(dim=64, hidden=256, depth=2, samples=512, batch_size=64, name="fp16", step_fn=step_fn,
+                    steps=8)
+    seen.update(n=0, params=[])  # the constructor's probe called step_fn once
+    r = bench.run(amp="fp16")
+    if not _ok(r):
+        return _status(r), False, {}
+    p = seen["params"]
+    updated = [not torch.equal(a, b) for a, b in itertools.pairwise(p)]  # step k changed the weights?
+    skipped_spike = not updated[spike_at - 1]
+    others = updated[: spike_at - 1] + updated[spike_at:]
+    good = skipped_spike and sum(others) >= 0.8 * len(others)  # an early overflow at init may skip one more
+    return (f"status ok, losses finite; overflow step {spike_at} skipped: {skipped_spike}; "
+            f"other steps updated: {sum(others)}/{len(others)}"), good, {"updated": updated}
+
+
+def check_pinned_workers(ctx: Context) -> tuple[str, bool, dict]:
+    bench = ctx.demo("cnn", steps=10)
+    pinned = bench.run(num_workers=2, pin_memory=True)
+    plain = bench.run(num_workers=0, pin_memory=False)
+    if not (_ok(pinned) and _ok(plain)):
+        return f"pinned {_status(pinned)}; plain {_status(plain)}", False, {}
+    same, worst = losses_match(pinned.losses, plain.losses, rtol=1e-2)
+    noted = [n for n in pinned.notes if "pin_memory" in n]
+    if ctx.cuda:
+        good = same and not noted
+        tail = f"pin_memory note: {noted or 'none'}"
+    else:  # MPS drops pin_memory: the result must say so
+        good = same and bool(noted)
+        tail = f"pin_memory note present: {bool(noted)}"
+    return (f"losses match unpinned: {same} (max rel diff {worst:.1e}); data-wait {pinned.data_wait_share:.0%} "
+            f"vs {plain.data_wait_share:.0%}; {tail}"), good, {"pinned": list(pinned.losses), "plain": list(plain.losses)}
+
+
+def _compile_check(ctx: Context, mode: str) -> tuple[str, bool, dict]:
+    if "compile-bench" not in ctx.cache:
+        bench = ctx.mlp(dim=64, hidden=256, depth=2, samples=512, batch_size=64, name="compile", steps=10)
+        ctx.cache["compile-bench"] = bench
+        ctx.cache["compile-eager"] = bench.run()
+    bench, eager = ctx.cache["compile-bench"], ctx.cache["compile-eager"]
+    if not _ok(eager):
+        return f"eager reference {_status(eager)}", False, {}
+    r = bench.run(compile=mode)
+    if not _ok(r):
+        return _status(r), False, {}
+    same, worst = losses_match(r.losses, eager.losses, rtol=1e-3, atol=1e-5)
+    frozen = all_identical(r.losses)
+    return (f"{len(r.losses)} losses vs eager: max rel diff {worst:.1e}; all identical: {frozen}; "
+            f"warm-up {r.compile_s:.1f} s"), same and not frozen, {"losses": list(r.losses), "eager": list(eager.losses)}
+
+
+def check_compile_default(ctx: Context) -> tuple[str, bool, dict]:
+    return _compile_check(ctx, "default")
+
+
+def check_compile_cudagraphs(ctx: Context) -> tuple[str, bool, dict]:
+    return _compile_check(ctx, "reduce-overhead")
+
+
+def check_bf16_channels_last(ctx: Context) -> tuple[str, bool, dict]:
+    torch = ctx.torch
+    bench = ctx.demo("cnn")
+    trials: dict[str, dict[str, Any]] = {"fp32": {}, "channels_last": {"channels_last": True}}
+    if not ctx.cuda or torch.cuda.is_bf16_supported():
+        trials.update({"bf16": {"amp": "bf16"}, "bf16+channels_last": {"amp": "bf16", "channels_last": True}})
+    res = {k: bench.run(batch_size=ctx.size(128, 16), **kw) for k, kw in trials.items()}
+    bad = [f"{k} {_status(r)}" for k, r in res.items() if not _ok(r)]
+    if bad:
+        return "; ".join(bad), False, {}
+    base = res["fp32"]
+    speed = {k: r.samples_per_s / base.samples_per_s for k, r in res.items() if k != "fp32"}
+    close = all(abs(r.losses[0] - base.losses[0]) <= 0.05 * abs(base.losses[0]) for r in res.values())
+    figures = ", ".join(f"{k} {v:.2f}x" for k, v in speed.items())
+    missing = "" if "bf16" in res else " (bf16 not supported on this GPU)"
+    return (f"vs fp32 {base.samples_per_s:,.0f} samples/s: {figures}{missing}; first losses within 5%: {close} "
+            "(one trial each)"), close, {"samples_per_s": {k: r.samples_per_s for k, r in res.items()}}
+
+
+def check_tf32(ctx: Context) -> tuple[str, bool, dict]:
+    torch = ctx.torch
+    if torch.cuda.get_device_capability(ctx.device) < (8, 0):
+        raise Skip("skipped: no TF32 before compute capability 8.0")
+    before = torch.get_float32_matmul_precision()
+    bench = ctx.mlp(dim=4096, hidden=4096, depth=2, samples=2048, batch_size=1024, name="tf32", steps=10)
+    highest = bench.run(data="cached", matmul_precision="highest")
+    high = bench.run(data="cached", matmul_precision="high")
+    after = torch.get_float32_matmul_precision()
+    if not (_ok(highest) and _ok(high)):
+        return f"highest {_status(highest)}; high {_status(high)}", False, {}
+    speed = high.samples_per_s / highest.samples_per_s
+    same, worst = losses_match(high.losses, highest.losses, rtol=1e-2)
+    good = speed >= 1.2 and same and after == before
+    return (f"high/highest {speed:.2f}x; losses within 1%: {same} (max {worst:.1e}); "
+            f"precision restored to {after!r}: {after == before}"), good, {"speedup": speed}
+
+
+def check_cudnn_benchmark(ctx: Context) -> tuple[str, bool, dict]:
+    if "cudnn_benchmark" not in ctx.knob_names():
+        raise Skip(f"{SKIP_VERSION} (no cudnn_benchmark knob)")
+    torch = ctx.torch
+    before = torch.backends.cudnn.benchmark
+    bench = ctx.demo("cnn")
+    off = bench.run(batch_size=128, cudnn_benchmark=False)
+    on = bench.run(batch_size=128, cudnn_benchmark=True)
+    after = torch.backends.cudnn.benchmark
+    if not (_ok(off) and _ok(on)):
+        return f"off {_status(off)}; on {_status(on)}", False, {}
+    speed = on.samples_per_s / off.samples_per_s
+    return (f"on/off {speed:.2f}x (one trial each); torch.backends.cudnn.benchmark restored: {after == before}"), \
+        after == before, {"speedup": speed}
+
+
+def check_memory_snapshot(ctx: Context) -> tuple[str, bool, dict]:
+    if "trace" not in inspect.signature(ctx.wb.Workbench.run).parameters:
+        raise Skip(f"{SKIP_VERSION} (bench.run has no trace=)")
+    log_dir = ctx.tmp / "trace-log"
+    bench = ctx.wb.demo("cnn", size="tiny", device=ctx.device, log=log_dir, steps=STEPS, warmup_steps=WARMUP)
+    t0 = time.time()
+    r = bench.run(trace=True)
+    if not r.ok:
+        return _status(r), False, {}
+    trace = getattr(r, "trace_path", None) or (r.extra or {}).get("trace_path")
+    if not trace or not Path(trace).is_file():
+        return f"no trace file (trace_path={trace!r})", False, {}
+    found = [p for p in Path(trace).parent.rglob("*") if p.is_file() and p.stat().st_mtime >= t0 - 1
+             and ("snapshot" in p.name.lower() or "memory" in p.name.lower())]
+    sizes = {p.name: p.stat().st_size for p in found}
+    good = any(size > 0 for size in sizes.values())
+    return f"trace {Path(trace).name} ({Path(trace).stat().st_size:,} B); snapshot files: {sizes or 'none'}", good, \
+        {"trace": str(trace), "snapshot": {str(p): p.stat().st_size for p in found}}
+
+
+def check_ddp(ctx: Context) -> tuple[str, bool, dict]:
+    if "world_size" not in ctx.knob_names():
+        raise Skip(f"{SKIP_VERSION} (no world_size knob)")
+    n = ctx.torch.cuda.device_count()
+    if n < 2:
+        raise Skip(f"skipped: needs 2 GPUs ({n} here)")
+    bench = ctx.demo("cnn")
+    one = bench.run(batch_size=64, world_size=1)
+    two = bench.run(batch_size=64, world_size=2)
+    if not (_ok(one) and _ok(two)):
+        return f"world_size=1 {_status(one)}; world_size=2 {_status(two)}", False, {}
+    eff = two.samples_per_s / (2 * one.samples_per_s)
+    return f"2 ranks: {two.samples_per_s:,.0f} samples/s, scaling efficiency {eff:.0%}", True, {"efficiency": eff}
+
+
+def check_oom(ctx: Context) -> tuple[str, bool, dict]:
+    torch = ctx.torch
+    hidden = 2**20
+    total = torch.cuda.get_device_properties(ctx.device).total_memory
+    huge = 2 * total // (4 * hidden) + 1  # the (huge, hidden) fp32 activation alone is 2x the GPU
+    bench = ctx.mlp(dim=16, hidden=hidden, depth=1, samples=huge, batch_size=64, name="oom", steps=5, warmup=1)
+    ctx.free()
+    alloc0, reserved0 = torch.cuda.memory_allocated(ctx.device), torch.cuda.memory_reserved(ctx.device)
+    boom = bench.run(batch_size=huge)
+    ctx.free()
+    alloc1, reserved1 = torch.cuda.memory_allocated(ctx.device), torch.cuda.memory_reserved(ctx.device)
+    after = bench.run(batch_size=64)
+    mib = 2**20
+    returned = alloc1 - alloc0 <= 2 * mib and reserved1 - reserved0 <= 64 * mib
+    good = boom.status == "oom" and _ok(after) and returned
+    return (f"batch {huge:,}: status {boom.status}; next trial {_status(after)}; allocated "
+            f"{(alloc1 - alloc0) / mib:+.1f} MiB, reserved {(reserved1 - reserved0) / mib:+.1f} MiB after the OOM"), \
+        good, {"message": boom.message, "alloc_delta": alloc1 - alloc0, "reserved_delta": reserved1 - reserved0}
+
+
+ANY = ("cuda", "mps", "cpu")  # "cpu" only ever runs in the GPU_CHECK_DEVICE=cpu dry run
+
+# Order matters: the OOM trial runs last so a damaged allocator cannot spoil the others, and the
+# cheap checks come before the compiles so a slow cold compile costs only the checks after it.
+CHECKS: list[Check] = [
+    Check("step times: CUDA events vs host window", "ok; sum of step events / synced host window in [0.90, 1.00]",
+          check_step_clock, 15, ANY),
+    Check("peak memory + checkpointing (mlp-memory)",
+          "peak == memory_stats peak (1%), >= params+grads+AdamW; checkpointing all blocks < 0.8x",
+          check_peak_memory, 15, ANY),
+    Check("amp=fp16 GradScaler + overflow step", "ok, finite losses; the overflow step is skipped, every other step updates",
+          check_fp16_scaler, 10, ANY),
+    Check("pin_memory + non_blocking, 2 workers (cnn)", "ok; losses equal the unpinned run (1%); no no-op note",
+          check_pinned_workers, 20, ANY),
+    Check("bf16 and channels_last (cnn)", "ok; first losses within 5% of fp32; speedups reported",
+          check_bf16_channels_last, 20, ANY),
+    Check("matmul_precision='high' (TF32)", "ok; >= 1.2x on fp32 matmuls; losses within 1%; precision restored",
+          check_tf32, 15),
+    Check("cudnn_benchmark knob", "ok; speedup reported; torch.backends.cudnn.benchmark restored",
+          check_cudnn_benchmark, 15),
+    Check("compile='default'", "ok; losses equal eager (1e-3), not all identical", check_compile_default, 60,
+          ("cuda", "cpu")),
+    Check("compile='reduce-overhead' (CUDA graphs)", "ok; losses equal eager (1e-3) after graph replays, not all identical",
+          check_compile_cudagraphs, 60, ("cuda", "cpu")),
+    Check("trace export + CUDA memory snapshot", "ok; a trace file and a non-empty memory snapshot next to it",
+          check_memory_snapshot, 20),
+    Check("DDP, NCCL, world_size=2", "ok on 2 GPUs; scaling efficiency reported", check_ddp, 40),
+    Check("OOM trial, then the next one", "status oom; next trial ok; allocated memory back (<= 2 MiB)",
+          check_oom, 15),
+]
+
+
+# ---- running ------------------------------------------------------------------------------------
+def pick_device(env: dict[str, str] | None = None) -> str | None:
+    """'cuda', 'mps', 'cpu' (the dry run, only when asked) or None (then every check is skipped)."""
+    import torch
+
+    forced = (os.environ if env is None else env).get("GPU_CHECK_DEVICE", "")
+    if forced:
+        if forced != "cpu":
+            raise ValueError(f"GPU_CHECK_DEVICE={forced!r}: the only value is 'cpu' (a dry run); unset it for a real run")
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return None
+
+
+def device_name(device: str | None) -> str:
+    import torch
+
+    if device == "cuda":
+        return f"{torch.cuda.get_device_name()} x{torch.cuda.device_count()}"
+    if device == "mps":
+        return f"Apple MPS ({platform.machine()}, macOS {platform.mac_ver()[0] or '?'})"
+    if device == "cpu":
+        return f"CPU dry run ({platform.machine()}; verifies this script, not a GPU)"
+    return f"no CUDA or MPS device ({platform.machine()})"
+
+
+def run_one(check: Check, ctx: Context) -> Row:
+    """Run a check; an exception is a failed row with the traceback in its detail, never a crash."""
+    row = Row(check.name, check.expected)
+    t0 = time.monotonic()
+    try:
+        measured, passed, detail = check.run(ctx)
+        row.measured, row.result, row.detail = measured, PASS if passed else FAIL, detail
+    except Skip as e:
+        row.result = str(e) if str(e).startswith("skipped") else f"skipped: {e}"
+    except Exception as e:
+        row.measured = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+        row.result = FAIL
+        row.detail = {"traceback": traceback.format_exc()}
+    finally:
+        row.seconds = time.monotonic() - t0
+        with contextlib.suppress(Exception):
+            ctx.free()
+    return row
+
+
+def meta(device: str | None, rows: Sequence[Row], budget: Budget, started: str) -> dict[str, Any]:
+    import torch
+
+    return {
+        "summary": summary_line(rows, device_name(device), budget.elapsed()),
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "started": started,
+        "elapsed_s": round(budget.elapsed(), 1),
+        "budget_s": budget.total_s,
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "counts": count(rows),
+    }
+
+
+def finish(rows: list[Row], device: str | None, budget: Budget, started: str) -> None:
+    print()
+    print(format_table(rows))
+    doc = meta(device, rows, budget, started)
+    print(doc["summary"])
+    path = write_json(rows, doc, os.environ.get("OUT"))
+    if path is not None:
+        print(f"wrote {path}")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    budget = Budget(budget_from_env())
+    device = pick_device()
+    if device is None:
+        rows = [Row(c.name, c.expected, result=SKIP_NO_CUDA) for c in CHECKS]
+        finish(rows, device, budget, started)
+        print(f"no CUDA device: {len(CHECKS)} checks skipped")
+        return 0
+
+    todo = [c for c in CHECKS if device in c.devices]
+    rows: list[Row] = [Row(c.name, c.expected, result=f"skipped: not on {device}") for c in CHECKS if c not in todo]
+    if device == "mps":
+        print(f"no CUDA device: {len(CHECKS) - len(todo)} checks skipped; running {len(todo)} on mps")
+    done = threading.Event()
+
+    def watchdog() -> None:  # a hung check must not cost the whole lent machine: print what we have
+        if done.is_set():
+            return
+        late = [Row(c.name, c.expected, result=f"{SKIP_TIME} (watchdog)") for c in todo
+                if c.name not in {r.check for r in rows}]
+        finish(rows + late, device, budget, started)
+        print(f"watchdog: stopped after {budget.elapsed():.0f} s (budget {budget.total_s:.0f} s)")
+        os._exit(3)
+
+    timer = threading.Timer(budget.total_s + WATCHDOG_GRACE_S, watchdog)
+    timer.daemon = True
+    timer.start()
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
+        ctx = Context(device, Path(tmp))
+        print(f"gpu_check on {device_name(device)}, torch {ctx.torch.__version__}, budget {budget.total_s:.0f} s")
+        for c in todo:
+            if not budget.allows(c.estimate_s):
+                row = Row(c.name, c.expected, result=SKIP_TIME)
+            else:
+                row = run_one(c, ctx)
+            rows.append(row)
+            print(f"[{budget.elapsed():6.1f} s] {row.result:<8} {row.check}: {row.measured}", flush=True)
+    done.set()
+    timer.cancel()
+    order = {c.name: i for i, c in enumerate(CHECKS)}
+    rows.sort(key=lambda r: order[r.check])
+    finish(rows, device, budget, started)
+    return 1 if count(rows)["fail"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
