@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-gc = importlib.util.module_from_spec(spec)
-sys.modules["gpu_check"] = gc  # dataclasses resolve annotations through sys.modules
-spec.loader.exec_module(gc)
+gck = importlib.util.module_from_spec(spec)
+sys.modules["gpu_check"] = gck  # dataclasses resolve annotations through sys.modules
+spec.loader.exec_module(gck)
 
 no_accelerator = pytest.mark.skipif(
     torch.cuda.is_available() or torch.backends.mps.is_available(), reason="this machine has an accelerator"
@@ -35,17 +35,17 @@ def test_script_without_cuda_skips_every_check_and_exits_0(tmp_path):
     out = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120,
                          env=_env(OUT=str(tmp_path)), cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert f"no CUDA device: {len(gc.CHECKS)} checks skipped" in out.stdout
+    assert f"no CUDA device: {len(gck.CHECKS)} checks skipped" in out.stdout
     doc = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert [r["check"] for r in doc["rows"]] == [c.name for c in gc.CHECKS]
-    assert {r["result"] for r in doc["rows"]} == {gc.SKIP_NO_CUDA}
-    assert doc["counts"] == {"pass": 0, "fail": 0, "skipped": len(gc.CHECKS)}
+    assert [r["check"] for r in doc["rows"]] == [c.name for c in gck.CHECKS]
+    assert {r["result"] for r in doc["rows"]} == {gck.SKIP_NO_CUDA}
+    assert doc["counts"] == {"pass": 0, "fail": 0, "skipped": len(gck.CHECKS)}
     assert doc["summary"].startswith("gpu_check: 0 pass, 0 fail") and doc["summary"] in out.stdout
 
 
 def test_table_has_the_four_columns_and_escapes_pipes():
-    rows = [gc.Row("a | b", "x", "1.0x", gc.PASS), gc.Row("longer check name", "y\nz", "-", gc.SKIP_TIME)]
-    lines = gc.format_table(rows).splitlines()
+    rows = [gck.Row("a | b", "x", "1.0x", gck.PASS), gck.Row("longer check name", "y\nz", "-", gck.SKIP_TIME)]
+    lines = gck.format_table(rows).splitlines()
     assert len(lines) == 4
     assert [c.strip() for c in lines[0].strip("|").split("|")] == ["check", "expected", "measured", "pass/fail"]
     assert set(lines[1]) <= {"|", "-", " "}
@@ -55,15 +55,15 @@ def test_table_has_the_four_columns_and_escapes_pipes():
 
 
 def test_counts_and_summary_line():
-    rows = [gc.Row("a", "", result=gc.PASS), gc.Row("b", "", result=gc.FAIL),
-            gc.Row("c", "", result=gc.SKIP_TIME), gc.Row("d", "", result="skipped: needs 2 GPUs (1 here)")]
-    assert gc.count(rows) == {"pass": 1, "fail": 1, "skipped": 2}
-    assert gc.summary_line(rows, "GPU X", 12.4) == "gpu_check: 1 pass, 1 fail, 2 skipped on GPU X in 12 s"
+    rows = [gck.Row("a", "", result=gck.PASS), gck.Row("b", "", result=gck.FAIL),
+            gck.Row("c", "", result=gck.SKIP_TIME), gck.Row("d", "", result="skipped: needs 2 GPUs (1 here)")]
+    assert gck.count(rows) == {"pass": 1, "fail": 1, "skipped": 2}
+    assert gck.summary_line(rows, "GPU X", 12.4) == "gpu_check: 1 pass, 1 fail, 2 skipped on GPU X in 12 s"
 
 
 def test_budget_allows_a_check_only_if_its_estimate_fits():
     now = [100.0]
-    b = gc.Budget(60, clock=lambda: now[0])
+    b = gck.Budget(60, clock=lambda: now[0])
     assert b.allows(60) and not b.allows(60.1)
     now[0] = 130.0
     assert b.elapsed() == 30 and b.left() == 30
@@ -71,22 +71,22 @@ def test_budget_allows_a_check_only_if_its_estimate_fits():
     now[0] = 170.0
     assert b.left() == -10 and not b.allows(0)
     with pytest.raises(ValueError, match="GPU_CHECK_BUDGET_S"):
-        gc.Budget(0)
+        gck.Budget(0)
 
 
 def test_budget_from_env():
-    assert gc.budget_from_env({}) == gc.BUDGET_S == 300
-    assert gc.budget_from_env({"GPU_CHECK_BUDGET_S": "42.5"}) == 42.5
+    assert gck.budget_from_env({}) == gck.BUDGET_S == 300
+    assert gck.budget_from_env({"GPU_CHECK_BUDGET_S": "42.5"}) == 42.5
     for bad in ("five", "-1", "0"):
         with pytest.raises(ValueError, match="GPU_CHECK_BUDGET_S"):
-            gc.budget_from_env({"GPU_CHECK_BUDGET_S": bad})
+            gck.budget_from_env({"GPU_CHECK_BUDGET_S": bad})
 
 
 def test_write_json_only_with_an_out_dir(tmp_path):
-    rows = [gc.Row("a", "e", "m", gc.PASS, 1.5, {"traceback": "x"})]
-    assert gc.write_json(rows, {"summary": "s"}, None) is None
-    assert gc.write_json(rows, {"summary": "s"}, "") is None
-    path = gc.write_json(rows, {"summary": "s"}, tmp_path / "new")
+    rows = [gck.Row("a", "e", "m", gck.PASS, 1.5, {"traceback": "x"})]
+    assert gck.write_json(rows, {"summary": "s"}, None) is None
+    assert gck.write_json(rows, {"summary": "s"}, "") is None
+    path = gck.write_json(rows, {"summary": "s"}, tmp_path / "new")
     assert path == tmp_path / "new" / "gpu_check.json"
     doc = json.loads(path.read_text())
     assert doc["summary"] == "s"
@@ -95,30 +95,30 @@ def test_write_json_only_with_an_out_dir(tmp_path):
 
 
 def test_losses_match_and_the_overwritten_loss_symptom():
-    assert gc.losses_match([1.0, 2.0], [1.0005, 2.0], rtol=1e-3) == (True, pytest.approx(0.0005 / 1.0005))
-    assert not gc.losses_match([1.0, 2.1], [1.0, 2.0], rtol=1e-3)[0]
-    assert not gc.losses_match([1.0], [1.0, 2.0], rtol=1)[0]  # a missing step never matches
-    assert not gc.losses_match([float("nan")], [1.0], rtol=1)[0]
-    assert not gc.losses_match([], [], rtol=1)[0]
+    assert gck.losses_match([1.0, 2.0], [1.0005, 2.0], rtol=1e-3) == (True, pytest.approx(0.0005 / 1.0005))
+    assert not gck.losses_match([1.0, 2.1], [1.0, 2.0], rtol=1e-3)[0]
+    assert not gck.losses_match([1.0], [1.0, 2.0], rtol=1)[0]  # a missing step never matches
+    assert not gck.losses_match([float("nan")], [1.0], rtol=1)[0]
+    assert not gck.losses_match([], [], rtol=1)[0]
     # what a CUDA-graph replay that overwrote the kept losses looks like: every step reads the last
     overwritten = [1.7] * 10
-    assert gc.all_identical(overwritten)
-    assert not gc.losses_match(overwritten, [2.3 - 0.06 * i for i in range(10)], rtol=1e-3)[0]
-    assert not gc.all_identical([2.3, 2.2]) and not gc.all_identical([2.3])
+    assert gck.all_identical(overwritten)
+    assert not gck.losses_match(overwritten, [2.3 - 0.06 * i for i in range(10)], rtol=1e-3)[0]
+    assert not gck.all_identical([2.3, 2.2]) and not gck.all_identical([2.3])
 
 
 def test_pick_device_dry_run_and_bad_value():
-    assert gc.pick_device({"GPU_CHECK_DEVICE": "cpu"}) == "cpu"
+    assert gck.pick_device({"GPU_CHECK_DEVICE": "cpu"}) == "cpu"
     with pytest.raises(ValueError, match="only value is 'cpu'"):
-        gc.pick_device({"GPU_CHECK_DEVICE": "cuda"})
+        gck.pick_device({"GPU_CHECK_DEVICE": "cuda"})
 
 
 def test_every_check_is_described_and_budgeted():
-    names = [c.name for c in gc.CHECKS]
+    names = [c.name for c in gck.CHECKS]
     assert len(names) == len(set(names))
-    assert all(c.expected and c.estimate_s > 0 and set(c.devices) <= {"cuda", "mps", "cpu"} for c in gc.CHECKS)
-    assert gc.CHECKS[-1].run is gc.check_oom  # last: an OOM must not spoil the checks after it
-    assert all("cpu" not in c.devices for c in gc.CHECKS if c.run in (gc.check_oom, gc.check_tf32))
+    assert all(c.expected and c.estimate_s > 0 and set(c.devices) <= {"cuda", "mps", "cpu"} for c in gck.CHECKS)
+    assert gck.CHECKS[-1].run is gck.check_oom  # last: an OOM must not spoil the checks after it
+    assert all("cpu" not in c.devices for c in gck.CHECKS if c.run in (gck.check_oom, gck.check_tf32))
 
 
 def test_a_check_that_raises_is_a_failed_row_not_a_crash(tmp_path):
@@ -126,13 +126,13 @@ def test_a_check_that_raises_is_a_failed_row_not_a_crash(tmp_path):
         raise RuntimeError("CUDA error: an illegal memory access\nmore")
 
     def skip(ctx):
-        raise gc.Skip("skipped: needs 2 GPUs (1 here)")
+        raise gck.Skip("skipped: needs 2 GPUs (1 here)")
 
-    ctx = gc.Context("cpu", tmp_path)
-    row = gc.run_one(gc.Check("boom", "ok", boom, 1), ctx)
-    assert row.result == gc.FAIL and row.measured == "RuntimeError: CUDA error: an illegal memory access"
+    ctx = gck.Context("cpu", tmp_path)
+    row = gck.run_one(gck.Check("boom", "ok", boom, 1), ctx)
+    assert row.result == gck.FAIL and row.measured == "RuntimeError: CUDA error: an illegal memory access"
     assert "Traceback" in row.detail["traceback"]
-    assert gc.run_one(gc.Check("skip", "ok", skip, 1), ctx).result == "skipped: needs 2 GPUs (1 here)"
+    assert gck.run_one(gck.Check("skip", "ok", skip, 1), ctx).result == "skipped: needs 2 GPUs (1 here)"
 
 
 @pytest.mark.slow
@@ -140,8 +140,8 @@ def test_a_check_that_raises_is_a_failed_row_not_a_crash(tmp_path):
 def test_cpu_dry_run_of_the_device_agnostic_checks(tmp_path):
     # Runs the checks' own code (trials, loss comparisons, the fp16 overflow skip) at small sizes, so a
     # typo is found here and not on a lent GPU. Compile checks are left out: a cold compile costs ~80 s.
-    ctx = gc.Context("cpu", tmp_path)
-    for check in (gc.check_step_clock, gc.check_peak_memory, gc.check_fp16_scaler, gc.check_pinned_workers,
-                  gc.check_bf16_channels_last):
-        row = gc.run_one(gc.Check(check.__name__, "", check, 1), ctx)
-        assert row.result == gc.PASS, (row.measured, row.detail.get("traceback"))
+    ctx = gck.Context("cpu", tmp_path)
+    for check in (gck.check_step_clock, gck.check_peak_memory, gck.check_fp16_scaler, gck.check_pinned_workers,
+                  gck.check_bf16_channels_last):
+        row = gck.run_one(gck.Check(check.__name__, "", check, 1), ctx)
+        assert row.result == gck.PASS, (row.measured, row.detail.get("traceback"))
