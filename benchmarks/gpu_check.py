@@ -422,8 +422,10 @@ def check_memory_snapshot(ctx: Context) -> tuple[str, bool, dict]:
              and ("snapshot" in p.name.lower() or "memory" in p.name.lower())]
     sizes = {p.name: p.stat().st_size for p in found}
     good = any(size > 0 for size in sizes.values())
-    return f"trace {Path(trace).name} ({Path(trace).stat().st_size:,} B); snapshot files: {sizes or 'none'}", good, \
-        {"trace": str(trace), "snapshot": {str(p): p.stat().st_size for p in found}}
+    why = [n for n in r.notes if "snapshot" in n.lower()]  # a guarded private API says why it wrote none
+    return (f"trace {Path(trace).name} ({Path(trace).stat().st_size:,} B); snapshot files: {sizes or 'none'}"
+            + (f"; {why[0][:160]}" if why else "")), good, \
+        {"trace": str(trace), "snapshot": {str(p): p.stat().st_size for p in found}, "notes": list(r.notes)}
 
 
 def check_ddp(ctx: Context) -> tuple[str, bool, dict]:
