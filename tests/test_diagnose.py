@@ -161,9 +161,9 @@ def test_memory_breakdown_and_block_ranking():
 
 def test_memory_breakdown_without_a_peak_meter_says_not_measured(monkeypatch):
     # the MPS path, exercised on CPU: with no meter the activations are <NA> with a note, never 0
-    import workbench.diagnose.memory as memory_mod
+    import workbench.measure
 
-    monkeypatch.setattr(memory_mod, "memory_meter", lambda device_type: None)
+    monkeypatch.setattr(workbench.measure, "memory_meter", lambda device_type: None)
     bench = make_bench()
     df = memory_breakdown(bench.workload, bench.defaults)
     mem = df.set_index("kind")["bytes"]

@@ -9,15 +9,16 @@ from typing import Any
 import pandas as pd
 import torch
 
+from .. import measure
 from ..knobs import Knobs
-from ..measure import live_tensor_bytes, memory_meter, profile_peak_bytes, sync
+from ..measure import live_tensor_bytes, profile_peak_bytes, sync
 from ..workload import Workload
 from ._rig import rig
 
 
 def _peak_extra(fn: Callable[[], Any], device: torch.device) -> int | None:
     """Peak bytes allocated on `device` beyond what was live when `fn` started (None: not measured)."""
-    meter = memory_meter(device.type)
+    meter = measure.memory_meter(device.type)
     if meter is None:  # MPS: no peak counter; run the step anyway so gradients exist
         fn()
         return None
