@@ -49,35 +49,6 @@ def build_loader(spec: LoaderSpec, knobs: Knobs, *, seed: int, device: torch.dev
     return DataLoader(spec.dataset, **kwargs)
 
 
-def start_iterator(loader: DataLoader) -> Iterator:
-    """iter(loader), with its workers kept out of PyTorch's process-wide SIGCHLD check.
-
-    Once any DataLoader has been iterated on the main thread (a user's own loader, say), PyTorch's
-    SIGCHLD handler raises into the main thread whenever a registered worker exits badly: into
-    whatever cell is running, not into the trial. Unregistered, our workers are still watched
-    by the iterator itself (it checks that they are alive while it waits), so a dead worker ends
-    the trial with status "error" instead.
-    """
-    iterator = iter(loader)
-    if getattr(iterator, "_worker_pids_set", False):
-        from torch.utils.data._utils import signal_handling
-
-        signal_handling._remove_worker_pids(id(iterator))
-        iterator._worker_pids_set = False
-    return iterator
-
-
-def shutdown_loader(loader: DataLoader | None, iterator: Iterator | None) -> None:
-    """Stop worker processes now (not at garbage collection), persistent ones included."""
-    for it in (iterator, getattr(loader, "_iterator", None)):
-        stop = getattr(it, "_shutdown_workers", None)
-        if stop is not None:
-            with contextlib.suppress(Exception):
-                stop()
-    if loader is not None and getattr(loader, "_iterator", None) is not None:
-        loader._iterator = None
-
-
 def autocast(knobs: Knobs, device: torch.device) -> contextlib.AbstractContextManager:
     """The autocast context for the forward pass and loss (a null context when amp='off')."""
     if knobs.amp == "off":

@@ -23,8 +23,12 @@ def _identifier(name: str, what: str) -> str:
 
 def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset", loss_fn: str = "loss_fn",
                   optimizer: str = "make_optimizer", steps: int = 100, shuffle: bool = True,
-                  drop_last: bool = False) -> str:
-    """Python source of a training loop for `steps` optimizer steps under these knobs."""
+                  drop_last: bool = False, seed: int | None = None) -> str:
+    """Python source of a training loop for `steps` optimizer steps under these knobs.
+
+    With `seed`, the loop seeds torch and the loader's shuffle the way a trial does (same batches
+    in the same order as `run_trial` with `Workbench(seed=...)`).
+    """
     if not isinstance(knobs, Knobs):
         raise TypeError(f"knobs_to_code takes a Knobs value, got {type(knobs).__name__}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -48,6 +52,8 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     if k.checkpoint:
         out.append("from torch.utils.checkpoint import checkpoint")
     out += ["", 'device = torch.device("cuda" if torch.cuda.is_available() else "cpu")']
+    if seed is not None:
+        out.append(f"torch.manual_seed({int(seed)})  # the workbench's seed: same data order as the trial")
     if k.cpu_threads is not None:
         out.append(f"torch.set_num_threads({k.cpu_threads})  # main-process compute threads")
     if k.matmul_precision != "highest":
@@ -57,6 +63,8 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     loader_args = [ds, f"batch_size={k.batch_size}", f"shuffle={shuffle}"]
     if drop_last:
         loader_args.append("drop_last=True")
+    if seed is not None:
+        loader_args.append(f"generator=torch.Generator().manual_seed({int(seed)})")
     if k.num_workers:
         loader_args.append(f"num_workers={k.num_workers}")
         if k.persistent_workers:

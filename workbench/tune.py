@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from .knobs import Knobs
-from .measure import TrialResult, _fmt_bytes
+from .measure import TrialResult, fmt_bytes
 from .results import compare
 
 STAGES = ("data", "precision", "compile", "batch")
@@ -170,9 +170,9 @@ class FitResult:
         return self.knobs.to_code(**kwargs)
 
     def __str__(self) -> str:
-        head = (f"Fits {_fmt_bytes(self.budget_bytes)} at effective batch {self.effective_batch}: {self.knobs}"
+        head = (f"Fits {fmt_bytes(self.budget_bytes)} at effective batch {self.effective_batch}: {self.knobs}"
                 if self.fits else
-                f"Nothing tried fits {_fmt_bytes(self.budget_bytes)} at effective batch {self.effective_batch}")
+                f"Nothing tried fits {fmt_bytes(self.budget_bytes)} at effective batch {self.effective_batch}")
         cols = ["step", "change", "trial", "status", "peak", "fits", "samples_per_s", "time_cost"]
         with pd.option_context("display.width", 140, "display.max_colwidth", 50, "display.float_format", "{:,.2f}".format):
             body = self.steps[cols].to_string(index=False) if len(self.steps) else "(no trials)"
@@ -253,7 +253,7 @@ def tune(bench: Any, budget: int = 12, *, start: Knobs | None = None, memory_bud
             row["decision"] = f"rejected: {r.status}"
             return "failed"
         if over_memory(r):
-            row["decision"] = f"rejected: peak {_fmt_bytes(r.peak_memory_bytes)} over the memory budget"
+            row["decision"] = f"rejected: peak {fmt_bytes(r.peak_memory_bytes)} over the memory budget"
             return "over"
         won, speed, verdict = _wins(inc, r)
         row["speedup"] = speed
@@ -380,7 +380,7 @@ def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Kno
             cost = ref[0].samples_per_s / r.samples_per_s
         rows.append({"step": step, "change": change, "trial": r.trial_id, "status": r.status,
                      "batch_size": knobs.batch_size, "accum_steps": knobs.accum_steps, "amp": knobs.amp,
-                     "checkpoint": ",".join(knobs.checkpoint), "peak_bytes": peak, "peak": _fmt_bytes(peak),
+                     "checkpoint": ",".join(knobs.checkpoint), "peak_bytes": peak, "peak": fmt_bytes(peak),
                      "fits": fits, "samples_per_s": r.samples_per_s, "time_cost": cost})
         return r
 
