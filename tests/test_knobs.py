@@ -70,3 +70,31 @@ def test_no_op_notes_on_cpu():
     assert "fp16" in text and "slower" in text
     assert "channels_last is a no-op" in text
     assert device_notes(Knobs(pin_memory=True), "cuda") == []
+
+
+def test_readme_knob_table_matches_the_declarations():
+    from pathlib import Path
+
+    from workbench.knobs import knob_table
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("<!-- knob-table")
+    table = text[text.index("\n", start) + 1:text.index("<!-- /knob-table -->")].strip()
+    assert table == knob_table(), "README knob table is stale: paste workbench.knobs.knob_table() between the markers"
+
+
+def test_every_declaration_is_complete_and_its_fuzz_ranges_hold():
+    from workbench.knobs import GROUPS, KNOBS
+
+    for name, spec in KNOBS.items():
+        assert spec.name == name and spec.help and spec.group in GROUPS, name
+        assert spec.widget in ("int", "slider", "checkbox", "dropdown", "blocks"), name
+        spec.check(spec.default)
+        if spec.fuzz.valid != "blocks":
+            for value in spec.fuzz.valid:
+                spec.check(value)
+            for value in spec.fuzz.invalid:
+                if name == "batch_size" and value > 1:
+                    continue  # too large for the tiny demos' datasets: rejected by check_knobs, not here
+                with pytest.raises((TypeError, ValueError)):
+                    spec.check(value)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from .knobs import AMP_MODES, COMPILE_MODES, DATA_MODES, MATMUL_PRECISIONS, Knobs, device_notes
+from .knobs import KNOBS, Knobs, KnobSpec, device_notes, grouped
 from .measure import TrialResult
 from .results import Comparison, compare
 from .runner import check_knobs
@@ -34,37 +34,11 @@ from .runner import check_knobs
 if TYPE_CHECKING:
     from .bench import Workbench
 
-# The seeds' teaching order: fix the data pipeline first, then precision/compile, then memory.
-GROUPS: dict[str, list[str]] = {
-    "Data pipeline": ["data", "batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor"],
-    "Precision & compile": ["amp", "compile", "matmul_precision", "channels_last"],
-    "Memory": ["accum_steps", "checkpoint"],
-    "CPU": ["cpu_threads"],
-}
+GROUPS: dict[str, list[str]] = grouped()  # {group: knob names}, from the knob declarations
 # Knobs are read in this order, so a knob can depend on the ones before it (workers on data mode).
-ORDER = [name for group in GROUPS.values() for name in group]  # tests check it covers knob_names()
-
-HELP = {
-    "data": "loader = real DataLoader; cached = one batch kept on the device (if much faster, you are data-bound)",
-    "batch_size": "samples per micro-batch; throughput is samples/s, so sizes compare fairly",
-    "num_workers": "DataLoader worker processes; start near half the physical cores, more is not always better",
-    "pin_memory": "page-locked host buffers for faster async copies to an accelerator",
-    "persistent_workers": "keep worker processes alive across epochs instead of re-forking them",
-    "prefetch_factor": "batches each worker prepares ahead (default 2); costs host memory",
-    "amp": "autocast dtype; bf16 on CPU and recent GPUs, fp16 (+GradScaler) on older GPUs",
-    "compile": "torch.compile mode; the first steps compile (seconds to minutes) and are not measured",
-    "matmul_precision": "allow TF32/bf16 for float32 matmuls on GPUs that have them",
-    "channels_last": "NHWC memory layout for convnets (best with AMP)",
-    "accum_steps": "micro-batches per optimizer step: a large effective batch in small memory",
-    "checkpoint": "recompute these blocks' activations in backward: less memory, more time",
-    "cpu_threads": "intra-op threads of the main process; with workers, fewer threads can be faster",
-}
-# A value that switches the knob "on": if the current context makes it invalid or a no-op, the
-# widget is disabled with the reason as its tooltip.
-PROBES: dict[str, Any] = {
-    "num_workers": 1, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 4,
-    "matmul_precision": "high", "channels_last": True,
-}
+ORDER = [name for group in GROUPS.values() for name in group]
+HELP = {name: spec.help for name, spec in KNOBS.items()}
+PROBES: dict[str, Any] = {name: spec.probe for name, spec in KNOBS.items() if spec.probe is not None}
 PHASES = {
     "loading data": "loading the first batch…",
     "starting workers": "starting workers…",
@@ -74,6 +48,7 @@ PHASES = {
     "done": "finishing…",
 }
 DEFAULT = "default"  # dropdown value standing for a knob's None (torch's own default)
+TORCH_DEFAULTS = {"prefetch_factor": 2}  # what torch uses when the knob is None (dropdown label)
 STATUS_COLORS = {"ok": "#2e7d32", "nan": "#ef6c00", "interrupted": "#6d4c41", "error": "#c62828", "oom": "#b71c1c"}
 TABLE_COLUMNS = ["trial_id", "label", "status", "samples_per_s", "speedup", "verdict", "step_time_ms",
                  "data_wait_share", "peak_memory_mb", "final_loss", "message"]
@@ -220,24 +195,27 @@ class Panel:
         def checkbox(name: str) -> Any:
             return W.Checkbox(description=name, value=getattr(k, name), indent=False, layout=lay)
 
-        c = {
-            "data": dropdown("data", list(DATA_MODES), k.data),
-            "batch_size": W.BoundedIntText(description="batch_size", value=k.batch_size, min=1,
-                                           max=max(max_batch, k.batch_size), style=style, layout=lay),
-            "num_workers": W.IntSlider(description="num_workers", value=k.num_workers, min=0,
-                                       max=max(4, 2 * cores, k.num_workers), continuous_update=False,
-                                       style=style, layout=lay),
-            "pin_memory": checkbox("pin_memory"),
-            "persistent_workers": checkbox("persistent_workers"),
-            "prefetch_factor": dropdown("prefetch_factor", [("default (2)", DEFAULT), 1, 2, 4, 8], k.prefetch_factor),
-            "amp": dropdown("amp", list(AMP_MODES), k.amp),
-            "compile": dropdown("compile", list(COMPILE_MODES), k.compile),
-            "matmul_precision": dropdown("matmul_precision", list(MATMUL_PRECISIONS), k.matmul_precision),
-            "channels_last": checkbox("channels_last"),
-            "accum_steps": W.BoundedIntText(description="accum_steps", value=k.accum_steps, min=1,
-                                            max=max(1024, k.accum_steps), style=style, layout=lay),
-            "cpu_threads": dropdown("cpu_threads", [("default", DEFAULT), *range(1, cores + 1)], k.cpu_threads),
-        }
+        bounds = {"dataset": max_batch, "workers": max(4, 2 * cores)}
+
+        def control(name: str, spec: KnobSpec) -> Any:
+            value = getattr(k, name)
+            top = bounds.get(spec.maximum, spec.maximum)
+            if spec.widget == "checkbox":
+                return checkbox(name)
+            if spec.widget == "slider":
+                return W.IntSlider(description=name, value=value, min=spec.minimum or 0, max=max(top, value),
+                                   continuous_update=False, style=style, layout=lay)
+            if spec.widget == "int":
+                return W.BoundedIntText(description=name, value=value, min=spec.minimum or 0, max=max(top, value),
+                                        style=style, layout=lay)
+            values = spec.choices or (tuple(range(1, cores + 1)) if spec.options == "cores" else spec.options)
+            options: list[Any] = list(values)
+            if spec.optional:
+                label = f"default ({torch_default})" if (torch_default := TORCH_DEFAULTS.get(name)) else "default"
+                options = [(label, DEFAULT)] + [v for v in options if v is not None]
+            return dropdown(name, options, value)
+
+        c = {name: control(name, spec) for name, spec in KNOBS.items() if spec.widget != "blocks"}
         for name, w in c.items():
             w.tooltip = HELP[name]
             w.add_class(f"wb-knob-{name}")  # stable hooks for browser tests and custom CSS
@@ -248,7 +226,7 @@ class Panel:
         for title, names in GROUPS.items():
             items: list[Any] = [W.HTML(f"<b>{title}</b>")]
             for name in names:
-                if name == "checkpoint":
+                if KNOBS[name].widget == "blocks":
                     boxes = list(self.block_boxes.values()) or [W.HTML("<i>no blocks found</i>")]
                     items += [W.HTML("checkpoint <small>(per block)</small>", tooltip=HELP["checkpoint"]),
                               W.VBox(boxes, layout=W.Layout(max_height="160px", overflow="auto"))]
@@ -266,7 +244,7 @@ class Panel:
         """The Knobs the controls describe; knobs that cannot apply here are disabled and left off."""
         k = Knobs(batch_size=self.controls["batch_size"].value)
         for name in ORDER:
-            if name == "checkpoint":
+            if KNOBS[name].widget == "blocks":
                 k = k.replace(checkpoint=tuple(n for n, box in self.block_boxes.items() if box.value))
                 continue
             w = self.controls[name]
@@ -384,6 +362,8 @@ class Panel:
             self._set_status("error", f"not run: {e}")
             return None
         self.progress.bar_style = "success" if result.ok else "danger"
+        if result.ok:  # the poller may not have seen the last step before "done"
+            self.progress.value = self.progress.max
         self._set_status(result.status, what + _result_line(result, self.bench))
         return result
 
