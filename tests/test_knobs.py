@@ -98,3 +98,57 @@ def test_every_declaration_is_complete_and_its_fuzz_ranges_hold():
                     continue  # too large for the tiny demos' datasets: rejected by check_knobs, not here
                 with pytest.raises((TypeError, ValueError)):
                     spec.check(value)
+
+
+# ---- optimizer_impl ------------------------------------------------------------------------------
+def test_optimizer_impl_rebuilds_with_the_flag_keeping_groups_and_hyperparameters():
+    import torch
+
+    from workbench.knobs import adjust_optimizer
+
+    a, b = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2))
+    opt = torch.optim.AdamW([{"params": [a], "lr": 0.1}, {"params": [b], "weight_decay": 0.5}],
+                            lr=0.01, betas=(0.8, 0.9))
+    notes: list[str] = []
+    fused = adjust_optimizer(opt, Knobs(optimizer_impl="fused"), notes)
+    assert type(fused) is torch.optim.AdamW and fused is not opt and not notes
+    assert [g["params"] for g in fused.param_groups] == [[a], [b]]
+    assert [g["lr"] for g in fused.param_groups] == [0.1, 0.01]
+    assert [g["weight_decay"] for g in fused.param_groups] == [0.01, 0.5]
+    assert all(g["betas"] == (0.8, 0.9) and g["fused"] and not g["foreach"] for g in fused.param_groups)
+    foreach = adjust_optimizer(opt, Knobs(optimizer_impl="foreach"), notes)
+    assert all(g["foreach"] and not g["fused"] for g in foreach.param_groups)
+    assert adjust_optimizer(opt, Knobs(), notes) is opt
+
+
+def test_optimizer_impl_notes_a_class_without_the_argument():
+    import torch
+
+    from workbench.knobs import adjust_optimizer
+
+    class Plain(torch.optim.Optimizer):
+        def __init__(self, params, lr=0.1):
+            super().__init__(params, {"lr": lr})
+
+        def step(self, closure=None):
+            return None
+
+    opt = Plain([torch.nn.Parameter(torch.ones(1))])
+    notes: list[str] = []
+    assert adjust_optimizer(opt, Knobs(optimizer_impl="fused"), notes) is opt
+    assert notes and "Plain takes no fused= argument" in notes[0]
+
+
+def test_optimizer_impl_runs_in_a_trial_and_in_generated_code(make_bench):
+    import torch
+
+    bench = make_bench(optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
+    base, fused = bench.run(), bench.run(optimizer_impl="fused")
+    assert base.ok and fused.ok and not any("optimizer_impl" in n for n in fused.notes)
+    assert fused.losses == pytest.approx(base.losses, abs=1e-4)  # same maths, other kernels
+    code = Knobs(batch_size=8, optimizer_impl="foreach").to_code(steps=2)
+    ns = {"model": torch.nn.Linear(4, 2),
+          "dataset": torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))),
+          "loss_fn": torch.nn.CrossEntropyLoss(), "make_optimizer": lambda p: torch.optim.AdamW(p, lr=1e-3)}
+    exec(compile(code, "<generated>", "exec"), ns)
+    assert ns["step"] == 2 and ns["optimizer"].param_groups[0]["foreach"] is True

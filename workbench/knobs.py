@@ -132,6 +132,43 @@ def _matmul_code(k: Knobs) -> dict[str, list[str]]:
     return {"setup": [f'torch.set_float32_matmul_precision("{k.matmul_precision}")  # TF32/bf16 matmuls for float32']}
 
 
+OPTIMIZER_IMPLS = ("as-given", "foreach", "fused")
+_IMPL_FLAGS = {"foreach": {"foreach": True, "fused": None}, "fused": {"foreach": None, "fused": True}}
+
+
+def _rebuild_optimizer(optimizer: Any, value: str, notes: list[str]) -> Any:
+    """The user's optimizer rebuilt with foreach=/fused= (same class, param groups and
+    hyperparameters), or unchanged with a note when its class takes no such argument."""
+    if value == "as-given":
+        return optimizer
+    import inspect
+
+    cls = type(optimizer)
+    accepted = inspect.signature(cls.__init__).parameters
+    if value not in accepted:
+        notes.append(f"optimizer_impl={value!r}: {cls.__name__} takes no {value}= argument, so it ran as given")
+        return optimizer
+    flags = {k: v for k, v in _IMPL_FLAGS[value].items() if k in accepted}
+    groups = [{**group, **flags} for group in optimizer.param_groups]  # keeps per-group lr, betas...
+    try:
+        return cls(groups, **flags)
+    except (RuntimeError, ValueError, TypeError) as e:  # e.g. fused kernels missing for this device/dtype
+        notes.append(f"optimizer_impl={value!r}: {cls.__name__} refused it here ({e}); it ran as given")
+        return optimizer
+
+
+def _optimizer_code(k: Knobs) -> dict[str, list[str]]:
+    if k.optimizer_impl == "as-given":
+        return {}
+    flags = ", ".join(f"{a}={b}" for a, b in _IMPL_FLAGS[k.optimizer_impl].items())
+    return {"imports": ["import inspect"], "optimizer": [
+        f"# optimizer_impl={k.optimizer_impl!r}: the same optimizer rebuilt with {flags} (param groups kept)",
+        f'if "{k.optimizer_impl}" in inspect.signature(type(optimizer).__init__).parameters:',
+        f"    flags = dict({flags})",
+        "    optimizer = type(optimizer)([{**g, **flags} for g in optimizer.param_groups], **flags)",
+    ]}
+
+
 @dataclass(frozen=True)
 class Knobs:
     """One configuration of the training step. Build with keywords; `replace()` to vary one.
@@ -179,6 +216,11 @@ class Knobs:
     checkpoint: tuple[str, ...] = knob((), kind="blocks", group="Memory", widget="blocks",
                                        fuzz=Fuzz("blocks", ("no.such.block", "")),
                                        help="block names wrapped in torch.utils.checkpoint: recompute activations in backward")
+    optimizer_impl: str = knob("as-given", kind="choice", choices=OPTIMIZER_IMPLS, group="Precision & compile",
+                               widget="dropdown", on_optimizer=_rebuild_optimizer, code=_optimizer_code,
+                               fuzz=Fuzz(OPTIMIZER_IMPLS, ("apex", "")),
+                               help="optimizer kernels: as given, or rebuilt with foreach=True / fused=True "
+                                    "(multi-tensor or fused update)")
     cpu_threads: int | None = knob(None, kind="int", minimum=1, optional=True, group="CPU", widget="dropdown",
                                    options="cores", settings=_threads, code=_threads_code,
                                    fuzz=Fuzz((None, 1, 2, 3), (0,)),
