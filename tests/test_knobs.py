@@ -152,3 +152,24 @@ def test_optimizer_impl_runs_in_a_trial_and_in_generated_code(make_bench):
           "loss_fn": torch.nn.CrossEntropyLoss(), "make_optimizer": lambda p: torch.optim.AdamW(p, lr=1e-3)}
     exec(compile(code, "<generated>", "exec"), ns)
     assert ns["step"] == 2 and ns["optimizer"].param_groups[0]["foreach"] is True
+
+
+# ---- checkpoint_mode -----------------------------------------------------------------------------
+def test_selective_checkpointing_saves_matmuls_and_matches_full(make_bench):
+    from workbench.knobs import checkpoint_options
+
+    assert checkpoint_options(Knobs()) == {}
+    assert "context_fn" in checkpoint_options(Knobs(checkpoint_mode="selective"))
+    bench = make_bench()
+    blocks = ("blocks.0", "blocks.1")
+    full = bench.run(checkpoint=blocks)
+    selective = bench.run(checkpoint=blocks, checkpoint_mode="selective")
+    assert full.ok and selective.ok
+    assert selective.losses == pytest.approx(full.losses, abs=1e-6)  # recomputation changes no value
+
+
+def test_selective_without_blocks_is_a_noted_no_op():
+    notes = device_notes(Knobs(checkpoint_mode="selective"), "cpu")
+    assert any(n.startswith("checkpoint_mode='selective' is a no-op") for n in notes)
+    assert not any("checkpoint_mode" in n for n in device_notes(Knobs(checkpoint_mode="selective",
+                                                                      checkpoint=("b",)), "cpu"))

@@ -169,6 +169,42 @@ def _optimizer_code(k: Knobs) -> dict[str, list[str]]:
     ]}
 
 
+CHECKPOINT_MODES = ("full", "selective")
+# Selective checkpointing keeps the outputs of these (expensive) ops and recomputes the rest.
+SAVED_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention")
+
+
+def _selective(value: str) -> dict[str, Any]:
+    """checkpoint(...) keywords: selective = save matmul/conv/attention outputs, recompute cheap ops."""
+    if value == "full":
+        return {}
+    import functools
+
+    import torch
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    ops = [getattr(torch.ops.aten, n).default for n in SAVED_OPS if hasattr(torch.ops.aten, n)]
+    return {"context_fn": functools.partial(create_selective_checkpoint_contexts, ops)}
+
+
+def _selective_note(k: Knobs, device_type: str) -> str | None:
+    if k.checkpoint_mode == "selective" and not k.checkpoint:
+        return "checkpoint_mode='selective' is a no-op without checkpointed blocks (pick some in checkpoint)"
+    return None
+
+
+def _selective_code(k: Knobs) -> dict[str, list[str]]:
+    if k.checkpoint_mode == "full" or not k.checkpoint:
+        return {}
+    return {
+        "imports": ["import functools", "from torch.utils.checkpoint import create_selective_checkpoint_contexts"],
+        "setup": ["# selective checkpointing: keep matmul/conv/attention outputs, recompute the cheap ops",
+                  f"SAVED_OPS = [getattr(torch.ops.aten, n).default for n in {list(SAVED_OPS)!r} if hasattr(torch.ops.aten, n)]"],
+        "checkpoint_args": ["context_fn=functools.partial(create_selective_checkpoint_contexts, SAVED_OPS)"],
+    }
+
+
 @dataclass(frozen=True)
 class Knobs:
     """One configuration of the training step. Build with keywords; `replace()` to vary one.
@@ -221,6 +257,11 @@ class Knobs:
                                fuzz=Fuzz(OPTIMIZER_IMPLS, ("apex", "")),
                                help="optimizer kernels: as given, or rebuilt with foreach=True / fused=True "
                                     "(multi-tensor or fused update)")
+    checkpoint_mode: str = knob("full", kind="choice", choices=CHECKPOINT_MODES, group="Memory", widget="dropdown",
+                                probe="selective", checkpoint_kwargs=_selective, note=_selective_note,
+                                code=_selective_code, fuzz=Fuzz(CHECKPOINT_MODES, ("some",)),
+                                help="full = recompute everything in checkpointed blocks; selective = keep "
+                                     "matmul/conv outputs, recompute the cheap ops")
     cpu_threads: int | None = knob(None, kind="int", minimum=1, optional=True, group="CPU", widget="dropdown",
                                    options="cores", settings=_threads, code=_threads_code,
                                    fuzz=Fuzz((None, 1, 2, 3), (0,)),
