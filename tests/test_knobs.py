@@ -173,3 +173,16 @@ def test_selective_without_blocks_is_a_noted_no_op():
     assert any(n.startswith("checkpoint_mode='selective' is a no-op") for n in notes)
     assert not any("checkpoint_mode" in n for n in device_notes(Knobs(checkpoint_mode="selective",
                                                                       checkpoint=("b",)), "cpu"))
+
+
+# ---- cudnn_benchmark -----------------------------------------------------------------------------
+def test_cudnn_benchmark_is_a_noted_no_op_on_cpu_and_restored_after(make_bench):
+    import torch
+
+    assert any(n.startswith("cudnn_benchmark is a no-op") for n in device_notes(Knobs(cudnn_benchmark=True), "cpu"))
+    assert not device_notes(Knobs(cudnn_benchmark=True), "cuda")
+    before = torch.backends.cudnn.benchmark
+    r = make_bench().run(cudnn_benchmark=True)
+    assert r.ok and any("cudnn_benchmark is a no-op" in n for n in r.notes)
+    assert torch.backends.cudnn.benchmark == before
+    assert "torch.backends.cudnn.benchmark = True" in Knobs(cudnn_benchmark=True).to_code()

@@ -205,6 +205,30 @@ def _selective_code(k: Knobs) -> dict[str, list[str]]:
     }
 
 
+@contextlib.contextmanager
+def _cudnn_benchmark(value: bool) -> Iterator[None]:
+    import torch
+
+    before = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = value  # autotune conv algorithms per input shape (CUDA only)
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def _cudnn_note(k: Knobs, device_type: str) -> str | None:
+    if k.cudnn_benchmark and device_type != "cuda":
+        return "cudnn_benchmark is a no-op without CUDA (cuDNN autotunes convolutions on NVIDIA GPUs only)"
+    return None
+
+
+def _cudnn_code(k: Knobs) -> dict[str, list[str]]:
+    if not k.cudnn_benchmark:
+        return {}
+    return {"setup": ["torch.backends.cudnn.benchmark = True  # autotune conv algorithms (fixed input shapes)"]}
+
+
 @dataclass(frozen=True)
 class Knobs:
     """One configuration of the training step. Build with keywords; `replace()` to vary one.
@@ -246,6 +270,10 @@ class Knobs:
     channels_last: bool = knob(False, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
                                fuzz=Fuzz((False, True)),
                                help="NHWC memory format for the model and 4-D inputs (convnets, best with AMP)")
+    cudnn_benchmark: bool = knob(False, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
+                                 settings=_cudnn_benchmark, note=_cudnn_note, code=_cudnn_code,
+                                 fuzz=Fuzz((False, True)),
+                                 help="torch.backends.cudnn.benchmark: autotune conv algorithms for fixed shapes (GPU)")
     accum_steps: int = knob(1, kind="int", minimum=1, group="Memory", widget="int", maximum=1024,
                             fuzz=Fuzz(range(1, 4), (0,)),
                             help="micro-batches per optimizer step (gradient accumulation): a large batch in small memory")
