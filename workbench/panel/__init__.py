@@ -17,28 +17,25 @@ prints how to use the workbench from code instead.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+from ..knobs import Knobs
+from ..measure import TrialResult
+from ..progress import Poller, TrialProgress
+from ..results import compare
+from ..runner import check_knobs
+from .controls import GROUPS, KnobControls
+from .queue import DEBOUNCE_S, TrialQueue
+from .view import confirmed, pooled, repeat_html, result_line, status_html, table_html
 
-from .knobs import KNOBS, Knobs, KnobSpec, device_notes, grouped
-from .measure import TrialResult
-from .results import Comparison, compare
-from .runner import check_knobs
+__all__ = ["GROUPS", "Panel", "has_frontend", "panel"]
 
 if TYPE_CHECKING:
-    from .bench import Workbench
+    from ..bench import Workbench
 
-GROUPS: dict[str, list[str]] = grouped()  # {group: knob names}, from the knob declarations
-# Knobs are read in this order, so a knob can depend on the ones before it (workers on data mode).
-ORDER = [name for group in GROUPS.values() for name in group]
-HELP = {name: spec.help for name, spec in KNOBS.items()}
-PROBES: dict[str, Any] = {name: spec.probe for name, spec in KNOBS.items() if spec.probe is not None}
 PHASES = {
     "loading data": "loading the first batch…",
     "starting workers": "starting workers…",
@@ -47,11 +44,6 @@ PHASES = {
     "measuring": "measuring…",
     "done": "finishing…",
 }
-DEFAULT = "default"  # dropdown value standing for a knob's None (torch's own default)
-TORCH_DEFAULTS = {"prefetch_factor": 2}  # what torch uses when the knob is None (dropdown label)
-STATUS_COLORS = {"ok": "#2e7d32", "nan": "#ef6c00", "interrupted": "#6d4c41", "error": "#c62828", "oom": "#b71c1c"}
-TABLE_COLUMNS = ["trial_id", "label", "status", "samples_per_s", "speedup", "verdict", "step_time_ms",
-                 "data_wait_share", "peak_memory_mb", "final_loss", "message"]
 
 TERMINAL_HELP = """\
 bench.panel() needs a Jupyter notebook with ipywidgets; here, drive the workbench from code:
@@ -93,7 +85,7 @@ class Panel:
     `panel.wait()`; `panel.stop()` cancels the running trial; `panel.repeat(trial_id)` confirms.
     """
 
-    def __init__(self, bench: Workbench, *, debounce_s: float = 0.5, repeat_rounds: int = 2) -> None:
+    def __init__(self, bench: Workbench, *, debounce_s: float = DEBOUNCE_S, repeat_rounds: int = 2) -> None:
         import altair as alt
         import ipywidgets as W
 
@@ -108,14 +100,10 @@ class Panel:
         self._has_conv = bench.workload.has_conv
 
         # ---- controls: one widget per knob, description = knob name --------------------------
-        self.controls: dict[str, Any] = self._make_controls(W, bench.defaults)
-        self.block_boxes: dict[str, Any] = {
-            name: W.Checkbox(value=name in bench.defaults.checkpoint, description=f"{name} · {n:,} params",
-                             indent=False, tooltip=f"checkpoint block {name} ({n:,} parameters)")
-            for name, n in bench.block_params.items()
-        }
-        for w in [*self.controls.values(), *self.block_boxes.values()]:
-            w.observe(self._on_change, names="value")
+        self.knob_controls = KnobControls(W, bench)
+        self.controls = self.knob_controls.controls
+        self.block_boxes = self.knob_controls.block_boxes
+        self.knob_controls.observe(self._on_change)
         self.run_button = W.Button(description="Run", icon="play", tooltip="measure the current knobs now")
         self.stop_button = W.Button(description="Stop", icon="stop", button_style="danger",
                                     tooltip="cancel the running trial at the next step (recorded as interrupted)")
@@ -126,10 +114,10 @@ class Panel:
         self.progress = W.IntProgress(value=0, min=0, max=1, description="trial",
                                       layout=W.Layout(width="320px"))
         self.rate = W.Label("")
-        self.status = W.HTML(_status_html("idle", "Change a knob to run a measured trial, or press Run."))
+        self.status = W.HTML(status_html("idle", "Change a knob to run a measured trial, or press Run."))
 
         # ---- chart and table -------------------------------------------------------------------
-        from .charts import comparison_chart
+        from ..charts import comparison_chart
 
         self._comparison_chart = comparison_chart
         self.chart = alt.JupyterChart(comparison_chart(bench.results), embed_options={"renderer": "svg"})
@@ -144,7 +132,7 @@ class Panel:
         self.widget = W.VBox([
             W.HTML(f"<b>Tuning Workbench</b> · {bench.name} on {bench.device} · each change runs "
                    f"{bench.warmup_steps} warm-up + {bench.steps} measured steps"),
-            self._layout_controls(W),
+            self.knob_controls.layout(),
             W.HBox([self.run_button, self.stop_button, self.progress, self.rate]),
             self.status,
             self.chart,
@@ -157,13 +145,10 @@ class Panel:
         self.stop_button.add_class("wb-stop")
         self.chart.add_class("wb-chart")
 
-        # ---- the worker thread and the observer --------------------------------------------
-        self._cv = threading.Condition()
-        self._job: tuple[str, Any, bool] | None = None  # (kind, payload, force) waiting to run
-        self._due = 0.0  # monotonic time the queued job may start (debounce)
-        self._busy = False
-        self._closed = False
-        self._cancel = threading.Event()
+        # ---- the trial queue (its own thread) and the observer -------------------------------
+        self.queue = TrialQueue(self._handle, debounce_s=debounce_s,
+                                on_error=lambda e: self._set_status("error", f"{type(e).__name__}: {e}"))
+        self.trial_progress = TrialProgress()  # stored into by the trial thread, read by a Poller
         self._last_knobs: Knobs | None = None  # knobs of the panel's latest trial (skip no-op re-runs)
         self._measure_start: tuple[float, int] | None = None
         self._draw_lock = threading.Lock()
@@ -174,67 +159,6 @@ class Panel:
             previous.detach()  # a re-run cell replaces the old panel's thread and observer
         _ACTIVE[bench] = self
         bench.log.observe(self._on_trial)
-        self._thread = threading.Thread(target=self._worker, name="workbench-panel", daemon=True)
-        self._thread.start()
-
-    # ---- building ------------------------------------------------------------------------------
-    def _make_controls(self, W: Any, k: Knobs) -> dict[str, Any]:
-        cores = os.cpu_count() or 1
-        spec = self.bench.workload.spec
-        max_batch = len(spec) if not spec.iterable else 1 << 16
-        style = {"description_width": "130px"}
-        lay = W.Layout(width="290px")
-
-        def dropdown(name: str, options: list[Any], value: Any) -> Any:
-            value = DEFAULT if value is None else value  # a Dropdown shows value None as "nothing selected"
-            options = [o if isinstance(o, tuple) else (str(o), o) for o in options]  # all (label, value)
-            if value not in [v for _, v in options]:
-                options.append((str(value), value))
-            return W.Dropdown(description=name, options=options, value=value, style=style, layout=lay)
-
-        def checkbox(name: str) -> Any:
-            return W.Checkbox(description=name, value=getattr(k, name), indent=False, layout=lay)
-
-        bounds = {"dataset": max_batch, "workers": max(4, 2 * cores)}
-
-        def control(name: str, spec: KnobSpec) -> Any:
-            value = getattr(k, name)
-            top = bounds.get(spec.maximum, spec.maximum)
-            if spec.widget == "checkbox":
-                return checkbox(name)
-            if spec.widget == "slider":
-                return W.IntSlider(description=name, value=value, min=spec.minimum or 0, max=max(top, value),
-                                   continuous_update=False, style=style, layout=lay)
-            if spec.widget == "int":
-                return W.BoundedIntText(description=name, value=value, min=spec.minimum or 0, max=max(top, value),
-                                        style=style, layout=lay)
-            values = spec.choices or (tuple(range(1, cores + 1)) if spec.options == "cores" else spec.options)
-            options: list[Any] = list(values)
-            if spec.optional:
-                label = f"default ({torch_default})" if (torch_default := TORCH_DEFAULTS.get(name)) else "default"
-                options = [(label, DEFAULT)] + [v for v in options if v is not None]
-            return dropdown(name, options, value)
-
-        c = {name: control(name, spec) for name, spec in KNOBS.items() if spec.widget != "blocks"}
-        for name, w in c.items():
-            w.tooltip = HELP[name]
-            w.add_class(f"wb-knob-{name}")  # stable hooks for browser tests and custom CSS
-        return c
-
-    def _layout_controls(self, W: Any) -> Any:
-        columns = []
-        for title, names in GROUPS.items():
-            items: list[Any] = [W.HTML(f"<b>{title}</b>")]
-            for name in names:
-                if KNOBS[name].widget == "blocks":
-                    boxes = list(self.block_boxes.values()) or [W.HTML("<i>no blocks found</i>")]
-                    items += [W.HTML("checkpoint <small>(per block)</small>", tooltip=HELP["checkpoint"]),
-                              W.VBox(boxes, layout=W.Layout(max_height="160px", overflow="auto"))]
-                else:
-                    items.append(self.controls[name])
-            columns.append(W.VBox(items))
-        return W.GridBox(columns, layout=W.Layout(grid_template_columns="repeat(auto-fit, minmax(300px, 1fr))",
-                                                  grid_gap="4px 12px"))
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
@@ -242,32 +166,7 @@ class Panel:
     # ---- reading the controls ----------------------------------------------------------------
     def knobs(self) -> Knobs:
         """The Knobs the controls describe; knobs that cannot apply here are disabled and left off."""
-        k = Knobs(batch_size=self.controls["batch_size"].value)
-        for name in ORDER:
-            if KNOBS[name].widget == "blocks":
-                k = k.replace(checkpoint=tuple(n for n, box in self.block_boxes.items() if box.value))
-                continue
-            w = self.controls[name]
-            reason = self._blocked(name, k)
-            w.disabled = reason is not None
-            w.tooltip = f"disabled: {reason}" if reason else HELP[name]
-            if reason is None:
-                k = k.replace(**{name: None if w.value == DEFAULT else w.value})
-        return k
-
-    def _blocked(self, name: str, k: Knobs) -> str | None:
-        """Why `name` cannot take effect given the knobs before it (device, other knobs), or None."""
-        if name not in PROBES:
-            return None
-        try:
-            trial = k.replace(**{name: PROBES[name]})
-        except ValueError as e:
-            return str(e)
-        before = set(device_notes(k, self._device, has_conv=self._has_conv))
-        for note in device_notes(trial, self._device, has_conv=self._has_conv):
-            if note not in before and note.startswith(name) and "no-op" in note:
-                return note
-        return None
+        return self.knob_controls.knobs()
 
     def _on_change(self, change: Any = None, *, force: bool = False) -> None:
         """A control changed (debounced trial) or Run was pressed (`force`: now, even if unchanged)."""
@@ -282,7 +181,7 @@ class Panel:
     # ---- the job queue and the worker thread -----------------------------------------------
     def submit(self, knobs: Knobs, *, force: bool = False, debounce: bool = True) -> None:
         """Queue a trial of `knobs` (replacing any queued job); it starts after the debounce."""
-        self._queue(("knobs", knobs, force), debounce)
+        self.queue.put(("knobs", knobs, force), debounce=debounce)
         self._set_status("queued", f"queued: {knobs.label(self._base_knobs())}")
 
     def repeat(self, trial_id: int | None) -> None:
@@ -290,63 +189,32 @@ class Panel:
         if trial_id is None:
             self._set_status("error", "pick a trial first")
             return
-        self._queue(("repeat", trial_id, True), debounce=False)
+        self.queue.put(("repeat", trial_id, True), debounce=False)
 
     def stop(self) -> None:
         """Cancel the running trial at its next step boundary and drop any queued job."""
-        with self._cv:
-            self._job = None
-            if self._busy:
-                self._cancel.set()
-            self._cv.notify_all()
-        self._set_status("stopping" if self._busy else "idle", "stopping at the next step…" if self._busy else "idle")
+        running = self.queue.stop()
+        self._set_status("stopping" if running else "idle", "stopping at the next step…" if running else "idle")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until no trial is queued or running; False if `timeout` seconds passed first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cv:
-            while self._job is not None or self._busy:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cv.wait(left)
-        return True
+        return self.queue.wait(timeout)
 
     @property
     def busy(self) -> bool:
         """True while a trial (or a repeat) runs or waits in the queue."""
-        return self._busy or self._job is not None
+        return self.queue.busy
 
-    def _queue(self, job: tuple[str, Any, bool], debounce: bool) -> None:
-        with self._cv:
-            self._job = job  # latest wins: a queued job is replaced, never stacked
-            self._due = time.monotonic() + (self.debounce_s if debounce else 0.0)
-            self._cv.notify_all()
-
-    def _worker(self) -> None:
-        while True:
-            with self._cv:
-                while not self._closed and (self._job is None or time.monotonic() < self._due):
-                    self._cv.wait(None if self._job is None else max(0.0, self._due - time.monotonic()))
-                if self._closed:
-                    return
-                (kind, payload, force), self._job = self._job, None
-                self._cancel.clear()
-                self._busy = True
-            try:
-                if kind == "knobs":
-                    if force or payload != self._last_knobs:
-                        self._run_one(payload)
-                    else:
-                        self._set_status("idle", "no change: these knobs were just measured (press Run to re-measure)")
-                else:
-                    self._repeat(payload)
-            except Exception as e:  # the panel must survive anything; the message, not a traceback
-                self._set_status("error", f"{type(e).__name__}: {e}")
-            finally:
-                with self._cv:
-                    self._busy = False
-                    self._cv.notify_all()
+    def _handle(self, job: tuple[str, Any, bool]) -> None:
+        """The queue's handler (on its thread): one trial, or a repeat."""
+        kind, payload, force = job
+        if kind == "knobs":
+            if force or payload != self._last_knobs:
+                self._run_one(payload)
+            else:
+                self._set_status("idle", "no change: these knobs were just measured (press Run to re-measure)")
+        else:
+            self._repeat(payload)
 
     def _run_one(self, knobs: Knobs, what: str = "") -> TrialResult | None:
         """One trial through `bench.run` (blocking, in the worker thread)."""
@@ -357,14 +225,15 @@ class Panel:
         label = knobs.label(self._base_knobs())
         self._set_status("starting", f"{what}starting: {label}")
         try:
-            result = self.bench.run(knobs, progress=self._progress, cancel=self._cancel)
+            with Poller(self.trial_progress, self._progress):  # widgets set from the poller's thread
+                result = self.bench.run(knobs, progress=self.trial_progress, cancel=self.queue.cancel)
         except (ValueError, TypeError) as e:  # knobs the workload cannot take (unknown block, batch too big)
             self._set_status("error", f"not run: {e}")
             return None
         self.progress.bar_style = "success" if result.ok else "danger"
         if result.ok:  # the poller may not have seen the last step before "done"
             self.progress.value = self.progress.max
-        self._set_status(result.status, what + _result_line(result, self.bench))
+        self._set_status(result.status, what + result_line(result, self.bench))
         return result
 
     def _progress(self, phase: str, done: int, total: int) -> None:
@@ -394,17 +263,17 @@ class Panel:
         for i in range(self.repeat_rounds):
             order = [("base", base.knobs), ("pick", pick.knobs)]
             for which, knobs in order if i % 2 == 0 else order[::-1]:
-                if self._cancel.is_set():
+                if self.queue.cancel.is_set():
                     return
                 r = self._run_one(knobs, what=f"repeat {i + 1}/{self.repeat_rounds} ({which}): ")
                 if r is None or not r.ok:
                     return
                 runs[which].append(r)
         rounds = [self.bench.compare(a, b) for a, b in zip(runs["base"], runs["pick"])]
-        pooled = compare(_pooled(runs["base"], base.trial_id), _pooled(runs["pick"], pick.trial_id))
-        self.last_repeat = {"trial_id": trial_id, "baseline_id": base.trial_id, "rounds": rounds, "pooled": pooled,
-                            "confirmed": _confirmed(rounds, pooled)}
-        self.verdict.value = _repeat_html(self.last_repeat)
+        overall = compare(pooled(runs["base"], base.trial_id), pooled(runs["pick"], pick.trial_id))
+        self.last_repeat = {"trial_id": trial_id, "baseline_id": base.trial_id, "rounds": rounds, "pooled": overall,
+                            "confirmed": confirmed(rounds, overall)}
+        self.verdict.value = repeat_html(self.last_repeat)
         self._set_status("ok", f"repeat done: {self.last_repeat['confirmed']}")
 
     # ---- drawing -----------------------------------------------------------------------------
@@ -420,7 +289,7 @@ class Panel:
         with self._draw_lock:
             df = self.bench.results
             self.chart.chart = self._comparison_chart(df)  # a new chart: the JupyterChart redraws
-            self.table.value = _table_html(df)
+            self.table.value = table_html(df)
             picked = self.trial_pick.value
             options = [(f"#{r.trial_id} {r.label} ({r.status})", int(r.trial_id)) for r in df.iloc[::-1].itertuples()]
             self.trial_pick.options = options
@@ -434,7 +303,7 @@ class Panel:
             self._set_status("error", str(e))
 
     def _set_status(self, phase: str, text: str) -> None:
-        self.status.value = _status_html(phase, text)
+        self.status.value = status_html(phase, text)
 
     def _base_knobs(self) -> Knobs | None:
         base = self.bench.baseline
@@ -444,11 +313,7 @@ class Panel:
     def detach(self) -> None:
         """Stop the worker thread and stop listening to the log (the widgets stay as they are)."""
         self.bench.log.unobserve(self._on_trial)
-        with self._cv:
-            self._closed = True
-            self._job = None
-            self._cancel.set()
-            self._cv.notify_all()
+        self.queue.close()
 
     def close(self) -> None:
         """Detach and close every widget (removes the panel from the page)."""
@@ -463,58 +328,3 @@ class Panel:
         return f"<Panel for {self.bench!r}{' (busy)' if self.busy else ''}>"
 
 
-# ---- text helpers (pure) -------------------------------------------------------------------------
-def _status_html(phase: str, text: str) -> str:
-    """The status line; `data-phase` lets browser tests see what the panel is doing."""
-    color = STATUS_COLORS.get(phase, "#455a64")
-    safe = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return f'<span class="wb-status" data-phase="{phase}" style="color:{color}">{safe}</span>'
-
-
-def _result_line(r: TrialResult, bench: Workbench) -> str:
-    """One line about a finished trial: throughput and verdict, or the failure's message."""
-    head = f"#{r.trial_id} {r.knobs.label(bench.baseline.knobs if bench.baseline else None)}"
-    if not r.ok:
-        return f"{head}: {r.status.upper()}: {r.message}"
-    line = f"{head}: {r.samples_per_s:,.1f} samples/s"
-    base = bench.baseline
-    if base is not None and base.trial_id != r.trial_id and len(r.step_times_s) >= 2:
-        line += f", {r.samples_per_s / base.samples_per_s:.2f}× baseline ({compare(base, r).verdict})"
-    if r.notes:
-        line += " · " + "; ".join(r.notes)
-    return line
-
-
-def _table_html(df: pd.DataFrame) -> str:
-    """The results table, newest first, status coloured (pandas Styler → HTML)."""
-    if df.empty:
-        return "<i>No trials yet.</i>"
-    view = df[[c for c in TABLE_COLUMNS if c in df.columns]].iloc[::-1]
-    styler = (view.style
-              .format({"samples_per_s": "{:,.1f}", "speedup": "{:.2f}×", "step_time_ms": "{:.2f}",
-                       "data_wait_share": "{:.0%}", "peak_memory_mb": "{:,.1f}", "final_loss": "{:.4f}"},
-                      na_rep="–")
-              .map(lambda s: f"color:{STATUS_COLORS.get(s, '#000')};font-weight:bold", subset=["status"])
-              .hide(axis="index")
-              .set_table_styles([{"selector": "th, td", "props": "white-space: nowrap; padding: 1px 8px; font-size: 12px"}])
-              .set_table_attributes('class="wb-results"'))
-    return f'<div style="max-height:320px;overflow:auto">{styler.to_html()}</div>'
-
-
-def _pooled(results: list[TrialResult], trial_id: int | None) -> TrialResult:
-    """Several runs of the same knobs as one, their step times pooled (for one overall verdict)."""
-    times = tuple(t for r in results for t in r.step_times_s)
-    return dataclasses.replace(results[0], step_times_s=times, trial_id=trial_id)
-
-
-def _confirmed(rounds: list[Comparison], pooled: Comparison) -> str:
-    """A paired verdict: every round beyond noise in the same direction as the pooled result."""
-    if pooled.beyond_noise and all(c.beyond_noise and (c.speedup > 1) == (pooled.speedup > 1) for c in rounds):
-        return f"confirmed {'faster' if pooled.speedup > 1 else 'slower'} ({(pooled.speedup - 1) * 100:+.1f}%)"
-    return f"not confirmed: the difference does not hold up beyond noise in every round ({(pooled.speedup - 1) * 100:+.1f}% pooled)"
-
-
-def _repeat_html(rep: dict[str, Any]) -> str:
-    rows = "".join(f"<li>round {i + 1}: {c}</li>" for i, c in enumerate(rep["rounds"]))
-    return (f"<b>Repeat to confirm #{rep['trial_id']} against baseline #{rep['baseline_id']}:</b> "
-            f"{rep['confirmed']}<ul>{rows}<li>pooled: {rep['pooled']}</li></ul>")
