@@ -180,31 +180,50 @@ def test_error_in_step_fn_is_attributed(make_bench):
     assert r.status == "error" and r.where == "step_fn" and "in step_fn" in r.message
 
 
+def counting_step(after: int, action):
+    """A step_fn that calls `action()` once it has run `after` times (on the trial thread)."""
+    calls = [0]
+
+    def step_fn(model, batch):
+        calls[0] += 1
+        if calls[0] == after:
+            action()
+        x, y = batch
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    return step_fn
+
+
 def test_cancel_event_stops_at_a_step_boundary(make_bench):
-    bench = make_bench(steps=50)
     cancel = threading.Event()
-
-    def progress(phase, done, total):
-        if done >= 3:
-            cancel.set()
-
-    r = bench.run(progress=progress, cancel=cancel)
+    bench = make_bench(steps=50, step_fn=counting_step(4, cancel.set))
+    r = bench.run(cancel=cancel)
     assert r.status == "interrupted" and "stopped by the user" in r.message
+    # calls: the construction probe, 1 warm-up step, measured steps 1 and 2: stops after step 2
+    assert "measured step 2" in r.message
+    cancel.clear()
     assert bench.run().ok
 
 
 def test_keyboard_interrupt_is_recorded_then_reraised(make_bench):
-    bench = make_bench(steps=50)
+    def interrupt():
+        raise KeyboardInterrupt
 
-    def progress(phase, done, total):
-        if done == 2:
-            raise KeyboardInterrupt
-
+    bench = make_bench(steps=50, step_fn=counting_step(3, interrupt))
     with pytest.raises(KeyboardInterrupt) as info:
-        bench.run(progress=progress)
+        bench.run()
     assert isinstance(info.value, TrialInterrupted)
     assert bench.trials[-1].status == "interrupted" and info.value.result.trial_id == 1
     assert bench.run().ok
+
+
+def test_progress_callback_is_polled_from_its_own_thread(make_bench):
+    """The measured loop never calls UI code: a progress callable runs on a Poller's thread."""
+    seen = []
+    bench = make_bench(steps=3)
+    bench.run(progress=lambda phase, done, total: seen.append((threading.current_thread().name, phase, done)))
+    assert seen and not any(name.startswith("workbench-trial") for name, _, _ in seen)
+    assert seen[-1][1:] == ("done", 4)
 
 
 def test_no_worker_processes_survive_trials(make_bench):
@@ -290,6 +309,25 @@ def test_ctrl_c_in_the_calling_thread_stops_the_trial_and_records_it(make_bench)
 
 def test_trials_run_on_one_dedicated_thread(make_bench):
     names = []
-    bench = make_bench()
-    bench.run(progress=lambda *a: names.append(threading.current_thread().name))
+    bench = make_bench(step_fn=counting_step(10**9, None))
+    original = bench.workload.step_fn
+    bench.workload.step_fn = lambda m, b: (names.append(threading.current_thread().name), original(m, b))[1]
+    bench.run()
     assert set(names) == {names[0]} and names[0].startswith("workbench-trial")
+
+
+def test_derive_is_a_pure_function_of_the_raw_samples():
+    from workbench.runner import RawTrial, derive
+
+    raw = RawTrial(warmup_steps=2, steps=4, startup_s=0.5, warm_times_s=[1.0, 0.2], warmup_wall_s=1.2, probe_s=0.0,
+                   step_times_s=[0.1, 0.1, 0.1, 0.3], waits_s=[0.05, 0.0, 0.0, 0.0], losses=[2.0, 1.5, float("nan"), 1.0],
+                   samples=32, wall_s=0.6, epochs=1, foreign_cores=0.9, peak_bytes=1000)
+    knobs = wb.Knobs(batch_size=8, num_workers=1)
+    fields, notes = derive(raw, knobs)
+    assert derive(raw, knobs) == (fields, notes)  # same input, same output
+    assert fields["status"] == "nan" and "measured step 3" in fields["message"]
+    assert fields["samples_per_s"] == pytest.approx(32 / 0.6) and fields["samples_per_step"] == 8
+    assert fields["step_time_s"] == pytest.approx(0.1) and fields["compile_s"] == pytest.approx(1.2 - 0.2)
+    assert fields["data_wait_share"] == pytest.approx(0.05 / 0.6)
+    assert any(n.startswith("disturbed") for n in notes) and any("re-forked" in n for n in notes)
+    assert any(n.startswith("noisy") for n in notes)

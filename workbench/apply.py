@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint as _checkpoint
+from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader
 
 from .knobs import Knobs
+from .knobs import settings as knob_settings
 from .workload import LoaderSpec
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -49,35 +49,6 @@ def build_loader(spec: LoaderSpec, knobs: Knobs, *, seed: int, device: torch.dev
     return DataLoader(spec.dataset, **kwargs)
 
 
-def start_iterator(loader: DataLoader) -> Iterator:
-    """iter(loader), with its workers kept out of PyTorch's process-wide SIGCHLD check.
-
-    Once any DataLoader has been iterated on the main thread (a user's own loader, say), PyTorch's
-    SIGCHLD handler raises into the main thread whenever a registered worker exits badly: into
-    whatever cell is running, not into the trial. Unregistered, our workers are still watched
-    by the iterator itself (it checks that they are alive while it waits), so a dead worker ends
-    the trial with status "error" instead.
-    """
-    iterator = iter(loader)
-    if getattr(iterator, "_worker_pids_set", False):
-        from torch.utils.data._utils import signal_handling
-
-        signal_handling._remove_worker_pids(id(iterator))
-        iterator._worker_pids_set = False
-    return iterator
-
-
-def shutdown_loader(loader: DataLoader | None, iterator: Iterator | None) -> None:
-    """Stop worker processes now (not at garbage collection), persistent ones included."""
-    for it in (iterator, getattr(loader, "_iterator", None)):
-        stop = getattr(it, "_shutdown_workers", None)
-        if stop is not None:
-            with contextlib.suppress(Exception):
-                stop()
-    if loader is not None and getattr(loader, "_iterator", None) is not None:
-        loader._iterator = None
-
-
 def autocast(knobs: Knobs, device: torch.device) -> contextlib.AbstractContextManager:
     """The autocast context for the forward pass and loss (a null context when amp='off')."""
     if knobs.amp == "off":
@@ -92,11 +63,13 @@ def grad_scaler(knobs: Knobs, device: torch.device) -> torch.amp.GradScaler | No
     return torch.amp.GradScaler(device.type)
 
 
-def apply_checkpointing(model: nn.Module, names: tuple[str, ...], available: dict[str, int]) -> None:
+def apply_checkpointing(model: nn.Module, names: tuple[str, ...], available: dict[str, int],
+                        **options: Any) -> None:
     """Wrap exactly the named blocks' forward in torch.utils.checkpoint (use_reentrant=False).
 
     Their activations are dropped after forward and recomputed during backward: less memory,
-    more compute. The module tree and parameter names stay unchanged.
+    more compute. The module tree and parameter names stay unchanged. `options` are further
+    keywords for checkpoint (e.g. a context_fn for selective checkpointing).
     """
     for name in names:
         if name not in available:
@@ -111,7 +84,7 @@ def apply_checkpointing(model: nn.Module, names: tuple[str, ...], available: dic
         def forward(*args: Any, __original=original, **kwargs: Any) -> Any:
             if not torch.is_grad_enabled():
                 return __original(*args, **kwargs)
-            return _checkpoint(__original, *args, use_reentrant=False, **kwargs)
+            return checkpoint(__original, *args, use_reentrant=False, **options, **kwargs)
 
         block.forward = forward  # instance attribute shadows the class method
 
@@ -134,16 +107,7 @@ def compile_model(model: nn.Module, knobs: Knobs, device: torch.device) -> nn.Mo
     return torch.compile(model, mode=None if mode == "default" else mode)
 
 
-@contextlib.contextmanager
-def process_settings(knobs: Knobs) -> Iterator[None]:
-    """Apply thread count and matmul precision for the trial, restoring the caller's afterwards."""
-    threads = torch.get_num_threads()
-    precision = torch.get_float32_matmul_precision()
-    try:
-        if knobs.cpu_threads is not None:
-            torch.set_num_threads(knobs.cpu_threads)
-        torch.set_float32_matmul_precision(knobs.matmul_precision)
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        torch.set_float32_matmul_precision(precision)
+def process_settings(knobs: Knobs) -> contextlib.AbstractContextManager:
+    """Hold the knobs' process-wide settings (threads, matmul precision...) for the trial,
+    restoring the caller's afterwards; each knob declares its own in knobs.py."""
+    return knob_settings(knobs)

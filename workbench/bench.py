@@ -15,6 +15,7 @@ from torch import nn
 
 from .knobs import Knobs
 from .measure import TrialResult
+from .progress import Poller, TrialProgress
 from .results import Comparison, ResultLog, compare
 from .runner import Progress, TrialInterrupted, check_knobs, run_trial, trial_thread
 from .workload import StepFn, Workload, move_to
@@ -66,14 +67,14 @@ class Workbench:
     def _probe(self) -> None:
         """Run the step's forward once on a throw-away copy so mistakes surface now, with a fix."""
         from .apply import build_loader
-        from .runner import _check_loss, _Stage
+        from .step import Stage, check_loss
 
         wl = self.workload
         if not wl.spec.iterable and len(wl.spec) == 0:
             raise ValueError("the dataset is empty: pass a dataset with at least one batch of samples")
         probe_knobs = self.defaults.replace(num_workers=0, persistent_workers=False, prefetch_factor=None)
         loader = build_loader(wl.spec, probe_knobs, seed=wl.seed, device=wl.device)
-        stage = _Stage()
+        stage = Stage()
         try:
             batch = next(iter(loader))
         except StopIteration:
@@ -82,7 +83,7 @@ class Workbench:
         model = wl.fresh_model().train()
         try:
             loss = wl.compute_loss(model, batch, stage)
-            _check_loss(loss, stage)
+            check_loss(loss, stage)
         except TypeError as e:
             raise TypeError(f"checking one step: {e}") from e
         except Exception as e:
@@ -111,12 +112,14 @@ class Workbench:
         """The workbench's default Knobs (or `base`) with `changes` applied and validated."""
         return (base or self.defaults).replace(**changes)
 
-    def run(self, knobs: Knobs | None = None, /, *, progress: Progress | None = None,
+    def run(self, knobs: Knobs | None = None, /, *, progress: TrialProgress | Progress | None = None,
             cancel: threading.Event | None = None, **changes: Any) -> TrialResult:
         """Run one measured trial (blocking) and append it to `results`.
 
         `bench.run(num_workers=2, amp="bf16")` changes the defaults; `bench.run(knobs)` runs a
-        Knobs value as is. A failing trial returns with its status; Ctrl-C is recorded, then
+        Knobs value as is. `progress` is a TrialProgress to store into, or a callable
+        `(phase, done, total)` called from its own thread at most 4 times a second (never inside
+        the measured loop). A failing trial returns with its status; Ctrl-C is recorded, then
         re-raised.
         """
         k = self.knobs(knobs, **changes)
@@ -126,8 +129,10 @@ class Workbench:
             # Every trial runs on the one trial thread, whoever asks (a cell, the panel, the CLI):
             # each thread that calls into torch gets its own OpenMP pool, and two pools spinning
             # on two cores made the same knobs measure 5x apart depending on the caller.
+            state = progress if isinstance(progress, TrialProgress) or progress is None else TrialProgress()
+            poller = None if state is progress else Poller(state, progress).start()  # UI off the trial thread
             future = trial_thread().submit(run_trial, self.workload, k, warmup_steps=self.warmup_steps,
-                                           steps=self.steps, progress=progress, cancel=stop,
+                                           steps=self.steps, progress=state, cancel=stop,
                                            loader_timeout_s=self.loader_timeout_s)
             try:
                 return self.log.append(_wait(future))
@@ -144,6 +149,9 @@ class Workbench:
                     future.add_done_callback(lambda f: self.log.append(_outcome(f)))
                     raise
                 raise TrialInterrupted(self.log.append(result)) from None
+            finally:
+                if poller is not None:
+                    poller.stop()  # the final state, from this thread
 
     @property
     def trials(self) -> list[TrialResult]:
@@ -198,7 +206,7 @@ class Workbench:
 
     def fit_memory(self, budget_bytes: int, effective_batch: int, **kwargs: Any) -> Any:
         """A configuration within `budget_bytes` at `effective_batch` samples per optimizer step."""
-        from .tune import fit_memory
+        from .fit import fit_memory
 
         return fit_memory(self, budget_bytes=budget_bytes, effective_batch=effective_batch, **kwargs)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import textwrap
 
-from .knobs import Knobs
+from .knobs import Knobs, code_sections
 
 AMP_DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 
@@ -23,8 +23,12 @@ def _identifier(name: str, what: str) -> str:
 
 def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset", loss_fn: str = "loss_fn",
                   optimizer: str = "make_optimizer", steps: int = 100, shuffle: bool = True,
-                  drop_last: bool = False) -> str:
-    """Python source of a training loop for `steps` optimizer steps under these knobs."""
+                  drop_last: bool = False, seed: int | None = None) -> str:
+    """Python source of a training loop for `steps` optimizer steps under these knobs.
+
+    With `seed`, the loop seeds torch and the loader's shuffle the way a trial does (same batches
+    in the same order as `run_trial` with `Workbench(seed=...)`).
+    """
     if not isinstance(knobs, Knobs):
         raise TypeError(f"knobs_to_code takes a Knobs value, got {type(knobs).__name__}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -47,16 +51,19 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     ]
     if k.checkpoint:
         out.append("from torch.utils.checkpoint import checkpoint")
+    extra = code_sections(k)  # what each knob's declaration adds (knobs.py)
+    out += extra["imports"]
     out += ["", 'device = torch.device("cuda" if torch.cuda.is_available() else "cpu")']
-    if k.cpu_threads is not None:
-        out.append(f"torch.set_num_threads({k.cpu_threads})  # main-process compute threads")
-    if k.matmul_precision != "highest":
-        out.append(f'torch.set_float32_matmul_precision("{k.matmul_precision}")  # TF32/bf16 matmuls for float32')
+    if seed is not None:
+        out.append(f"torch.manual_seed({int(seed)})  # the workbench's seed: same data order as the trial")
+    out += extra["setup"]
 
     # ---- data -------------------------------------------------------------------------------
     loader_args = [ds, f"batch_size={k.batch_size}", f"shuffle={shuffle}"]
     if drop_last:
         loader_args.append("drop_last=True")
+    if seed is not None:
+        loader_args.append(f"generator=torch.Generator().manual_seed({int(seed)})")
     if k.num_workers:
         loader_args.append(f"num_workers={k.num_workers}")
         if k.persistent_workers:
@@ -71,7 +78,9 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     out += ["", f"{m} = {m}.to(device)"]
     if k.channels_last:
         out.append(f"{m} = {m}.to(memory_format=torch.channels_last)  # NHWC for convolutions")
+    out += extra["model"]
     if k.checkpoint:
+        ckpt_args = "".join(f"{a}, " for a in extra["checkpoint_args"])
         out += [
             "",
             "",
@@ -80,7 +89,7 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
             "    def run(*args, **kwargs):",
             "        if not torch.is_grad_enabled():",
             "            return forward(*args, **kwargs)",
-            "        return checkpoint(forward, *args, use_reentrant=False, **kwargs)",
+            f"        return checkpoint(forward, *args, use_reentrant=False, {ckpt_args}**kwargs)",
             "    return run",
             "",
             "",
@@ -89,6 +98,7 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
             "    block.forward = checkpointed(block.forward)",
         ]
     out.append(f"optimizer = {opt}({m}.parameters())")
+    out += extra["optimizer"]
     if k.compile != "off":
         mode = "" if k.compile == "default" else f', mode="{k.compile}"'
         out.append(f"step_model = torch.compile({m}{mode})  # first steps compile (seconds to minutes)")

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from . import compat
 from .knobs import Knobs
 
 STATUSES = ("ok", "oom", "error", "nan", "interrupted")
@@ -158,15 +159,10 @@ def profile_peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
         with _quiet_stderr():
             prof.stop()
     try:
-        events = [
-            e
-            for e in prof.profiler.kineto_results.events()
-            if e.name() == "[memory]" and e.device_type() == _profiler_device(device)
-        ]
-        events.sort(key=lambda e: e.start_ns())
+        events = sorted(compat.memory_events(prof, device.type))  # (time ns, +alloc / -free bytes)
         current = peak = 0
-        for e in events:
-            current += e.nbytes()  # positive = allocation, negative = free
+        for _, nbytes in events:
+            current += nbytes
             peak = max(peak, current)
         return peak
     finally:
@@ -213,10 +209,6 @@ def release_free_memory() -> None:
         libc.malloc_trim(0)
 
 
-def _profiler_device(device: torch.device) -> Any:
-    return torch.autograd.DeviceType.CPU if device.type == "cpu" else torch.autograd.DeviceType.CUDA
-
-
 def environment(device: torch.device) -> dict[str, Any]:
     """What a number depends on: versions, device, cores, threads."""
     if device.type == "cuda":
@@ -247,7 +239,7 @@ def _cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
-def _fmt_bytes(n: float | None) -> str:
+def fmt_bytes(n: float | None) -> str:
     if n is None:
         return "n/a"
     for unit in ("B", "KB", "MB", "GB"):
@@ -303,7 +295,7 @@ class TrialResult:
             f"{self.samples_per_s:,.1f} samples/s ±{noise * 100:.0f}%",
             f"step {self.step_time_s * 1e3:.1f} ms",
             f"data-wait {self.data_wait_share * 100:.0f}%",
-            f"peak {_fmt_bytes(self.peak_memory_bytes)}",
+            f"peak {fmt_bytes(self.peak_memory_bytes)}",
             self.status if self.ok else f"{self.status.upper()}: {self.message}",
         ]
         return f"<{head} " + " | ".join(parts) + f" | {self.knobs}>"

@@ -1,8 +1,11 @@
 """run_trial: one honest measured run of the user's training step under one set of Knobs.
 
-    fresh model copy + seeded loader  ->  warm-up steps (not measured; the last one is profiled
-    for peak memory on CPU)  ->  sync  ->  N measured optimizer steps  ->  sync  ->  TrialResult
+    build (fresh model copy, wrappers, seeded loader)  ->  warm-up steps (not measured; the last one
+    is profiled for peak memory on CPU)  ->  sync  ->  measured window of N optimizer steps  ->
+    sync  ->  derive (a pure function of the raw samples)  ->  TrialResult
 
+The step itself lives in step.py (BatchSource + TrainStep); this module only times it. Progress
+is three attribute stores per step into a TrialProgress; UIs read it from their own thread.
 Every failure (OOM, an exception in user code, NaN loss, a stop request) ends the trial with a
 status and a message instead of propagating; KeyboardInterrupt is recorded, then re-raised as
 TrialInterrupted so the notebook cell still stops.
@@ -11,21 +14,23 @@ TrialInterrupted so the notebook cell still stops.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import functools
 import gc
 import math
-import random
 import statistics
 import threading
 import time
 import traceback
-import typing
 import warnings
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
 from . import apply
+from .compat import CompileWatch
 from .knobs import Knobs, device_notes
 from .measure import (
     FOREIGN_LOAD_LIMIT,
@@ -34,16 +39,20 @@ from .measure import (
     TrialResult,
     environment,
     live_tensor_bytes,
+    memory_meter,
     now_iso,
     profile_peak_bytes,
     release_free_memory,
     summarize,
     sync,
 )
-from .workload import Workload, batch_size_of, move_to
+from .progress import Poller, TrialProgress
+from .step import BatchSource, LossBuffer, Stage, TrainStep, seeded
+from .workload import Workload
 
-Progress = Callable[[str, int, int], None]  # (phase, steps done, steps total)
+Progress = Callable[[str, int, int], None]  # (phase, steps done, steps total), called by a Poller
 NOISY = 0.10  # IQR / median above this gets a "noisy" note
+T = TypeVar("T")
 
 
 class TrialInterrupted(KeyboardInterrupt):
@@ -54,19 +63,29 @@ class TrialInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-class _Stopped(Exception):
+class Stopped(Exception):
     """Raised at a step boundary when the caller's cancel event is set."""
 
 
-class _Stage:
-    """Where the trial is, so a failure can say which part of the user's code raised, and when."""
+@dataclass
+class RawTrial:
+    """Everything a trial measured, before any statistic: the input of `derive`."""
 
-    name = "setup"  # setup | data | model | loss | step_fn | backward | optimizer
-    phase = "setup"  # setup | warm-up | measured
-    step = 0  # 1-based step within the phase
-
-    def when(self) -> str:
-        return "while setting up" if self.phase == "setup" else f"at {self.phase} step {self.step}"
+    warmup_steps: int
+    steps: int
+    startup_s: float  # loader start until the first batch is on the device
+    warm_times_s: list[float]  # per warm-up step (the memory-probe step excluded)
+    warmup_wall_s: float
+    probe_s: float  # the profiled warm-up step (CPU memory probe), 0 if none
+    step_times_s: list[float]  # measured window, per optimizer step
+    waits_s: list[float]  # host time blocked on data, per step
+    losses: list[float]  # per step, mean over its micro-batches
+    samples: int  # samples consumed in the window
+    wall_s: float  # window wall time, bracketed by device syncs
+    epochs: int  # loader restarts so far
+    foreign_cores: float | None  # cores busy with other processes during the window
+    peak_bytes: int | None
+    compile_info: dict[str, Any] = field(default_factory=dict)
 
 
 def run_trial(
@@ -75,70 +94,260 @@ def run_trial(
     *,
     warmup_steps: int = 5,
     steps: int = 30,
-    progress: Progress | None = None,
+    progress: TrialProgress | Progress | None = None,
     cancel: threading.Event | None = None,
     measure_memory: bool = True,
     loader_timeout_s: float = 120.0,
 ) -> TrialResult:
     """Run warm-up + `steps` measured optimizer steps; never raises for a failing trial.
 
+    `progress` is a TrialProgress (stored into, three attributes per step) or a callable
+    `(phase, done, total)`, which a Poller calls from its own thread at most 4 times a second.
     Raises ValueError for knobs that cannot apply to this workload (unknown block, batch larger
     than the dataset) and TrialInterrupted on KeyboardInterrupt (after recording the result).
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"steps must be >= 1 and warmup_steps >= 0, got steps={steps}, warmup_steps={warmup_steps}")
     check_knobs(workload, knobs)
+    if progress is None or isinstance(progress, TrialProgress):
+        return _run(workload, knobs, warmup_steps, steps, progress or TrialProgress(), cancel, measure_memory,
+                    loader_timeout_s)
+    state = TrialProgress()
+    with Poller(state, progress):
+        return _run(workload, knobs, warmup_steps, steps, state, cancel, measure_memory, loader_timeout_s)
+
+
+def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progress: TrialProgress,
+         cancel: threading.Event | None, measure_memory: bool, loader_timeout_s: float) -> TrialResult:
     device = workload.device
     notes = device_notes(knobs, device.type, has_conv=workload.has_conv)
     for note in notes:
         if note.startswith("amp='fp16' on CPU"):
-            warnings.warn(note, stacklevel=3)  # a trap worth more than a quiet note
+            warnings.warn(note, stacklevel=4)  # a trap worth more than a quiet note
     started = now_iso()
-    stage = _Stage()
-    state: dict[str, Any] = {}  # every object that holds memory or processes, freed in `finally`
-    report = progress or (lambda phase, done, total: None)
+    stage = Stage()
     total = warmup_steps + steps
+    failed = False
     try:
-        with apply.process_settings(knobs), _seeded(workload.seed):
+        with contextlib.ExitStack() as stack:  # every object that holds memory or processes
+            stack.enter_context(apply.process_settings(knobs))
+            stack.enter_context(seeded(workload.seed))
             env = environment(device)
-            result = _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memory,
-                              loader_timeout_s, stage, state, notes)
-            return TrialResult(knobs=knobs, env=env, started_at=started, **result)
+            step, source = build(workload, knobs, stage, stack, loader_timeout_s)
+            with CompileWatch(enabled=knobs.compile != "off") as watch:
+                progress.set("starting workers" if knobs.num_workers else "loading data", 0, total)
+                startup_s = first_batch(source)
+                warm = warm_up(step, source, warmup_steps, stage, progress, total, cancel,
+                               measure_memory=measure_memory)
+                raw = measure_window(step, source, warmup_steps, steps, stage, progress, cancel,
+                                     measure_memory=measure_memory)
+            raw.startup_s = startup_s
+            raw.warm_times_s, raw.warmup_wall_s, raw.probe_s = warm[0], warm[1], warm[2]
+            if raw.peak_bytes is None:
+                raw.peak_bytes = warm[3]
+            raw.compile_info = watch.info
+            notes += [n for n in source.notes + step.notes if n not in notes]
+            if measure_memory and memory_meter(device.type) is None:
+                notes.append(f"peak memory is not measured on {device.type} (no peak counter there)")
+        fields_, more_notes = derive(raw, knobs)
+        return TrialResult(knobs=knobs, env=env, started_at=started, notes=tuple(notes + more_notes), **fields_)
     except KeyboardInterrupt as e:
-        state["failed"] = True
+        failed = True
         res = _failure(knobs, "interrupted", f"interrupted by the user {stage.when()}", stage, e, notes, started, device)
         raise TrialInterrupted(res) from None
-    except _Stopped:
-        state["failed"] = True
+    except Stopped:
+        failed = True
         return _failure(knobs, "interrupted", f"stopped by the user {stage.when()}", stage, None, notes, started, device)
     except Exception as e:  # a failing trial is a result, whatever raised
-        state["failed"] = True
+        failed = True
         if "DataLoader worker" in str(e) or "DataLoader timed out" in str(e):
             stage.name = "data"  # raised asynchronously (SIGCHLD handler / timeout), wherever we were
-        status = "oom" if _is_oom(e) else "error"
+        status = "oom" if is_oom(e) else "error"
         return _failure(knobs, status, _message(status, e, stage, knobs), stage, e, notes, started, device)
     finally:
-        apply.shutdown_loader(state.get("loader"), state.get("iterator"))
-        apply.remove_checkpointing(state.get("model"), knobs.checkpoint)  # breaks a reference cycle
-        failed = state.get("failed", False)
-        state.clear()
         if failed or knobs.compile != "off":
             gc.collect()  # tracebacks and compiled graphs hold cycles; plain trials free by refcount
         release_free_memory()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        report("done", total, total)
+        progress.set("done", total, total)
+
+
+# ---- the four phases ----------------------------------------------------------------------------
+def build(workload: Workload, knobs: Knobs, stage: Stage, stack: contextlib.ExitStack,
+          loader_timeout_s: float) -> tuple[TrainStep, BatchSource]:
+    """A fresh TrainStep and BatchSource, registered on `stack` for cleanup (workers, wrappers)."""
+    step = stack.enter_context(TrainStep(workload, knobs, stage=stage))
+    source = stack.enter_context(BatchSource(workload, knobs, timeout_s=loader_timeout_s, stage=stage))
+    return step, source
+
+
+def first_batch(source: BatchSource) -> float:
+    """Start the loader and fetch the first batch (kept for the first step); seconds it took."""
+    t0 = time.perf_counter()
+    first = source.next()
+    sync(source.device)
+    startup_s = time.perf_counter() - t0
+    source.push_back(first)  # the first batch is consumed by the first step
+    return startup_s
+
+
+def warm_up(step: TrainStep, source: BatchSource, n: int, stage: Stage, progress: TrialProgress, total: int,
+            cancel: threading.Event | None, *, measure_memory: bool) -> tuple[list[float], float, float, int | None]:
+    """`n` unmeasured steps (compile, allocator growth, worker pipelines fill).
+
+    Returns (per-step seconds, wall seconds, probe seconds, peak bytes): on CPU the last warm-up
+    step runs under the profiler's memory events to find the step's peak tensor memory.
+    """
+    device = step.device
+    peak_bytes = None
+    probe_s = 0.0
+    times: list[float] = []
+    t_warm = time.perf_counter()
+    for i in range(n):
+        stage.phase, stage.step = "warm-up", i + 1
+        progress.set("compiling" if step.knobs.compile != "off" and i == 0 else "warming up", i, total)
+        tw = time.perf_counter()
+        if measure_memory and memory_meter(device.type) == "profiler" and i == n - 1:
+            params = list(step.model.parameters())
+            before = live_tensor_bytes(params, [p.grad for p in params], step.optimizer.state, source.cached)
+            peak_bytes = before + profile_peak_bytes(lambda: step(source), device)
+            probe_s = time.perf_counter() - tw
+        else:
+            step(source)
+            sync(device)
+            times.append(time.perf_counter() - tw)
+        _check_cancel(cancel)
+    return times, time.perf_counter() - t_warm, probe_s, peak_bytes
+
+
+def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, steps: int, stage: Stage,
+                   progress: TrialProgress, cancel: threading.Event | None, *, measure_memory: bool) -> RawTrial:
+    """The measured window: `steps` optimizer steps bracketed by device syncs; raw samples only."""
+    device = step.device
+    total = warmup_steps + steps
+    progress.set("measuring", warmup_steps, total)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    losses = LossBuffer(steps, device)  # device memory the step does not own (CUDA graphs)
+    waits: list[float] = []
+    samples = 0
+    clock = StepClock(device)
+    sync(device)
+    load = CpuLoad()
+    t_start = time.perf_counter()
+    clock.mark()
+    for i in range(steps):
+        stage.phase, stage.step = "measured", i + 1
+        out = step(source, losses, i)
+        clock.mark()  # CUDA: an event after the optimizer step; CPU: perf_counter
+        samples += out.samples
+        waits.append(out.wait_s)
+        progress.set("measuring", warmup_steps + i + 1, total)
+        _check_cancel(cancel)
+    sync(device)
+    wall = time.perf_counter() - t_start
+    foreign = load.foreign_cores()
+    peak = (torch.cuda.max_memory_allocated(device)
+            if measure_memory and memory_meter(device.type) == "allocator" else None)
+    return RawTrial(warmup_steps=warmup_steps, steps=steps, startup_s=0.0, warm_times_s=[], warmup_wall_s=0.0,
+                    probe_s=0.0, step_times_s=clock.durations_s(), waits_s=waits,
+                    losses=losses.values(divide_by=step.knobs.accum_steps),  # the one device->host read
+                    samples=samples, wall_s=wall, epochs=source.epochs, foreign_cores=foreign, peak_bytes=peak)
+
+
+def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
+    """TrialResult fields and notes from the raw samples: a pure function (no clocks, no torch)."""
+    notes: list[str] = []
+    median, iqr = summarize(raw.step_times_s)
+    noise = iqr / median if median else 0.0
+    if noise > NOISY:
+        notes.append(f"noisy: step times spread {noise:.0%} (IQR/median); repeat before trusting a small difference")
+    if raw.foreign_cores is not None and raw.foreign_cores > FOREIGN_LOAD_LIMIT:
+        notes.append(f"disturbed: other processes kept {raw.foreign_cores:.2f} cores busy during the measurement")
+    if raw.epochs and not knobs.persistent_workers and knobs.num_workers:
+        which = "an epoch boundary" if raw.epochs == 1 else f"{raw.epochs} epoch boundaries"
+        notes.append(f"{which} in the window re-forked the workers (persistent_workers=True avoids it)")
+    steady = statistics.median(raw.step_times_s)  # compile_s = warm-up time beyond steady-state steps
+    warm = raw.warm_times_s
+    compile_s = max(0.0, sum(warm) - steady * len(warm)) if warm else 0.0
+    status, message = "ok", ""
+    bad = [i for i, x in enumerate(raw.losses) if not math.isfinite(x)]
+    if bad:
+        status = "nan"
+        message = (f"loss became {raw.losses[bad[0]]} at measured step {bad[0] + 1}: lower the learning "
+                   "rate, clip gradients, check input normalisation"
+                   + ("; with fp16 keep the GradScaler (it is on)" if knobs.amp == "fp16" else ""))
+    extra: dict[str, Any] = {"epochs": raw.epochs, "warmup_steps": raw.warmup_steps, "wall_s": raw.wall_s,
+                             "foreign_cores": raw.foreign_cores, "warmup_wall_s": raw.warmup_wall_s,
+                             "memory_probe_s": raw.probe_s}
+    info = raw.compile_info
+    if info:
+        extra["compile"] = info
+        if info.get("graph_breaks"):
+            notes.append(f"torch.compile: {info['graph_breaks']} graph break(s); see bench.diagnose()")
+        if info.get("recompiles"):
+            notes.append(f"torch.compile: {info['recompiles']} recompile(s) (dynamic shapes?)")
+    fields_ = dict(
+        status=status,
+        message=message,
+        samples_per_s=raw.samples / raw.wall_s,
+        step_time_s=median,
+        step_time_iqr_s=iqr,
+        step_times_s=tuple(raw.step_times_s),
+        data_wait_s=tuple(raw.waits_s),
+        data_wait_share=min(1.0, sum(raw.waits_s) / raw.wall_s),
+        peak_memory_bytes=raw.peak_bytes,
+        startup_s=raw.startup_s,
+        compile_s=compile_s,
+        samples_per_step=round(raw.samples / raw.steps),
+        losses=tuple(raw.losses),
+        extra=extra,
+    )
+    return fields_, notes
+
+
+def _check_cancel(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Stopped
 
 
 _TRIAL_THREAD: concurrent.futures.ThreadPoolExecutor | None = None
+TRIAL_THREAD_NAME = "workbench-trial"
 
 
 def trial_thread() -> concurrent.futures.ThreadPoolExecutor:
     """The single thread every Workbench runs its trials on (one at a time, one OpenMP pool)."""
     global _TRIAL_THREAD
     if _TRIAL_THREAD is None:
-        _TRIAL_THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="workbench-trial")
+        _TRIAL_THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=TRIAL_THREAD_NAME)
     return _TRIAL_THREAD
+
+
+def on_trial_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call `fn` on the trial thread and return its result (directly if already there).
+
+    Every thread that calls into torch gets its own OpenMP pool; analyses that run training steps
+    go through here so they share the trial's pool instead of competing with it.
+    """
+    if threading.current_thread().name.startswith(TRIAL_THREAD_NAME):
+        return fn(*args, **kwargs)
+    future = trial_thread().submit(fn, *args, **kwargs)
+    while True:  # wake every 0.1 s so a Ctrl-C in the caller's thread is seen
+        try:
+            return future.result(timeout=0.1)
+        except concurrent.futures.TimeoutError:
+            continue
+
+
+def trial_threaded(fn: Callable[..., T]) -> Callable[..., T]:
+    """Decorator: the function always runs on the trial thread (see `on_trial_thread`)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        return on_trial_thread(fn, *args, **kwargs)
+
+    return wrapper
 
 
 def check_knobs(workload: Workload, knobs: Knobs) -> None:
@@ -158,225 +367,10 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
         )
 
 
-def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memory, loader_timeout_s,
-             stage, state, notes) -> dict[str, Any]:
-    device = workload.device
-    non_blocking = knobs.pin_memory and device.type == "cuda"
-    total = warmup_steps + steps
-
-    # ---- build: fresh model, wrappers, optimizer, loader -----------------------------------
-    stage.name = "setup"
-    model = workload.fresh_model()
-    if knobs.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    apply.apply_checkpointing(model, knobs.checkpoint, workload.blocks)
-    stage.name = "optimizer"
-    optimizer = workload.check_optimizer(model)
-    model.train()
-    step_model = apply.compile_model(model, knobs, device)
-    scaler = apply.grad_scaler(knobs, device)
-    state.update(model=model, optimizer=optimizer, step_model=step_model)
-
-    report("starting workers" if knobs.num_workers else "loading data", 0, total)
-    loader = apply.build_loader(workload.spec, knobs, seed=workload.seed, device=device,
-                                timeout_s=loader_timeout_s if knobs.num_workers else 0)
-    state["loader"] = loader
-    epochs = 0
-    cached: list[Any] = []
-
-    def next_batch() -> Any:
-        nonlocal epochs
-        if cached:
-            return cached[0]
-        stage.name = "data"
-        try:
-            batch = next(state["iterator"])
-        except StopIteration:
-            epochs += 1  # an epoch boundary: non-persistent workers are re-forked here
-            state["iterator"] = apply.start_iterator(loader)
-            try:
-                batch = next(state["iterator"])
-            except StopIteration:
-                raise ValueError("the data loader yields no batches: the dataset is empty or shorter than one batch with drop_last") from None
-        batch = move_to(batch, device, non_blocking=non_blocking, channels_last=knobs.channels_last)
-        if knobs.data == "cached":
-            cached.append(batch)  # the short-circuit test: one batch, already on the device
-        return batch
-
-    t0 = time.perf_counter()
-    state["iterator"] = apply.start_iterator(loader)
-    first = next_batch()
-    sync(device)
-    startup_s = time.perf_counter() - t0
-    pending = [first]  # the first batch is consumed by the first step
-
-    def get_batch() -> Any:
-        return pending.pop() if pending else next_batch()
-
-    def one_step(losses: list[torch.Tensor] | None, waits: list[float] | None) -> None:
-        """One optimizer step = accum_steps micro-batches; appends its loss and data wait."""
-        wait = 0.0
-        step_loss = None
-        for _ in range(knobs.accum_steps):
-            tw = time.perf_counter()
-            batch = get_batch()
-            wait += time.perf_counter() - tw  # host time blocked on data (includes the H2D copy)
-            state["samples"] = state.get("samples", 0) + batch_size_of(batch)
-            with apply.autocast(knobs, device):
-                loss = workload.compute_loss(step_model, batch, stage)
-            _check_loss(loss, stage)
-            stage.name = "backward"
-            scaled = loss / knobs.accum_steps if knobs.accum_steps > 1 else loss  # no extra op at k=1
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
-            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-        stage.name = "optimizer"
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if losses is not None:
-            losses.append(step_loss)  # stays on the device: no sync; averaged once at the end
-        if waits is not None:
-            waits.append(wait)
-        if cancel is not None and cancel.is_set():
-            raise _Stopped
-
-    # ---- warm-up: compile, allocator growth, worker pipelines fill; not measured -----------
-    peak_bytes = None
-    probe_s = 0.0
-    warm_times: list[float] = []
-    watch = _compile_watch(knobs)  # graph breaks, recompiles, fallbacks of a compiled trial
-    watch.__enter__()
-    t_warm = time.perf_counter()
-    for i in range(warmup_steps):
-        stage.phase, stage.step = "warm-up", i + 1
-        report("compiling" if knobs.compile != "off" and i == 0 else "warming up", i, total)
-        probe = measure_memory and device.type == "cpu" and i == warmup_steps - 1
-        tw = time.perf_counter()
-        if probe:
-            before = live_tensor_bytes(list(model.parameters()), [p.grad for p in model.parameters()],
-                                       optimizer.state, cached)
-            peak_bytes = before + profile_peak_bytes(lambda: one_step(None, None), device)
-            probe_s = time.perf_counter() - tw
-        else:
-            one_step(None, None)
-            sync(device)
-            warm_times.append(time.perf_counter() - tw)
-
-    warmup_wall_s = time.perf_counter() - t_warm
-
-    # ---- the measured window, bracketed by device syncs ------------------------------------
-    report("measuring", warmup_steps, total)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    sync(device)
-    state["samples"] = 0
-    losses: list[torch.Tensor] = []
-    waits: list[float] = []
-    clock = StepClock(device)
-    load = CpuLoad()
-    t_start = time.perf_counter()
-    clock.mark()
-    for i in range(steps):
-        stage.phase, stage.step = "measured", i + 1
-        one_step(losses, waits)
-        clock.mark()  # CUDA: an event after the optimizer step; CPU: perf_counter
-        report("measuring", warmup_steps + i + 1, total)
-    sync(device)
-    wall = time.perf_counter() - t_start
-    foreign = load.foreign_cores()
-    step_times = clock.durations_s()
-    # the one device->host read of the losses (each summed over its micro-batches)
-    loss_values = (torch.stack(losses).float() / knobs.accum_steps).cpu().tolist()
-    if device.type == "cuda" and measure_memory:
-        peak_bytes = torch.cuda.max_memory_allocated(device)
-    samples = state["samples"]
-    watch.__exit__(None, None, None)  # only on success: a failed trial reports its exception instead
-
-    # ---- derive statistics from the raw samples --------------------------------------------
-    median, iqr = summarize(step_times)
-    noise = iqr / median if median else 0.0
-    if noise > NOISY:
-        notes.append(f"noisy: step times spread {noise:.0%} (IQR/median); repeat before trusting a small difference")
-    if foreign is not None and foreign > FOREIGN_LOAD_LIMIT:
-        notes.append(f"disturbed: other processes kept {foreign:.2f} cores busy during the measurement")
-    if epochs and not knobs.persistent_workers and knobs.num_workers:
-        which = "an epoch boundary" if epochs == 1 else f"{epochs} epoch boundaries"
-        notes.append(f"{which} in the window re-forked the workers (persistent_workers=True avoids it)")
-    steady = statistics.median(step_times)  # compile_s = warm-up time beyond steady-state steps
-    compile_s = max(0.0, sum(warm_times) - steady * len(warm_times)) if warm_times else 0.0
-    status, message = "ok", ""
-    bad = [i for i, x in enumerate(loss_values) if not math.isfinite(x)]
-    if bad:
-        status = "nan"
-        message = (f"loss became {loss_values[bad[0]]} at measured step {bad[0] + 1}: lower the learning "
-                   "rate, clip gradients, check input normalisation"
-                   + ("; with fp16 keep the GradScaler (it is on)" if knobs.amp == "fp16" else ""))
-    extra = {"epochs": epochs, "warmup_steps": warmup_steps, "wall_s": wall, "foreign_cores": foreign,
-             "warmup_wall_s": warmup_wall_s, "memory_probe_s": probe_s}
-    if watch.info:
-        extra["compile"] = watch.info
-        if watch.info.get("graph_breaks"):
-            notes.append(f"torch.compile: {watch.info['graph_breaks']} graph break(s); see bench.diagnose()")
-        if watch.info.get("recompiles"):
-            notes.append(f"torch.compile: {watch.info['recompiles']} recompile(s) (dynamic shapes?)")
-    return dict(
-        status=status,
-        message=message,
-        samples_per_s=samples / wall,
-        step_time_s=median,
-        step_time_iqr_s=iqr,
-        step_times_s=tuple(step_times),
-        data_wait_s=tuple(waits),
-        data_wait_share=min(1.0, sum(waits) / wall),
-        peak_memory_bytes=peak_bytes,
-        startup_s=startup_s,
-        compile_s=compile_s,
-        samples_per_step=round(samples / steps),
-        losses=tuple(loss_values),
-        notes=tuple(notes),
-        extra=extra,
-    )
-
-
-def _compile_watch(knobs: Knobs) -> Any:
-    """CompileWatch for compiled trials (imported lazily: plain trials never load dynamo)."""
-    if knobs.compile == "off":
-        return _NoWatch()
-    from .diagnose.compile import CompileWatch
-
-    return CompileWatch(enabled=True)
-
-
-class _NoWatch:
-    """Stands in for CompileWatch when nothing is compiled."""
-
-    info: typing.ClassVar[dict] = {}
-
-    def __enter__(self) -> _NoWatch:
-        return self
-
-    def __exit__(self, *exc: object) -> bool:
-        return False
-
-
-def _check_loss(loss: Any, stage: _Stage) -> None:
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise TypeError(
-            f"the loss must be a scalar tensor, got {shape}: reduce it (loss_fn with reduction='mean', "
-            "or return loss.mean() from step_fn)"
-        )
-    if not loss.requires_grad:
-        raise TypeError("the loss does not require grad: it is not computed from the model's trainable parameters")
-
-
 _OOM_TEXT = ("out of memory", "can't allocate memory", "DefaultCPUAllocator", "not enough memory")
 
 
-def _is_oom(e: BaseException) -> bool:
+def is_oom(e: BaseException) -> bool:
     if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(e, RuntimeError) and any(t in str(e) for t in _OOM_TEXT)
@@ -393,9 +387,12 @@ _WHERE = {
 }
 
 
-def _message(status: str, e: BaseException, stage: _Stage, knobs: Knobs) -> str:
+def _message(status: str, e: BaseException, stage: Stage, knobs: Knobs) -> str:
     where = _WHERE.get(stage.name, f"in {stage.name}")
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if stage.name == "data" and knobs.num_workers and isinstance(e, (ConnectionError, EOFError)):
+        # a worker killed mid-send: the pipe breaks before torch notices the dead process
+        text = f"a DataLoader worker exited while sending a batch ({text or type(e).__name__})"
     if status == "oom":
         hint = "try amp='bf16', a smaller batch_size with accum_steps, or checkpoint the largest blocks"
         return f"out of memory {where} {stage.when()}: {hint}"
@@ -418,32 +415,3 @@ def _failure(knobs, status, message, stage, exc, notes, started, device) -> Tria
                        env=environment(device), started_at=started, where=stage.name, traceback=tb)
 
 
-class _seeded:
-    """Seed torch/random/numpy for the trial and restore the caller's RNG states afterwards."""
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-
-    def __enter__(self) -> None:
-        self._torch = torch.random.get_rng_state()
-        self._cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        self._py = random.getstate()
-        try:
-            import numpy as np
-
-            self._np = np.random.get_state()
-            np.random.seed(self.seed)
-        except ImportError:
-            self._np = None
-        random.seed(self.seed)
-        torch.manual_seed(self.seed)
-
-    def __exit__(self, *exc: object) -> None:
-        torch.random.set_rng_state(self._torch)
-        if self._cuda is not None:
-            torch.cuda.set_rng_state_all(self._cuda)
-        random.setstate(self._py)
-        if self._np is not None:
-            import numpy as np
-
-            np.random.set_state(self._np)

@@ -1,7 +1,7 @@
 """Compile diagnostics: what torch.compile did during a block of code, and why it may not pay.
 
-`CompileWatch` snapshots dynamo's process-wide counters and compilation metrics on entry and
-stores the difference on exit as a JSON-safe dict (graphs compiled, graph breaks and their
+`CompileWatch` (kept in compat.py: it reads dynamo's private counters) snapshots dynamo's
+process-wide counters and compilation metrics on entry and stores the difference on exit as a JSON-safe dict (graphs compiled, graph breaks and their
 reasons, recompiles and their reasons, frames that failed and fell back to eager). The runner
 wraps a compiled trial's warm-up + measurement in it and keeps `.info` as
 `result.extra["compile"]`; `explain_compile` turns that into plain sentences.
@@ -9,99 +9,11 @@ wraps a compiled trial's warm-up + measurement in it and keeps `.info` as
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-MAX_REASONS = 10  # reasons kept per list (a model can break on every layer)
+from ..compat import CompileWatch
 
-
-def _counters() -> dict[str, dict[str, int]]:
-    """A plain copy of dynamo's counters (empty when dynamo cannot be imported)."""
-    try:
-        from torch._dynamo.utils import counters
-    except Exception:
-        return {}
-    return {k: dict(v) for k, v in counters.items()}
-
-
-def _metrics_since(start_us: int) -> list[Any]:
-    """Dynamo compilation records that started after `start_us` (microseconds since the epoch)."""
-    try:
-        from torch._dynamo.utils import get_compilation_metrics
-    except Exception:
-        return []
-    return [m for m in get_compilation_metrics() if (getattr(m, "start_time_us", None) or 0) >= start_us]
-
-
-def _first_line(text: Any) -> str:
-    lines = [s.strip() for s in str(text).strip().splitlines() if s.strip()]
-    return lines[0][:200] if lines else ""
-
-
-class CompileWatch:
-    """Context manager: `.info` holds what dynamo compiled inside the block (filled on exit).
-
-    `with CompileWatch(enabled=knobs.compile != "off") as watch: ...`; disabled, it does nothing
-    and `.info` stays {}. It never raises out of `__exit__`: a failure to read torch internals
-    becomes `info["errors"]`.
-    """
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = bool(enabled)
-        self.info: dict[str, Any] = {}
-        self._before: dict[str, dict[str, int]] = {}
-        self._start_us = 0
-        self._t0 = 0.0
-
-    def __enter__(self) -> CompileWatch:
-        if self.enabled:
-            try:
-                self._before = _counters()
-                self._start_us = time.time_ns() // 1000
-                self._t0 = time.perf_counter()
-            except Exception:  # never let diagnostics break the trial
-                self._before = {}
-        return self
-
-    def __exit__(self, *exc: object) -> bool:
-        if not self.enabled:
-            return False
-        try:
-            self.info = self._collect()
-        except Exception as e:
-            self.info = {"graph_count": 0, "graph_breaks": 0, "break_reasons": [], "recompiles": 0,
-                         "errors": [f"could not read compile statistics: {type(e).__name__}: {e}"]}
-        return False  # exceptions from the block propagate unchanged
-
-    def _collect(self) -> dict[str, Any]:
-        after = _counters()
-
-        def delta(group: str) -> dict[str, int]:
-            old = self._before.get(group, {})
-            return {k: v - old.get(k, 0) for k, v in after.get(group, {}).items() if v - old.get(k, 0) > 0}
-
-        breaks = delta("graph_break")  # {reason text: count}
-        metrics = _metrics_since(self._start_us)
-        recompile_reasons = [_first_line(m.recompile_reason) for m in metrics if getattr(m, "recompile_reason", None)]
-        failures = [f"{m.fail_type}: {_first_line(m.fail_reason)}" for m in metrics if getattr(m, "fail_type", None)]
-        frames = delta("frames")
-        info: dict[str, Any] = {
-            "graph_count": int(delta("stats").get("unique_graphs", 0)),
-            "graph_breaks": int(sum(breaks.values())),
-            "break_reasons": [_first_line(r) for r in list(breaks)[:MAX_REASONS]],
-            "recompiles": len(recompile_reasons),
-            "recompile_reasons": recompile_reasons[:MAX_REASONS],
-            "frames_compiled": int(frames.get("total", 0)),
-            "frames_ok": int(frames.get("ok", 0)),
-            # dynamo's own time in compilation (tracing + backend); excludes running the graphs
-            "dynamo_compile_s": round(sum(getattr(m, "entire_frame_compile_time_s", None) or 0.0 for m in metrics), 3),
-            "ops_captured": int(sum(getattr(m, "graph_op_count", None) or 0 for m in metrics)),
-            "wall_s": round(time.perf_counter() - self._t0, 3),
-        }
-        if failures:
-            # with suppress_errors these frames ran in eager: the "compiled" model partly is not
-            info["fallback"] = failures[:MAX_REASONS]
-        return info
+__all__ = ["CompileWatch", "explain_compile"]
 
 
 def explain_compile(info: dict[str, Any] | None, *, speedup: float | None = None, device_type: str = "cpu",

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .. import apply
 from ..knobs import Knobs
 from ..measure import TrialResult
 from ..results import Comparison, compare
-from ..workload import Workload, batch_size_of, move_to
+from ..runner import trial_threaded
+from ..step import BatchSource
+from ..workload import Workload, batch_size_of
 
 DATA_WAIT_LIMIT = 0.20  # the seeds' checklist: data loading under 20% of iteration time
 DATA_BOUND_SPEEDUP = 1.10  # cached batch this much faster (beyond noise) => data-bound
@@ -29,6 +30,7 @@ def short_circuit_knobs(knobs: Knobs) -> Knobs:
                          pin_memory=False)
 
 
+@trial_threaded
 def loader_rate(workload: Workload, knobs: Knobs, *, batches: int = 20, max_s: float = 20.0) -> dict[str, float]:
     """The loader alone: samples/s after the first batch (worker start excluded), and start-up s.
 
@@ -36,28 +38,17 @@ def loader_rate(workload: Workload, knobs: Knobs, *, batches: int = 20, max_s: f
     `batches` batches or `max_s` seconds, whichever comes first.
     """
     k = knobs.replace(data="loader")
-    loader = apply.build_loader(workload.spec, k, seed=workload.seed, device=workload.device,
-                                timeout_s=120 if k.num_workers else 0)
-    it = None
-    try:
+    with BatchSource(workload, k, timeout_s=120) as source:
         t0 = time.perf_counter()
-        it = apply.start_iterator(loader)
-        move_to(next(it), workload.device)
+        source.next()
         startup = time.perf_counter() - t0
         n = 0
         t1 = time.perf_counter()
         for _ in range(batches):
-            try:
-                batch = next(it)
-            except StopIteration:  # a short epoch: start another, as training would
-                it = apply.start_iterator(loader)
-                batch = next(it)
-            n += batch_size_of(move_to(batch, workload.device))
+            n += batch_size_of(source.next())  # restarts the loader at an epoch end, as training would
             if time.perf_counter() - t1 > max_s:
                 break
         wall = time.perf_counter() - t1
-    finally:
-        apply.shutdown_loader(loader, it)
     return {"samples_per_s": n / wall if wall > 0 else float("inf"), "startup_s": startup}
 
 

@@ -16,8 +16,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..knobs import Knobs
 from ..measure import TrialResult, sync
+from ..runner import trial_threaded
+from ..step import built
 from ..workload import Workload
-from ._rig import rig
 
 # Dense peak TFLOP/s from vendor data sheets (SXM variants unless named): fp32, tf32, bf16, fp16.
 # None = no tensor-core path for that dtype. Matched by substring of the device name, longest first.
@@ -68,16 +69,18 @@ def measured_matmul_flops(device: torch.device, dtype: str = "fp32", n: int = 10
     return 2 * n**3 / best  # multiply-add = 2 FLOPs
 
 
+@trial_threaded
 def flops_per_step(workload: Workload, knobs: Knobs) -> int:
     """FLOPs of one optimizer step: one micro-batch's forward+backward x accum_steps (eager)."""
-    with rig(workload, knobs) as r:
-        batch = r.next_batch()
+    with built(workload, knobs, label_phases=False) as (step, source):
+        batch = source.next()
         with FlopCounterMode(display=False) as counter:
-            r.forward_backward(batch)
-        r.optimizer.zero_grad(set_to_none=True)
+            step.forward_backward(batch)
+        step.optimizer.zero_grad(set_to_none=True)
     return int(counter.get_total_flops()) * knobs.accum_steps
 
 
+@trial_threaded
 def peak_flops(workload: Workload, knobs: Knobs) -> tuple[float | None, str]:
     """(peak FLOP/s, where it came from) for this device and the knobs' compute dtype."""
     device = workload.device

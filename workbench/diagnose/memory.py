@@ -12,8 +12,9 @@ import torch
 from .. import measure
 from ..knobs import Knobs
 from ..measure import live_tensor_bytes, profile_peak_bytes, sync
+from ..runner import trial_threaded
+from ..step import built
 from ..workload import Workload
-from ._rig import rig
 
 
 def _peak_extra(fn: Callable[[], Any], device: torch.device) -> int | None:
@@ -32,22 +33,23 @@ def _peak_extra(fn: Callable[[], Any], device: torch.device) -> int | None:
     return profile_peak_bytes(fn, device)
 
 
+@trial_threaded
 def memory_breakdown(workload: Workload, knobs: Knobs) -> pd.DataFrame:
     """Bytes by kind at the step's peak (one micro-batch's forward+backward, eager).
 
     Activations = peak extra during forward+backward minus the gradients it creates: what
     autograd saves for backward plus temporaries; checkpointing and AMP shrink it.
     """
-    with rig(workload, knobs) as r:
-        r.step()  # one full step so the optimizer state exists (Adam: 2 tensors per parameter)
-        params = list(r.model.parameters())
-        batch = r.next_batch()
+    with built(workload, knobs, label_phases=False) as (step, source):
+        step(source)  # one full step so the optimizer state exists (Adam: 2 tensors per parameter)
+        params = list(step.model.parameters())
+        batch = source.next()
         param_b = live_tensor_bytes(params)
-        opt_b = live_tensor_bytes(r.optimizer.state)
+        opt_b = live_tensor_bytes(step.optimizer.state)
         batch_b = live_tensor_bytes([batch] if isinstance(batch, torch.Tensor) else batch)
-        peak = _peak_extra(lambda: r.forward_backward(batch), workload.device)
+        peak = _peak_extra(lambda: step.forward_backward(batch), workload.device)
         grad_b = live_tensor_bytes([p.grad for p in params if p.grad is not None])
-        r.optimizer.zero_grad(set_to_none=True)
+        step.optimizer.zero_grad(set_to_none=True)
     act_b = None if peak is None else max(0, peak - grad_b)
     rows = [("parameters", param_b), ("gradients", grad_b), ("optimizer state", opt_b),
             ("activations at peak", act_b), ("input batch", batch_b)]
@@ -60,6 +62,7 @@ def memory_breakdown(workload: Workload, knobs: Knobs) -> pd.DataFrame:
     return df
 
 
+@trial_threaded
 def block_activation_bytes(workload: Workload, knobs: Knobs) -> pd.Series:
     """Bytes autograd saves for backward inside each checkpointable block, largest first.
 
@@ -79,7 +82,7 @@ def block_activation_bytes(workload: Workload, knobs: Knobs) -> pd.Series:
                 saved[stack[-1]] += st.nbytes()
         return t
 
-    with rig(workload, knobs.replace(checkpoint=())) as r:
+    with built(workload, knobs.replace(checkpoint=()), label_phases=False) as (step, source):
         def enter(name: str) -> Callable[..., None]:
             def hook(module: torch.nn.Module, args: Any) -> None:
                 stack.append(name)
@@ -90,13 +93,13 @@ def block_activation_bytes(workload: Workload, knobs: Knobs) -> pd.Series:
 
         handles = []
         for name in workload.blocks:
-            block = r.model.get_submodule(name)
+            block = step.model.get_submodule(name)
             handles.append(block.register_forward_pre_hook(enter(name)))
             handles.append(block.register_forward_hook(leave))
         try:
-            batch = r.next_batch()
+            batch = source.next()
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                r.forward_backward(batch)
+                step.forward_backward(batch)
         finally:
             for h in handles:
                 h.remove()

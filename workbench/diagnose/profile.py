@@ -12,12 +12,14 @@ from torch.profiler import ProfilerActivity, profile
 
 from ..knobs import Knobs
 from ..measure import sync
+from ..runner import trial_threaded
+from ..step import built
 from ..workload import Workload
-from ._rig import rig
 
 STAGES = ("data", "forward", "backward", "optimizer")
 
 
+@trial_threaded
 def profile_step(workload: Workload, knobs: Knobs, *, steps: int = 3, warmup: int = 1,
                  top: int = 15) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(stages, top ops) over `steps` profiled optimizer steps after `warmup` unprofiled ones.
@@ -28,13 +30,13 @@ def profile_step(workload: Workload, knobs: Knobs, *, steps: int = 3, warmup: in
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    with rig(workload, knobs) as r:
+    with built(workload, knobs) as (step, source):
         for _ in range(warmup):
-            r.step()
+            step(source)
         sync(device)
         with profile(activities=activities) as prof:
             for _ in range(steps):
-                r.step()
+                step(source)
             sync(device)  # device work of the last step lands inside the trace
     events = prof.key_averages()
     on_device = device.type == "cuda"

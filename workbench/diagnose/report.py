@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from ..knobs import Knobs
-from ..measure import TrialResult, _fmt_bytes
+from ..measure import TrialResult, fmt_bytes
 from .compile import explain_compile
 from .data import DATA_BOUND_SPEEDUP, DATA_WAIT_LIMIT, DataCheck, check_data, loader_rate, short_circuit_knobs
 from .flops import flops_per_step, mfu_frame, peak_flops
@@ -65,10 +65,10 @@ class Diagnosis:
             out.append(("Top ops by self time", self.ops))
         if self.memory is not None:
             mem = self.memory.copy()
-            mem["size"] = mem["bytes"].map(_fmt_bytes)
+            mem["size"] = mem["bytes"].map(fmt_bytes)
             out.append(("Memory at the peak", mem[["kind", "size", "share"]]))
         if self.block_activations is not None and len(self.block_activations):
-            blocks = self.block_activations.head(8).map(_fmt_bytes).rename("saved for backward")
+            blocks = self.block_activations.head(8).map(fmt_bytes).rename("saved for backward")
             out.append(("Activations by block (checkpoint the largest first)", blocks.to_frame()))
         if self.flops is not None:
             out.append(("FLOPs and MFU", self.flops))

@@ -1,0 +1,89 @@
+"""compat.py: every private torch internal is present in this torch, and each fallback keeps a
+trial running (with a note) when it is gone."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+import torch
+from conftest import SquareDataset
+
+import workbench as wb
+from workbench import compat
+
+
+@pytest.mark.parametrize("name", sorted(compat.PRIVATE))
+def test_private_internal_still_exists(name):
+    gone = compat.missing(name)
+    assert gone is None, (f"torch {torch.__version__} no longer has {gone} (used by compat.{name}): "
+                          "update workbench/compat.py; its fallback keeps trials running meanwhile")
+
+
+def test_missing_names_the_attribute_that_is_gone(monkeypatch):
+    monkeypatch.setitem(compat.PRIVATE, "fake", ("torch.utils.data", "_no_such_helper"))
+    assert compat.missing("fake") == "torch.utils.data._no_such_helper"
+    monkeypatch.setitem(compat.PRIVATE, "fake", ("torch._no_such_module", "x"))
+    assert compat.missing("fake") == "torch._no_such_module"
+
+
+def test_unregister_workers_falls_back_with_a_note(monkeypatch):
+    from torch.utils.data._utils import signal_handling
+
+    monkeypatch.delattr(signal_handling, "_remove_worker_pids")
+
+    class FakeIterator:
+        _worker_pids_set = True
+
+    note = compat.unregister_workers(FakeIterator())
+    assert note and "SIGCHLD" in note
+    assert compat.unregister_workers(object()) is None  # single-process iterators need nothing
+
+
+def test_trial_with_workers_runs_when_the_sigchld_internal_is_gone(make_bench, monkeypatch):
+    from torch.utils.data._utils import signal_handling
+
+    monkeypatch.delattr(signal_handling, "_remove_worker_pids")
+    r = make_bench(data=SquareDataset()).run(num_workers=1)
+    assert r.ok and any("SIGCHLD" in n for n in r.notes)
+    assert psutil.Process().children(recursive=True) == []
+
+
+def test_shutdown_workers_tolerates_iterators_without_the_hook():
+    compat.shutdown_workers(None, None)
+    compat.shutdown_workers(object(), object())
+
+
+def test_memory_events_raise_naming_the_internal():
+    class Moved:
+        profiler = object()
+
+    with pytest.raises(RuntimeError, match="kineto_results"):
+        compat.memory_events(Moved(), "cpu")
+
+
+def test_compile_watch_survives_missing_dynamo_counters(monkeypatch):
+    watch = compat.CompileWatch(enabled=True)
+    monkeypatch.setattr(watch, "counters", lambda: {})
+    monkeypatch.setattr(watch, "metrics_since", lambda start: [])
+    with watch:
+        pass
+    assert watch.info["graph_count"] == 0 and watch.info["graph_breaks"] == 0
+
+
+def test_no_private_torch_access_outside_compat():
+    """Private torch names (torch.x._y or ._private attributes of torch objects) live in compat.py."""
+    import ast
+    from pathlib import Path
+
+    root = Path(wb.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        if path.name == "compat.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torch") and (
+                    any(part.startswith("_") for part in node.module.split("."))
+                    or any(a.name.startswith("_") for a in node.names)):
+                offenders.append(f"{path.name}: from {node.module} import ...")
+    assert not offenders, offenders
+

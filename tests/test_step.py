@@ -1,0 +1,187 @@
+"""step.py: one training step for the runner, the analyses and the generated code."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pytest
+import torch
+from conftest import TinyNet, tiny_data
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import workbench as wb
+from workbench.step import BatchSource, LossBuffer, Stage, TrainStep, built, check_loss, seeded
+from workbench.workload import Workload
+
+
+class ConvNet(nn.Module):
+    """A conv block and a head: channels_last and checkpointing both have something to act on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(8 * 8 * 8, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def conv_data() -> TensorDataset:
+    g = torch.Generator().manual_seed(2)
+    return TensorDataset(torch.randn(40, 3, 8, 8, generator=g), torch.randint(0, 3, (40,), generator=g))
+
+
+def generated_losses(knobs: wb.Knobs, model: nn.Module, data, steps: int) -> list[float]:
+    """Per-step losses of the loop `knobs.to_code()` generates (mean over micro-batches)."""
+    seen: list[float] = []
+    ce = nn.CrossEntropyLoss()
+
+    def loss_fn(out, target):
+        loss = ce(out, target)
+        seen.append(loss.detach().float().item())
+        return loss
+
+    ns = {"model": model, "dataset": data, "loss_fn": loss_fn,
+          "make_optimizer": lambda p: torch.optim.SGD(p, lr=0.1)}
+    threads = torch.get_num_threads()
+    with seeded(0):
+        try:
+            exec(compile(knobs.to_code(steps=steps, seed=0), "<generated>", "exec"), ns)
+        finally:
+            torch.set_num_threads(threads)
+            torch.set_float32_matmul_precision("highest")
+    k = knobs.accum_steps
+    return [sum(seen[i * k:(i + 1) * k]) / k for i in range(steps)]
+
+
+@pytest.mark.parametrize("make_model, make_data, knobs", [
+    (TinyNet, tiny_data, wb.Knobs(batch_size=8)),
+    (TinyNet, tiny_data, wb.Knobs(batch_size=6, accum_steps=3)),  # 64 samples: epochs end mid-step
+    (TinyNet, tiny_data, wb.Knobs(batch_size=8, checkpoint=("blocks.0", "blocks.1"))),
+    (TinyNet, tiny_data, wb.Knobs(batch_size=8, amp="bf16", accum_steps=2)),
+    (TinyNet, tiny_data, wb.Knobs(batch_size=8, optimizer_impl="foreach")),
+    (TinyNet, tiny_data, wb.Knobs(batch_size=8, checkpoint=("blocks.1",), checkpoint_mode="selective")),
+    (ConvNet, conv_data, wb.Knobs(batch_size=8, channels_last=True)),
+    (ConvNet, conv_data, wb.Knobs(batch_size=4, channels_last=True, checkpoint=("features.2",), amp="bf16",
+                                  accum_steps=2)),
+])
+def test_generated_code_and_run_trial_give_the_same_losses(make_model, make_data, knobs, tmp_path):
+    torch.manual_seed(0)
+    model, data = make_model(), make_data()
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    bench = wb.Workbench(model, data, loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                         steps=4, warmup_steps=2, log=None, knobs=knobs)
+    result = bench.run(knobs)
+    assert result.ok, result.message
+    fresh = make_model()
+    fresh.load_state_dict(initial)
+    code = generated_losses(knobs, fresh, data, steps=6)[2:]  # the trial measured steps 3..6
+    assert result.losses == pytest.approx(code, abs=1e-6, rel=0)
+
+
+def test_loss_buffer_keeps_values_the_step_overwrites():
+    """A CUDA-graph replay reuses the loss's storage; the buffer must hold copies, not views."""
+    buf = LossBuffer(3, torch.device("cpu"))
+    scratch = torch.zeros(())  # stands in for graph-owned output memory, rewritten every replay
+    for step, micro in enumerate([(1.0, 3.0), (2.0, 2.0), (5.0, 7.0)]):
+        for value in micro:
+            scratch.fill_(value)
+            buf.add(step, scratch)
+    scratch.fill_(-1.0)
+    assert buf.values(divide_by=2) == [2.0, 2.0, 6.0]
+    assert buf.values() == [4.0, 4.0, 12.0]
+
+
+def test_loss_buffer_only_reports_filled_steps():
+    buf = LossBuffer(5, torch.device("cpu"))
+    buf.add(0, torch.tensor(1.5))
+    buf.add(1, torch.tensor(0.5, dtype=torch.bfloat16))
+    assert buf.values() == [1.5, 0.5]
+
+
+def test_no_sync_is_entered_on_every_micro_batch_but_the_last():
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def fake_no_sync():
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    wl = Workload(TinyNet(), tiny_data(), loss_fn=nn.CrossEntropyLoss(), device="cpu")
+    knobs = wb.Knobs(batch_size=8, accum_steps=3)
+    with TrainStep(wl, knobs, no_sync=fake_no_sync) as step, BatchSource(wl, knobs) as source:
+        original = step.forward_backward
+
+        def spy(batch):
+            events.append("micro")
+            return original(batch)
+
+        step.forward_backward = spy
+        out = step(source)
+    assert events == ["enter", "micro", "exit", "enter", "micro", "exit", "micro"]
+    assert out.samples == 24
+
+
+def test_label_phases_puts_record_function_ranges_around_each_phase():
+    wl = Workload(TinyNet(), tiny_data(), loss_fn=nn.CrossEntropyLoss(), device="cpu")
+    knobs = wb.Knobs(batch_size=8)
+    with built(wl, knobs, label_phases=True) as (step, source):
+        with torch.profiler.profile() as prof:
+            step(source)
+    names = {e.key for e in prof.key_averages()}
+    assert {"data", "forward", "backward", "optimizer"} <= names
+    with built(wl, knobs, label_phases=False) as (step, source):
+        with torch.profiler.profile() as prof:
+            step(source)
+    assert not {"data", "forward", "backward", "optimizer"} & {e.key for e in prof.key_averages()}
+
+
+def test_batch_source_restarts_epochs_and_caches():
+    wl = Workload(TinyNet(), tiny_data(16), loss_fn=nn.CrossEntropyLoss(), device="cpu")
+    with BatchSource(wl, wb.Knobs(batch_size=8)) as source:
+        batches = [source.next() for _ in range(5)]
+        assert source.epochs == 2 and all(b[0].shape == (8, 8) for b in batches)
+    with BatchSource(wl, wb.Knobs(batch_size=8, data="cached")) as source:
+        first = source.next()
+        assert all(source.next() is first for _ in range(3)) and source.epochs == 0
+
+
+def test_check_loss_names_the_fix():
+    with pytest.raises(TypeError, match="reduction='mean'"):
+        check_loss(torch.ones(3, requires_grad=True), Stage())
+    with pytest.raises(TypeError, match="does not require grad"):
+        check_loss(torch.tensor(1.0))
+
+
+def test_seeded_restores_the_callers_generators():
+    import random
+
+    torch.manual_seed(5)
+    random.seed(5)
+    expected = (torch.rand(1), random.random())
+    torch.manual_seed(5)
+    random.seed(5)
+    with seeded(0):
+        inside = torch.rand(1)
+    with seeded(0):
+        assert torch.equal(torch.rand(1), inside)  # same seed, same numbers
+    assert torch.equal(torch.rand(1), expected[0]) and random.random() == expected[1]
+
+
+def test_analyses_run_on_the_trial_thread(make_bench):
+    from workbench.diagnose.flops import flops_per_step
+
+    bench = make_bench()
+    names = []
+    original = bench.workload.compute_loss
+
+    def spy(model, batch, stage):
+        names.append(threading.current_thread().name)
+        return original(model, batch, stage)
+
+    bench.workload.compute_loss = spy
+    flops_per_step(bench.workload, bench.defaults)
+    assert names and all(n.startswith("workbench-trial") for n in names)

@@ -1,0 +1,219 @@
+"""Every access to a private PyTorch internal, in one place, guarded.
+
+PyTorch renames private names between releases. Each function here tries the private route and,
+when it is gone, falls back to something that keeps the trial running and returns a sentence for
+the result's `notes` instead of raising. `PRIVATE` lists every internal we touch; the test
+suite checks each one against the installed torch and names the attribute that went missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+# (module, attribute path) of every private internal used below; tests/test_compat.py checks them.
+PRIVATE: dict[str, tuple[str, str]] = {
+    "remove_worker_pids": ("torch.utils.data._utils.signal_handling", "_remove_worker_pids"),
+    "worker_pids_set": ("torch.utils.data.dataloader", "_MultiProcessingDataLoaderIter._worker_pids_set"),
+    "shutdown_workers": ("torch.utils.data.dataloader", "_MultiProcessingDataLoaderIter._shutdown_workers"),
+    "loader_iterator": ("torch.utils.data.dataloader", "DataLoader._iterator"),
+    "kineto_results": ("torch.autograd.profiler", "profile.kineto_results"),
+    "dynamo_counters": ("torch._dynamo.utils", "counters"),
+    "dynamo_compilation_metrics": ("torch._dynamo.utils", "get_compilation_metrics"),
+}
+
+
+def missing(name: str) -> str | None:
+    """None if torch still has the internal `name` (a key of PRIVATE), else the dotted name that is
+    gone. Instance attributes are looked up on a small live object (a 1-worker DataLoader, a profiler)."""
+    module_name, path = PRIVATE[name]
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError:
+        return module_name
+    *owners, attr = path.split(".")
+    for part in owners:
+        if not hasattr(obj, part):
+            return f"{module_name}.{'.'.join(owners)}"
+        obj = getattr(obj, part)
+    instance = _INSTANCES.get(name)
+    if instance is not None:
+        with instance() as live:
+            return None if hasattr(live, attr) else f"{module_name}.{path}"
+    return None if hasattr(obj, attr) else f"{module_name}.{path}"
+
+
+@contextlib.contextmanager
+def _worker_iterator() -> Iterator[Any]:
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(list(range(4)), batch_size=2, num_workers=1)
+    it = iter(loader)
+    try:
+        yield it
+    finally:
+        shutdown_workers(loader, it)
+
+
+@contextlib.contextmanager
+def _loader() -> Iterator[Any]:
+    from torch.utils.data import DataLoader
+
+    yield DataLoader(list(range(4)), batch_size=2)
+
+
+@contextlib.contextmanager
+def _profiler() -> Iterator[Any]:
+    with torch.autograd.profiler.profile() as prof:
+        torch.ones(2) + 1
+    yield prof
+
+
+_INSTANCES = {"worker_pids_set": _worker_iterator, "loader_iterator": _loader, "kineto_results": _profiler}
+
+
+# ---- DataLoader workers ------------------------------------------------------------------------
+def unregister_workers(iterator: Iterator) -> str | None:
+    """Keep a multi-process iterator's workers out of PyTorch's process-wide SIGCHLD check.
+
+    Returns a note when torch's internals moved (the workers then stay registered: a crashing
+    worker may raise into the main thread instead of ending only the trial).
+    """
+    if not getattr(iterator, "_worker_pids_set", False):
+        return None
+    try:
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._remove_worker_pids(id(iterator))
+        iterator._worker_pids_set = False
+    except (ImportError, AttributeError) as e:
+        return f"could not unregister DataLoader workers from the SIGCHLD handler ({e}); a dying worker may interrupt the notebook"
+    return None
+
+
+def shutdown_workers(loader: Any, iterator: Any) -> None:
+    """Stop worker processes now (persistent ones included); falls back to dropping references."""
+    for it in (iterator, getattr(loader, "_iterator", None)):
+        stop = getattr(it, "_shutdown_workers", None)
+        if stop is not None:
+            try:
+                stop()
+            except Exception:  # a dead worker, an interpreter shutting down: nothing left to stop
+                pass
+    if loader is not None and getattr(loader, "_iterator", None) is not None:
+        loader._iterator = None
+
+
+# ---- profiler memory events --------------------------------------------------------------------
+def memory_events(prof: Any, device_type: str) -> list[tuple[int, int]]:
+    """(start ns, bytes: + allocation / - free) of every [memory] event the profiler saw on the
+    device. Raises RuntimeError naming the missing internal when torch moved it."""
+    try:
+        results = prof.profiler.kineto_results
+        wanted = torch.autograd.DeviceType.CPU if device_type == "cpu" else torch.autograd.DeviceType.CUDA
+        return [(e.start_ns(), e.nbytes()) for e in results.events()
+                if e.name() == "[memory]" and e.device_type() == wanted]
+    except AttributeError as e:
+        raise RuntimeError(f"torch.profiler internals moved (profile.profiler.kineto_results: {e})") from e
+
+
+# ---- torch.compile statistics --------------------------------------------------------------------
+MAX_REASONS = 10  # reasons kept per list (a model can break on every layer)
+
+
+def dynamo_counters() -> dict[str, dict[str, int]]:
+    """A plain copy of dynamo's counters (empty when dynamo or the counters are gone)."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:
+        return {}
+    return {k: dict(v) for k, v in counters.items()}
+
+
+def compilation_metrics_since(start_us: int) -> list[Any]:
+    """Dynamo compilation records that started after `start_us` (microseconds since the epoch)."""
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+    except Exception:
+        return []
+    return [m for m in get_compilation_metrics() if (getattr(m, "start_time_us", None) or 0) >= start_us]
+
+
+def first_line(text: Any) -> str:
+    """The first non-empty line of `text`, at most 200 characters."""
+    lines = [s.strip() for s in str(text).strip().splitlines() if s.strip()]
+    return lines[0][:200] if lines else ""
+
+
+class CompileWatch:
+    """Context manager: `.info` holds what dynamo compiled inside the block (filled on exit).
+
+    `with CompileWatch(enabled=knobs.compile != "off") as watch: ...`; disabled, it does nothing
+    and `.info` stays {}. It never raises out of `__exit__`: a failure to read torch internals
+    becomes `info["errors"]`.
+    """
+
+    counters = staticmethod(dynamo_counters)  # replaceable in tests
+    metrics_since = staticmethod(compilation_metrics_since)
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = bool(enabled)
+        self.info: dict[str, Any] = {}
+        self._before: dict[str, dict[str, int]] = {}
+        self._start_us = 0
+        self._t0 = 0.0
+
+    def __enter__(self) -> CompileWatch:
+        if self.enabled:
+            try:
+                self._before = self.counters()
+                self._start_us = time.time_ns() // 1000
+                self._t0 = time.perf_counter()
+            except Exception:  # never let diagnostics break the trial
+                self._before = {}
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        if not self.enabled:
+            return False
+        try:
+            self.info = self._collect()
+        except Exception as e:
+            self.info = {"graph_count": 0, "graph_breaks": 0, "break_reasons": [], "recompiles": 0,
+                         "errors": [f"could not read compile statistics: {type(e).__name__}: {e}"]}
+        return False  # exceptions from the block propagate unchanged
+
+    def _collect(self) -> dict[str, Any]:
+        after = self.counters()
+
+        def delta(group: str) -> dict[str, int]:
+            old = self._before.get(group, {})
+            return {k: v - old.get(k, 0) for k, v in after.get(group, {}).items() if v - old.get(k, 0) > 0}
+
+        breaks = delta("graph_break")  # {reason text: count}
+        metrics = self.metrics_since(self._start_us)
+        recompile_reasons = [first_line(m.recompile_reason) for m in metrics if getattr(m, "recompile_reason", None)]
+        failures = [f"{m.fail_type}: {first_line(m.fail_reason)}" for m in metrics if getattr(m, "fail_type", None)]
+        frames = delta("frames")
+        info: dict[str, Any] = {
+            "graph_count": int(delta("stats").get("unique_graphs", 0)),
+            "graph_breaks": int(sum(breaks.values())),
+            "break_reasons": [first_line(r) for r in list(breaks)[:MAX_REASONS]],
+            "recompiles": len(recompile_reasons),
+            "recompile_reasons": recompile_reasons[:MAX_REASONS],
+            "frames_compiled": int(frames.get("total", 0)),
+            "frames_ok": int(frames.get("ok", 0)),
+            # dynamo's own time in compilation (tracing + backend); excludes running the graphs
+            "dynamo_compile_s": round(sum(getattr(m, "entire_frame_compile_time_s", None) or 0.0 for m in metrics), 3),
+            "ops_captured": int(sum(getattr(m, "graph_op_count", None) or 0 for m in metrics)),
+            "wall_s": round(time.perf_counter() - self._t0, 3),
+        }
+        if failures:
+            # with suppress_errors these frames ran in eager: the "compiled" model partly is not
+            info["fallback"] = failures[:MAX_REASONS]
+        return info

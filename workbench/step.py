@@ -1,0 +1,291 @@
+"""The one training step: where batches come from (BatchSource) and what one optimizer step does
+(TrainStep). `run_trial`, every analysis in `diagnose/` and `tune` build their steps from here, so
+a knob that changes the step is applied in exactly one place.
+
+    source = BatchSource(workload, knobs)            # loader, epochs, timeout, cached, device move
+    step = TrainStep(workload, knobs)                # model copy, wrappers, optimizer, autocast, scaler
+    out = step(source)                               # one optimizer step = accum_steps micro-batches
+
+Nothing here times anything or reports progress: the runner does that around `step(...)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.profiler import record_function
+
+from . import apply, compat
+from .knobs import Knobs, adjust_optimizer, checkpoint_options
+from .workload import Workload, batch_size_of, move_to
+
+NoSync = Callable[[], contextlib.AbstractContextManager]  # e.g. DistributedDataParallel.no_sync
+
+
+class Stage:
+    """Where the step is, so a failure can say which part of the user's code raised, and when."""
+
+    name = "setup"  # setup | data | model | loss | step_fn | backward | optimizer
+    phase = "setup"  # setup | warm-up | measured
+    step = 0  # 1-based step within the phase
+
+    def when(self) -> str:
+        return "while setting up" if self.phase == "setup" else f"at {self.phase} step {self.step}"
+
+
+def check_loss(loss: Any, stage: Stage | None = None) -> None:
+    """Raise TypeError naming the fix unless `loss` is a scalar tensor that requires grad."""
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise TypeError(
+            f"the loss must be a scalar tensor, got {shape}: reduce it (loss_fn with reduction='mean', "
+            "or return loss.mean() from step_fn)"
+        )
+    if not loss.requires_grad:
+        raise TypeError("the loss does not require grad: it is not computed from the model's trainable parameters")
+
+
+class BatchSource:
+    """Batches on the device, forever: the user's data through a DataLoader built from the knobs,
+    restarted at each epoch end; with data='cached', the first batch again and again.
+
+    `epochs` counts the restarts (non-persistent workers are re-forked at each one).
+    """
+
+    def __init__(self, workload: Workload, knobs: Knobs, *, timeout_s: float = 120.0,
+                 stage: Stage | None = None) -> None:
+        self.device = workload.device
+        self.knobs = knobs
+        self.stage = stage or Stage()
+        # pinned host buffers make the copy asynchronous; only then is non_blocking meaningful
+        self.non_blocking = knobs.pin_memory and self.device.type == "cuda"
+        self.loader = apply.build_loader(workload.spec, knobs, seed=workload.seed, device=self.device,
+                                         timeout_s=timeout_s if knobs.num_workers else 0)
+        self.iterator: Iterator | None = None
+        self.epochs = 0
+        self.notes: list[str] = []  # fallbacks taken (see compat)
+        self._cached: Any = None
+        self._pending: list[Any] = []
+
+    def _start(self) -> None:
+        self.iterator = iter(self.loader)
+        note = compat.unregister_workers(self.iterator)
+        if note and note not in self.notes:
+            self.notes.append(note)
+
+    def next(self) -> Any:
+        """The next batch, moved to the device (channels_last applied to 4-D float tensors)."""
+        if self._pending:
+            return self._pending.pop()
+        if self._cached is not None:
+            return self._cached
+        self.stage.name = "data"
+        if self.iterator is None:
+            self._start()
+        try:
+            batch = next(self.iterator)
+        except StopIteration:
+            self.epochs += 1  # an epoch boundary: non-persistent workers are re-forked here
+            self._start()
+            try:
+                batch = next(self.iterator)
+            except StopIteration:
+                raise ValueError("the data loader yields no batches: the dataset is empty or shorter "
+                                 "than one batch with drop_last") from None
+        # With non_blocking copies this returns before the copy has landed: data-wait measured
+        # around next() is host time blocked on the loader, not the H2D copy itself.
+        batch = move_to(batch, self.device, non_blocking=self.non_blocking, channels_last=self.knobs.channels_last)
+        if self.knobs.data == "cached":
+            self._cached = batch  # the short-circuit test: one batch, already on the device
+        return batch
+
+    def push_back(self, batch: Any) -> None:
+        """Return a batch to the source: the next `next()` gives it again (the startup batch)."""
+        self._pending.append(batch)
+
+    @property
+    def cached(self) -> list[Any]:
+        """The cached batch as a list (empty in loader mode), for memory accounting."""
+        return [] if self._cached is None else [self._cached]
+
+    def close(self) -> None:
+        """Stop the worker processes now (not at garbage collection)."""
+        compat.shutdown_workers(self.loader, self.iterator)
+        self.iterator = None
+        self._cached = None
+
+    def __enter__(self) -> BatchSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LossBuffer:
+    """Per-step losses kept on the device, in storage this buffer owns.
+
+    With compile='reduce-overhead' (CUDA graphs) the tensor behind `loss.detach()` belongs to the
+    graph's memory pool and is overwritten by the next replay, so keeping that tensor would report
+    the last step's loss for every step. Adding it into a preallocated buffer copies the value out
+    (one tiny device op, no host sync); `values()` is the one device->host read, at the end.
+    """
+
+    def __init__(self, steps: int, device: torch.device) -> None:
+        self.sums = torch.zeros(steps, dtype=torch.float32, device=device)  # sum of micro-batch losses
+        self.count = 0
+
+    def add(self, step: int, loss: torch.Tensor) -> None:
+        """Add one micro-batch's loss into step `step` (0-based)."""
+        self.sums[step].add_(loss.detach())
+        self.count = max(self.count, step + 1)
+
+    def values(self, divide_by: int = 1) -> list[float]:
+        """Host floats of the filled steps (each sum divided by `divide_by`, e.g. accum_steps)."""
+        return (self.sums[: self.count] / divide_by).cpu().tolist()
+
+
+@dataclass
+class StepOutput:
+    """What one optimizer step reports: its samples and host time blocked on data (seconds)."""
+
+    samples: int
+    wait_s: float
+
+
+class TrainStep:
+    """One optimizer step of the user's model under the knobs: a fresh model copy with
+    channels_last, checkpointing, torch.compile, autocast, GradScaler and gradient accumulation.
+
+    `label_phases=True` wraps data / forward / backward / optimizer in `record_function` ranges
+    (for traces and the profiler; keep it off in a measured window). `no_sync`, if given, is a
+    factory for a context manager entered on every micro-batch but the last of an optimizer step
+    (DistributedDataParallel.no_sync: skip the gradient all-reduce until the last one).
+    """
+
+    def __init__(self, workload: Workload, knobs: Knobs, *, stage: Stage | None = None, compile: bool = True,
+                 label_phases: bool = False, no_sync: NoSync | None = None) -> None:
+        self.workload = workload
+        self.knobs = knobs
+        self.device = workload.device
+        self.stage = stage or Stage()
+        self.label_phases = label_phases
+        self.no_sync = no_sync
+        self.notes: list[str] = []
+        self.stage.name = "setup"
+        model = workload.fresh_model()
+        if knobs.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        apply.apply_checkpointing(model, knobs.checkpoint, workload.blocks, **checkpoint_options(knobs))
+        self.model = model
+        self.stage.name = "optimizer"
+        self.optimizer = adjust_optimizer(workload.check_optimizer(model), knobs, self.notes)
+        model.train()
+        # instrumenting a compiled step measures the compiler, so analyses pass compile=False
+        self.step_model = apply.compile_model(model, knobs, self.device) if compile else model
+        self.scaler = apply.grad_scaler(knobs, self.device)
+
+    def _label(self, name: str) -> contextlib.AbstractContextManager:
+        return record_function(name) if self.label_phases else contextlib.nullcontext()
+
+    def forward_backward(self, batch: Any) -> torch.Tensor:
+        """Forward + loss + backward of one micro-batch (loss / accum_steps); returns the loss."""
+        k = self.knobs
+        with self._label("forward"), apply.autocast(k, self.device):
+            loss = self.workload.compute_loss(self.step_model, batch, self.stage)
+        check_loss(loss, self.stage)
+        self.stage.name = "backward"
+        with self._label("backward"):
+            scaled = loss / k.accum_steps if k.accum_steps > 1 else loss  # no extra op at k=1
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        return loss
+
+    def optimizer_step(self) -> None:
+        """optimizer.step (through the GradScaler for fp16), then zero_grad(set_to_none=True)."""
+        self.stage.name = "optimizer"
+        with self._label("optimizer"):
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def __call__(self, source: BatchSource, losses: LossBuffer | None = None, index: int = 0) -> StepOutput:
+        """One optimizer step = accum_steps micro-batches from `source`; each micro-batch's loss
+        is added into `losses[index]` when a buffer is given (it stays on the device: no sync)."""
+        wait = 0.0
+        samples = 0
+        k = self.knobs.accum_steps
+        for micro in range(k):
+            tw = time.perf_counter()
+            with self._label("data"):
+                batch = source.next()
+            # host seconds in next(): the loader wait plus a blocking H2D copy; a non_blocking copy
+            # (pinned memory) is queued here and lands during compute, so it is not included
+            wait += time.perf_counter() - tw
+            samples += batch_size_of(batch)
+            skip_sync = self.no_sync is not None and micro < k - 1
+            with self.no_sync() if skip_sync else contextlib.nullcontext():
+                loss = self.forward_backward(batch)
+            if losses is not None:
+                losses.add(index, loss)
+        self.optimizer_step()
+        return StepOutput(samples=samples, wait_s=wait)
+
+    def close(self) -> None:
+        """Undo the checkpoint wrappers (each refers back to its block: a reference cycle)."""
+        apply.remove_checkpointing(self.model, self.knobs.checkpoint)
+
+    def __enter__(self) -> TrainStep:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Seed torch (CPU and every CUDA/MPS device present), `random` and numpy for the block, then
+    restore the caller's generator states (torch.random.fork_rng does the torch part)."""
+    import random
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.random.fork_rng(devices=[], device_type="cpu"))
+        if torch.cuda.is_available():
+            stack.enter_context(torch.random.fork_rng(devices=range(torch.cuda.device_count()), device_type="cuda"))
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            stack.enter_context(torch.random.fork_rng(device_type="mps"))
+        py_state = random.getstate()
+        stack.callback(random.setstate, py_state)
+        try:
+            import numpy as np
+
+            np_state = np.random.get_state()
+            stack.callback(np.random.set_state, np_state)
+            np.random.seed(seed)
+        except ImportError:
+            pass
+        random.seed(seed)
+        torch.manual_seed(seed)
+        yield
+
+
+@contextlib.contextmanager
+def built(workload: Workload, knobs: Knobs, *, timeout_s: float = 120.0, compile: bool = False,
+          label_phases: bool = True) -> Iterator[tuple[TrainStep, BatchSource]]:
+    """A TrainStep and its BatchSource under the knobs' process settings and the workload's seed,
+    cleaned up after: what the analyses in diagnose/ instrument (eager, phases labelled)."""
+    stage = Stage()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(apply.process_settings(knobs))
+        stack.enter_context(seeded(workload.seed))
+        step = stack.enter_context(TrainStep(workload, knobs, stage=stage, compile=compile, label_phases=label_phases))
+        source = stack.enter_context(BatchSource(workload, knobs.replace(data="loader"), timeout_s=timeout_s,
+                                                 stage=stage))
+        yield step, source
