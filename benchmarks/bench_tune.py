@@ -44,18 +44,25 @@ def main() -> None:
         print(res, "\n", flush=True)
         row = {"demo": name, "best": res.best_knobs.label(bench.defaults), "trials": res.trials_used,
                "tune_s": time.perf_counter() - t}
-        start = res.start if res.start.knobs == bench.defaults else bench.run(bench.defaults)
-        c = bench.compare(start, res.best, rounds=args.rounds)
-        row.update({"best/default": c.speedup, "verdict": c.verdict, "goal": goals.get(name)})
-        print(f"best vs default: {c}", flush=True)
+        row["goal"] = goals.get(name)
+        if res.best_knobs == bench.defaults:
+            row.update({"best/default": 1.0, "verdict": "no change kept"})
+        else:
+            start = res.start if res.start.knobs == bench.defaults else bench.run(bench.defaults)
+            c = bench.compare(start, res.best, rounds=args.rounds)
+            row.update({"best/default": c.speedup, "verdict": c.verdict})
+            print(f"best vs default: {c}", flush=True)
         if args.twice:
             other = wb.demo(name, size=args.size, log=None)
             res2 = other.tune(budget=args.budget, stages=stages)
-            second = bench.run(res2.best_knobs)  # measured on the first bench, beside the first best
-            c2 = bench.compare(res.best, second, rounds=args.rounds)
-            row.update({"second best": res2.best_knobs.label(bench.defaults), "second/first": c2.speedup,
-                        "second vs first": c2.verdict})
-            print(f"second tune vs first: {c2}", flush=True)
+            row["second best"] = res2.best_knobs.label(bench.defaults)
+            if res2.best_knobs == res.best_knobs:
+                row.update({"second/first": 1.0, "second vs first": "same knobs"})
+            else:
+                second = bench.run(res2.best_knobs)  # measured on the first bench, beside the first best
+                c2 = bench.compare(res.best, second, rounds=args.rounds)
+                row.update({"second/first": c2.speedup, "second vs first": c2.verdict})
+                print(f"second tune vs first: {c2}", flush=True)
         if args.sweep:
             k0 = bench.defaults
             space = exhaustive_space(bench, batch_sizes=(k0.batch_size, 2 * k0.batch_size),

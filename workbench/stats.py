@@ -68,14 +68,19 @@ class Noise:
 
     def __str__(self) -> str:
         if not self.repeats:
-            return (f"identical trials here may differ by ±{self.spread:.0%} (a conservative prior: no repeated "
+            return (f"identical trials here may differ by {self.spread_words} (a conservative prior: no repeated "
                     "knobs yet; bench.compare(a, b, rounds=2) or re-running the baseline teaches the workbench "
                     "this machine's noise)")
-        return (f"identical trials here differ by ±{self.spread:.0%} (from {self.repeats} repeat"
+        return (f"identical trials here differ by {self.spread_words} (from {self.repeats} repeat"
                 f"{'s' if self.repeats != 1 else ''} of {self.configs} configuration{'s' if self.configs != 1 else ''}"
                 f"; a single trial's samples/s varies by {self.sigma:.1%} sd)")
 
     __repr__ = __str__
+
+    @property
+    def spread_words(self) -> str:
+        """The spread as people say it: ±12% when small, 'up to 2.6×' (a factor) when large."""
+        return f"±{self.spread:.0%}" if self.spread < 0.5 else f"up to {1 + self.spread:.1f}×"
 
 
 def estimate_noise(groups: Sequence[Sequence[float]]) -> Noise:

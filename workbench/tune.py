@@ -283,7 +283,7 @@ def tune(bench: Any, budget: int = 12, *, start: Knobs | None = None, memory_bud
                 k, inc = cand_k, r
                 return "won"
             row["decision"] = (f"faster once ({screen.verdict}); no budget left to confirm, not kept"
-                               if decision == "no budget" else f"rejected ({screen.verdict})")
+                               if decision == "no budget" else f"rejected: {screen.speedup:.2f}x ({screen.verdict})")
             return "lost"
         last = {t.trial_id: t for t in bench.trials}
         rows.append({"stage": stage, "change": f"confirm: {_label(change)}", "trial": c.b_trials[-1],
