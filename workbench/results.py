@@ -68,8 +68,7 @@ def compare(a: Trials, b: Trials, *, rounds: int = 0, run: Callable[[Knobs], Tri
 
     `a`, `b`: a trial each (or lists of repeats). `rounds=N` first runs N more trials of each
     through `run(knobs)` in alternating order (a and b ran A B; the rounds go B A, A B, ...: a
-slow drift cancels), so the
-    verdict rests on 1 + N trials a side. The noise comes from `noise`, else from `log`'s repeats
+    slow drift cancels), so the verdict rests on 1 + N trials a side. The noise comes from `noise`, else from `log`'s repeats
     (re-read after the rounds, which are repeats themselves), else from these trials alone; until
     repeats exist it is a conservative prior. The one comparison behind the results table's
     verdicts, `bench.compare`, the panel's "repeat to confirm", `tune()` and `diagnose()`.
