@@ -28,13 +28,31 @@ def test_run_results_compare_contract(make_bench):
     b = bench.run(batch_size=16)
     df = bench.results
     assert list(df["trial_id"]) == [1, 2] and set(df["status"]) == {"ok"}
-    assert df.loc[2, "batch_size"] == 16 and df.loc[1, "verdict"] == "baseline"
+    by_id = df.set_index("trial_id")
+    assert by_id.loc[2, "batch_size"] == 16 and by_id.loc[1, "verdict"] == "baseline"
     assert bench.baseline.trial_id == a.trial_id
     bench.set_baseline(b)
-    assert bench.results.loc[2, "speedup"] == 1.0
+    assert bench.results.set_index("trial_id").loc[2, "speedup"] == 1.0
     assert bench.compare(1, 2).b == 2
     assert "Workbench 'TinyNet'" in repr(bench) and "2 trials" in repr(bench)
     assert bench.blocks == ["blocks.0", "blocks.1"] and bench.block_params["blocks.0"] > 0
+
+
+def test_compare_in_rounds_runs_alternating_trials_and_teaches_the_noise(make_bench):
+    bench = make_bench(steps=4)
+    a, b = bench.run(), bench.run(batch_size=16)
+    assert "conservative prior" in str(bench.noise)
+    c = bench.compare(a, b, rounds=2)
+    assert c.rounds == 2 and c.a_trials == (1, 4, 5) and c.b_trials == (2, 3, 6)
+    assert [r.knobs.batch_size for r in bench.trials[2:]] == [16, 8, 8, 16]  # B A, A B after the first A B
+    assert c.verdict in str(c) and "2 alternating rounds" in str(c)
+    assert bench.noise.repeats == 4 and "from 4 repeats of 2 configurations" in str(bench.noise)
+    assert bench.results.attrs["noise"] == bench.noise
+    steps = bench.steps_frame
+    assert len(steps) == 6 * 4 and set(steps["trial_id"]) == set(range(1, 7))
+    assert "<table" in c._repr_html_()
+    with pytest.raises(ValueError, match="rounds must be"):
+        bench.compare(a, b, rounds=-1)
 
 
 def test_a_new_workbench_on_the_same_log_keeps_earlier_trials(make_bench, tmp_path):

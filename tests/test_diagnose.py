@@ -214,6 +214,27 @@ def test_decide_other_branches():
     assert compute.bottleneck == "compute" and compute.next_knobs == {"channels_last": True}
 
 
+def test_data_bound_needs_wait_or_a_cached_speedup_confirmed_in_rounds():
+    import dataclasses
+
+    from workbench.results import compare
+
+    cpu = torch.device("cpu")
+    base = fake_result(1, 0.0137, wait=0.04)
+    cached = fake_result(2, 0.0100, knobs=wb.Knobs(batch_size=16, data="cached"))
+    one_pair = check_data(base, cached, None)  # 1.37x from one pair of trials, 4% data wait
+    assert not one_pair.data_bound
+    assert decide(wb.Knobs(batch_size=16), one_pair, THREADS, device=cpu).bottleneck != "data"
+    reps = [fake_result(i, 0.0137 * (1 + 0.01 * (i % 2)), wait=0.04) for i in (3, 5)]
+    creps = [fake_result(i, 0.0100 * (1 + 0.01 * (i % 2)), knobs=cached.knobs) for i in (4, 6)]
+    rounds = compare([base, *reps], [cached, *creps])
+    rounds = dataclasses.replace(rounds, rounds=2)  # as bench.compare(..., rounds=2) reports it
+    confirmed = check_data(base, cached, None, rounds)
+    assert confirmed.data_bound and "2 alternating rounds" in str(decide(wb.Knobs(batch_size=16), confirmed,
+                                                                          THREADS, device=cpu))
+    assert check_data(fake_result(1, 0.01, wait=0.20), None, None).data_bound  # the 20% rule alone
+
+
 # ---- end to end --------------------------------------------------------------------------------
 def test_diagnose_data_bound_end_to_end():
     bench = make_bench(SlowData())

@@ -69,7 +69,7 @@ def test_cpu_load_reports_a_number_on_linux():
 
 def test_record_round_trip_and_repr():
     r = TrialResult(knobs=wb.Knobs(num_workers=2), status="ok", samples_per_s=1234.5, step_time_s=0.0123,
-                    step_time_iqr_s=0.001, step_times_s=(0.012, 0.013), data_wait_s=(0.0, 0.001),
+                    step_time_iqr_s=0.001, step_times_s=(0.0118, 0.0123, 0.0128), data_wait_s=(0.0, 0.001, 0.0),
                     data_wait_share=0.04, peak_memory_bytes=12_300_000, samples_per_step=16,
                     losses=(2.0, float("inf")), notes=("a note",), trial_id=3)
     rec = r.to_record()

@@ -6,6 +6,7 @@ import concurrent.futures
 import os
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from .measure import TrialResult
 from .progress import Poller, TrialProgress
 from .results import Comparison, ResultLog, compare
 from .runner import Progress, TrialInterrupted, check_knobs, run_trial, trial_thread
+from .stats import Noise
 from .workload import StepFn, Workload, move_to
 
 DEFAULT_LOG_DIR = "workbench-runs"
@@ -170,11 +172,27 @@ class Workbench:
         """Make a trial (id or result) the reference for speedups and verdicts."""
         self.log.set_baseline(trial.trial_id if isinstance(trial, TrialResult) else trial)
 
-    def compare(self, a: int | TrialResult, b: int | TrialResult) -> Comparison:
-        """Is B faster than A beyond noise? (trial ids or results)"""
+    def compare(self, a: int | TrialResult, b: int | TrialResult, rounds: int = 0, *,
+                run: Callable[[Knobs], TrialResult | None] | None = None) -> Comparison:
+        """Is B faster than A beyond run-to-run noise? (trial ids or results)
+
+        `rounds=N` first runs N more trials of each configuration in alternating order (B A, A B,
+        ...) and decides from all their samples/s; a gap within noise says how many rounds would
+        settle it. `run` replaces `self.run` for those trials (the panel passes its own runner).
+        """
         ra = a if isinstance(a, TrialResult) else self.log.get(a)
         rb = b if isinstance(b, TrialResult) else self.log.get(b)
-        return compare(ra, rb)
+        return compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log)
+
+    @property
+    def noise(self) -> Noise:
+        """This machine's between-trial noise, learnt from repeats in the log (`str()` says it in words)."""
+        return self.log.noise
+
+    @property
+    def steps_frame(self) -> pd.DataFrame:
+        """Every measured step of every trial, long form: trial_id, step, step_time_s, data_wait_s, loss."""
+        return self.log.steps_frame()
 
     # ---- notebook layer and analyses (lazy imports: the core never needs widgets or altair) ----
     def panel(self, **kwargs: Any) -> Any:

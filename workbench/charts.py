@@ -38,7 +38,7 @@ def chart_frame(results: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["trial_id", "trial", "kind", "throughput"])
     df = results.reset_index(drop=True).copy()
     df["trial"] = "#" + df["trial_id"].astype(str) + " " + df["label"].astype(str)
-    df["kind"] = df["status"].where(df["verdict"] != "baseline", "baseline")
+    df["kind"] = df["status"].astype(str).where(df["verdict"] != "baseline", "baseline")  # status is categorical
     df["throughput"] = pd.to_numeric(df["samples_per_s"], errors="coerce").fillna(0.0)
     df["speedup_pct"] = (pd.to_numeric(df["speedup"], errors="coerce") - 1.0) * 100.0
     keep = ["trial_id", "trial", "kind", "throughput", "samples_per_s", "samples_per_s_low",

@@ -23,16 +23,20 @@ def _identifier(name: str, what: str) -> str:
 
 def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset", loss_fn: str = "loss_fn",
                   optimizer: str = "make_optimizer", steps: int = 100, shuffle: bool = True,
-                  drop_last: bool = False, seed: int | None = None) -> str:
+                  drop_last: bool = False, seed: int | None = None, warmup: int = 5) -> str:
     """Python source of a training loop for `steps` optimizer steps under these knobs.
 
     With `seed`, the loop seeds torch and the loader's shuffle the way a trial does (same batches
-    in the same order as `run_trial` with `Workbench(seed=...)`).
+    in the same order as `run_trial` with `Workbench(seed=...)`). It prints the samples/s of the
+    steps after the first `warmup` (start-up and compilation are not timed), the figure a trial
+    reports, so the script can referee the workbench.
     """
     if not isinstance(knobs, Knobs):
         raise TypeError(f"knobs_to_code takes a Knobs value, got {type(knobs).__name__}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0 (untimed steps), got {warmup!r}")
     m, ds, lf, opt = (_identifier(model, "model"), _identifier(dataset, "dataset"),
                       _identifier(loss_fn, "loss_fn"), _identifier(optimizer, "optimizer"))
     k = knobs
@@ -46,6 +50,8 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     if k.data == "cached":
         out.append("# data='cached' was a measurement short-circuit (one repeated batch); this loop uses the real data.")
     out += [
+        "import time",
+        "",
         "import torch",
         "from torch.utils.data import DataLoader",
     ]
@@ -112,7 +118,7 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
 
     # ---- the loop ---------------------------------------------------------------------------
     move = "[t.to(device, non_blocking=True) for t in batch]" if k.pin_memory else "[t.to(device) for t in batch]"
-    body = [f"*inputs, target = {move}"]
+    body = [f"*inputs, target = {move}", "seen += len(target)"]
     if k.channels_last:
         body.append("inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 and x.is_floating_point() else x for x in inputs]")
     if k.amp != "off":
@@ -123,12 +129,20 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     scaled = "loss / accum_steps" if accum > 1 else "loss"
     body.append(f"scaler.scale({scaled}).backward()" if k.amp == "fp16" else f"({scaled}).backward()" if accum > 1 else "loss.backward()")
     update = (["scaler.step(optimizer)", "scaler.update()"] if k.amp == "fp16" else ["optimizer.step()"])
-    update += ["optimizer.zero_grad(set_to_none=True)", "step += 1", "if step == num_steps:", "    break"]
+    update += ["optimizer.zero_grad(set_to_none=True)", "step += 1", "if step == warmup_steps:  # the timed window starts",
+               "    sync()", "    t0, seen0 = time.perf_counter(), seen", "if step == num_steps:", "    break"]
     if accum > 1:
         body += ["micro += 1", "if micro % accum_steps == 0:"] + ["    " + u for u in update]
     else:
         body += update
-    out += ["", f"num_steps = {steps}", "step = micro = 0" if accum > 1 else "step = 0", f"{m}.train()",
+    out += ["", "", "def sync():",
+            '    """Wait for queued GPU work, so the clock measures it."""',
+            '    if device.type == "cuda":', "        torch.cuda.synchronize()", "", "",
+            f"num_steps = {steps}", f"warmup_steps = {min(warmup, steps - 1)}  # not timed: start-up, compilation",
+            "step = micro = seen = 0" if accum > 1 else "step = seen = 0",
+            "t0, seen0 = time.perf_counter(), 0", f"{m}.train()",
             "while step < num_steps:", "    for batch in loader:"]
     out += [textwrap.indent(line, " " * 8) for line in body]
+    out += ["sync()", 'print(f"{(seen - seen0) / (time.perf_counter() - t0):.1f} samples/s '
+            'over {num_steps - warmup_steps} timed steps")']
     return "\n".join(out) + "\n"

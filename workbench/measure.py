@@ -257,9 +257,9 @@ class TrialResult:
     status: str  # ok | oom | error | nan | interrupted
     message: str = ""  # what went wrong and what to try (empty when ok)
     samples_per_s: float | None = None  # samples in the measured window / its wall time
-    step_time_s: float | None = None  # median optimizer-step time
-    step_time_iqr_s: float | None = None  # interquartile range of step times (noise)
-    step_times_s: tuple[float, ...] = ()  # raw per-step times, measured window only
+    step_time_s: float | None = None  # median optimizer-step time (derived from step_times_s)
+    step_time_iqr_s: float | None = None  # interquartile range of step times (derived from step_times_s)
+    step_times_s: tuple[float, ...] = ()  # raw per-step times, measured window only (the stored truth)
     data_wait_s: tuple[float, ...] = ()  # raw per-step host time blocked on the next batch(es)
     data_wait_share: float | None = None  # sum(data wait) / window wall time
     peak_memory_bytes: int | None = None  # peak tensor memory on the device during a step
@@ -274,6 +274,14 @@ class TrialResult:
     where: str = ""  # the stage a failure happened in: model, loss, data, step_fn, optimizer, ...
     traceback: str = ""  # full traceback of a failure (not shown in the one-line repr)
     extra: dict[str, Any] = field(default_factory=dict)  # diagnostics attached by later stages
+
+    def __post_init__(self) -> None:
+        # Median and IQR are derived from the raw step times, never carried over: a copy with other
+        # (e.g. pooled) step times gets their statistics, not the first run's.
+        if self.step_times_s:
+            median, iqr = summarize(list(self.step_times_s))
+            object.__setattr__(self, "step_time_s", median)
+            object.__setattr__(self, "step_time_iqr_s", iqr)
 
     @property
     def ok(self) -> bool:

@@ -2,8 +2,9 @@
 
 The log is append-only JSONL (one record per line, flushed and fsynced), so a kernel restart or
 a crash mid-trial loses nothing that finished. Nothing here ever unpickles: records are plain
-JSON. `compare()` turns two trials' raw step times into a verdict that refuses to crown a winner
-inside the noise.
+JSON. `compare()` judges two configurations from their per-trial throughputs against the
+between-trial noise learnt from the log's repeats (the model lives in stats.py), optionally after
+running alternating confirmation rounds.
 """
 
 from __future__ import annotations
@@ -12,18 +13,17 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from .measure import TrialResult
-
-MIN_EFFECT = 0.02  # differences under 2% are called noise even when the interval excludes 0
-CONFIDENCE = 0.95
+from .knobs import Knobs
+from .measure import STATUSES, TrialResult
+from .stats import Comparison, Noise, critical, decide, estimate_noise
 
 # The columns a reader wants first; knobs and details follow.
 SUMMARY_COLUMNS = [
@@ -31,59 +31,76 @@ SUMMARY_COLUMNS = [
     "step_time_iqr_ms", "data_wait_share", "peak_memory_mb", "startup_s", "compile_s",
     "final_loss", "message",
 ]
+OPTIONAL_INT_KNOBS = ("prefetch_factor", "cpu_threads")  # None = torch's default: nullable Int64 columns
+
+Trials = TrialResult | Sequence[TrialResult]
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """B against A from per-sample step times: ratio of means with a bootstrap interval."""
-
-    a: int | None  # trial ids
-    b: int | None
-    speedup: float  # A's time per sample / B's: 1.25 means B does 25% more samples per second
-    low: float  # CONFIDENCE interval of the speedup
-    high: float
-    beyond_noise: bool
-
-    @property
-    def verdict(self) -> str:
-        return "beyond noise" if self.beyond_noise else "within noise"
-
-    def __str__(self) -> str:
-        pct = (self.speedup - 1) * 100
-        interval = f"{(self.low - 1) * 100:+.1f}% … {(self.high - 1) * 100:+.1f}%"
-        if not self.beyond_noise:
-            return (f"#{self.b} vs #{self.a}: within noise ({pct:+.1f}%, "
-                    f"{CONFIDENCE:.0%} interval {interval}); no winner")
-        word = "faster" if pct > 0 else "slower"
-        return (f"#{self.b} is {abs(pct):.1f}% {word} than #{self.a} (beyond noise: "
-                f"{CONFIDENCE:.0%} interval {interval})")
-
-    __repr__ = __str__
+def _usable(r: TrialResult) -> bool:
+    return r.ok and bool(r.samples_per_s) and len(r.step_times_s) >= 2
 
 
-def per_sample_times(r: TrialResult) -> np.ndarray:
-    """Seconds per sample for each measured step (so different batch sizes compare fairly)."""
-    return np.asarray(r.step_times_s, dtype=float) / max(1, r.samples_per_step or 1)
-
-
-def compare(a: TrialResult, b: TrialResult, *, resamples: int = 2000, seed: int = 0) -> Comparison:
-    """Is B faster than A beyond the step-to-step noise? Bootstrap of the ratio of mean times.
-
-    Means, not medians: throughput is samples / total time, and a data pipeline that delivers
-    batches in bursts has a fast median step but a slow mean.
-    """
-    for r in (a, b):
-        if len(r.step_times_s) < 2:
+def _side(x: Trials) -> list[TrialResult]:
+    runs = [x] if isinstance(x, TrialResult) else list(x)
+    if not runs or not all(isinstance(r, TrialResult) for r in runs):
+        raise TypeError("compare takes TrialResults (or lists of trials of the same knobs); "
+                        "bench.compare also takes trial ids")
+    for r in runs:
+        if not _usable(r):
             raise ValueError(f"trial #{r.trial_id} has no step-time samples (status {r.status}); compare ok trials")
-    ta, tb = per_sample_times(a), per_sample_times(b)
-    rng = np.random.default_rng(seed)
-    ma = ta[rng.integers(0, len(ta), (resamples, len(ta)))].mean(axis=1)
-    mb = tb[rng.integers(0, len(tb), (resamples, len(tb)))].mean(axis=1)
-    tail = (1 - CONFIDENCE) / 2
-    low, high = np.quantile(ma / mb, [tail, 1 - tail])
-    speedup = float(ta.mean() / tb.mean())
-    beyond = bool((low > 1 or high < 1) and abs(speedup - 1) >= MIN_EFFECT)
-    return Comparison(a.trial_id, b.trial_id, speedup, float(low), float(high), beyond)
+    if len({r.knobs for r in runs}) > 1:
+        raise ValueError("a list passed to compare must hold trials of identical knobs (repeats of one configuration)")
+    return runs
+
+
+def noise_of(trials: Iterable[TrialResult]) -> Noise:
+    """The between-trial noise these trials show: repeats of identical knobs, pooled (see stats.py)."""
+    groups: dict[Knobs, list[float]] = {}
+    for r in trials:
+        if _usable(r):
+            groups.setdefault(r.knobs, []).append(float(r.samples_per_s or 0.0))
+    return estimate_noise(list(groups.values()))
+
+
+def compare(a: Trials, b: Trials, *, rounds: int = 0, run: Callable[[Knobs], TrialResult | None] | None = None,
+            log: ResultLog | None = None, noise: Noise | None = None) -> Comparison:
+    """Is configuration B faster than A beyond run-to-run noise? Decided from per-trial samples/s.
+
+    `a`, `b`: a trial each (or lists of repeats). `rounds=N` first runs N more trials of each
+    through `run(knobs)` in alternating order (a and b ran A B; the rounds go B A, A B, ...: a
+    slow drift cancels), so the verdict rests on 1 + N trials a side. The noise comes from `noise`, else from `log`'s repeats
+    (re-read after the rounds, which are repeats themselves), else from these trials alone; until
+    repeats exist it is a conservative prior. The one comparison behind the results table's
+    verdicts, `bench.compare`, the panel's "repeat to confirm", `tune()` and `diagnose()`.
+    """
+    runs_a, runs_b = _side(a), _side(b)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ValueError(f"rounds must be an int >= 0 (extra trials of each configuration), got {rounds!r}")
+    if rounds and run is None:
+        raise ValueError("rounds need a way to run trials: call bench.compare(a, b, rounds=N), or pass run=bench.run")
+    note, done = "", 0
+    for i in range(rounds):
+        order = [(runs_a, runs_a[0].knobs), (runs_b, runs_b[0].knobs)]
+        pair: list[tuple[list[TrialResult], TrialResult]] = []
+        for side, knobs in order[::-1] if i % 2 == 0 else order:  # a and b ran A B: now B A, A B, ...
+            r = run(knobs)  # type: ignore[misc]
+            if r is None or not _usable(r):
+                what = "was stopped" if r is None else f"#{r.trial_id} ended {r.status}"
+                note = f"Round {i + 1} {what}; decided on {done} complete round{'s' if done != 1 else ''}."
+                break
+            pair.append((side, r))
+        if note:
+            break
+        for side, r in pair:
+            side.append(r)
+        done += 1
+    if log is not None and (noise is None or done):
+        noise = log.noise
+    elif noise is None:
+        noise = noise_of([*runs_a, *runs_b])
+    return decide([r.samples_per_s or 0.0 for r in runs_a], [r.samples_per_s or 0.0 for r in runs_b], noise,
+                  a_trials=[r.trial_id for r in runs_a], b_trials=[r.trial_id for r in runs_b], rounds=done,
+                  note=note)
 
 
 class ResultLog:
@@ -177,10 +194,23 @@ class ResultLog:
         for fn in list(self._observers):
             fn(r)
 
-    # ---- the table --------------------------------------------------------------------------
+    # ---- the noise and the tables --------------------------------------------------------------
+    @property
+    def noise(self) -> Noise:
+        """Between-trial noise learnt from this log's repeats of identical knobs (prior until then)."""
+        return noise_of(self.trials)
+
     def frame(self) -> pd.DataFrame:
-        """One row per trial: summary columns first, then every knob, notes and environment."""
+        """One row per trial: summary columns first, then every knob, notes and environment.
+
+        `trial_id` is a column (the index is a plain 0..n-1 range): `df.set_index("trial_id")`
+        looks trials up by id. `speedup` is samples/s over the baseline's; `verdict` is exactly
+        `compare(baseline, trial)`. `samples_per_s_low/high` bound where a repeat of the trial
+        would land (95%, from the between-trial noise); `df.attrs["noise"]` holds that noise.
+        """
         base = self.baseline
+        noise = self.noise
+        band = math.exp(critical(noise.df) * noise.sigma)
         rows = []
         for r in self.trials:
             rec = r.to_record()
@@ -199,30 +229,59 @@ class ResultLog:
                 "compile_s": r.compile_s,
                 "final_loss": rec["final_loss"],
                 "message": r.message,
+                "samples_per_s_low": r.samples_per_s / band if r.samples_per_s else None,
+                "samples_per_s_high": r.samples_per_s * band if r.samples_per_s else None,
             }
-            if base is not None and r.samples_per_s and len(r.step_times_s) >= 2:
-                row["speedup"] = r.samples_per_s / base.samples_per_s
+            if base is not None and _usable(r) and _usable(base):
                 if r.trial_id == base.trial_id:
-                    row["verdict"] = "baseline"
+                    row["speedup"], row["verdict"] = 1.0, "baseline"
                 else:
-                    row["verdict"] = compare(base, r).verdict
-            # throughput band from the step-time quartiles (the chart's noise band)
-            if r.step_times_s and r.samples_per_step:
-                q1, q3 = np.quantile(r.step_times_s, [0.25, 0.75])
-                row["samples_per_s_low"] = r.samples_per_step / q3
-                row["samples_per_s_high"] = r.samples_per_step / q1
-            else:
-                row["samples_per_s_low"] = row["samples_per_s_high"] = None
+                    c = compare(base, r, noise=noise)
+                    row["speedup"], row["verdict"] = c.speedup, c.verdict
             row.update(r.knobs.to_dict())
             row["checkpoint"] = ",".join(r.knobs.checkpoint)
             row["notes"] = "; ".join(r.notes)
             row["device"] = r.env.get("device", "")
             row["started_at"] = r.started_at
             rows.append(row)
-        df = pd.DataFrame(rows)
-        if df.empty:
-            df = pd.DataFrame(columns=SUMMARY_COLUMNS)
-        return df.set_index("trial_id", drop=False).rename_axis(None)
+        df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=SUMMARY_COLUMNS)
+        for col in ("speedup", "samples_per_s_low", "samples_per_s_high"):
+            if col in df:
+                df[col] = pd.to_numeric(df[col])
+        for col in OPTIONAL_INT_KNOBS:
+            if col in df:
+                df[col] = df[col].astype("Int64")
+        df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
+        if "started_at" in df:
+            df["started_at"] = pd.to_datetime(df["started_at"].replace("", None), errors="coerce")
+        df.attrs["noise"] = noise
+        return df
+
+    def steps_frame(self) -> pd.DataFrame:
+        """One row per measured step of every trial: trial_id, step, step_time_s, data_wait_s, loss."""
+        parts = []
+        for r in self.trials:
+            n = len(r.step_times_s)
+            if not n:
+                continue
+            parts.append(pd.DataFrame({
+                "trial_id": r.trial_id,
+                "step": np.arange(1, n + 1),
+                "step_time_s": r.step_times_s,
+                "data_wait_s": _padded(r.data_wait_s, n),
+                "loss": _padded(r.losses, n),
+            }))
+        if not parts:
+            return pd.DataFrame({"trial_id": pd.Series(dtype="int64"), "step": pd.Series(dtype="int64"),
+                                 "step_time_s": pd.Series(dtype=float), "data_wait_s": pd.Series(dtype=float),
+                                 "loss": pd.Series(dtype=float)})
+        return pd.concat(parts, ignore_index=True)
+
+
+def _padded(values: Sequence[float], n: int) -> list[float]:
+    """`values` cut or NaN-padded to n entries (a failed trial may have fewer losses than step times)."""
+    out = [float(v) for v in values[:n]]
+    return out + [float("nan")] * (n - len(out))
 
 
 def _ms(s: float | None) -> float | None:

@@ -1,9 +1,9 @@
 """Guided tuning: a greedy search in the seeds' order, and fitting a memory budget.
 
 `tune(bench)` walks data pipeline → precision → compile → batch size, trying one change at a time
-against the incumbent and keeping it only when it wins beyond noise *twice*: once against the
-incumbent's last measurement, then again in a fresh incumbent/candidate pair run back to back
-(paired confirmation, so a burst of load from another process cannot crown a winner).
+against the incumbent and keeping it only when it is faster and then wins beyond run-to-run noise
+in alternating confirmation rounds (`compare(..., rounds=N)`, the same function as
+`bench.compare`), so a burst of load from another process cannot crown a winner.
 
 `fit_memory(bench, budget, effective_batch)` walks the memory rescue order: AMP → gradient
 accumulation → checkpointing the blocks that save the most activations, reporting what each step
@@ -23,6 +23,7 @@ from .fit import FitResult, fit_memory  # the memory rescue lives in fit.py
 from .knobs import Knobs
 from .measure import TrialResult, fmt_bytes
 from .results import compare
+from .stats import MIN_EFFECT
 
 STAGES = ("data", "precision", "compile", "batch")
 BATCH_GROWTH_LIMIT = 0.8  # never try a batch whose predicted peak exceeds this share of free memory
@@ -165,12 +166,31 @@ class _Budget:
         return self.bench.run(knobs)
 
 
-def _wins(a: TrialResult, b: TrialResult) -> tuple[bool, float | None, str]:
-    """(b beats a beyond noise, speedup, verdict text)."""
-    if not (a.ok and b.ok) or len(a.step_times_s) < 2 or len(b.step_times_s) < 2:
-        return False, None, "not comparable"
-    c = compare(a, b)
-    return c.beyond_noise and c.speedup > 1, c.speedup, c.verdict
+MAX_CONFIRM_ROUNDS = 3  # alternating rounds spent confirming one change (2 trials each)
+
+
+def _evidence(bench: Any, knobs: Knobs, latest: TrialResult) -> list[TrialResult]:
+    """The incumbent's recent ok repeats (its confirmation rounds included), newest last."""
+    same = [r for r in bench.trials if r.ok and r.knobs == knobs and r.samples_per_s and len(r.step_times_s) >= 2]
+    return same[-3:] if any(t.trial_id == latest.trial_id for t in same) else [latest]
+
+
+def _confirm(bench: Any, b: _Budget, k: Knobs, inc: TrialResult, r: TrialResult, confirm: bool) -> tuple[str, Any, Any]:
+    """Screen candidate `r` against the incumbent, then confirm in alternating rounds (compare's).
+
+    Returns (decision, the screening Comparison, the confirming Comparison or None); decision is
+    "won", "lost" or "no budget".
+    """
+    screen = compare(_evidence(bench, k, inc), r, log=getattr(bench, "log", None))
+    if screen.speedup < 1 + MIN_EFFECT or (not screen.beyond_noise and screen.rounds_needed is None):
+        return "lost", screen, None  # not faster, or a gap too small for any budget to settle
+    if not confirm:
+        return ("won" if screen.beyond_noise else "lost"), screen, None
+    rounds = min(MAX_CONFIRM_ROUNDS, max(1, screen.rounds_needed or 1), b.left // 2)
+    if rounds < 1:
+        return "no budget", screen, None
+    c = compare(_evidence(bench, k, inc), r, rounds=rounds, run=b.run, log=getattr(bench, "log", None))
+    return ("won" if c.beyond_noise and c.speedup > 1 else "lost"), screen, c
 
 
 def _label(change: dict[str, Any]) -> str:
@@ -219,31 +239,28 @@ def tune(bench: Any, budget: int = 12, *, start: Knobs | None = None, memory_bud
         if over_memory(r):
             row["decision"] = f"rejected: peak {fmt_bytes(r.peak_memory_bytes)} over the memory budget"
             return "over"
-        won, speed, verdict = _wins(inc, r)
-        row["speedup"] = speed
-        if not won:
-            row["decision"] = f"rejected ({verdict})"
+        decision, screen, c = _confirm(bench, b, k, inc, r, confirm)
+        row["speedup"] = screen.speedup
+        if c is None:
+            if decision == "won":
+                row["decision"] = "kept"
+                k, inc = cand_k, r
+                return "won"
+            row["decision"] = (f"faster once ({screen.verdict}); no budget left to confirm, not kept"
+                               if decision == "no budget" else f"rejected: {screen.speedup:.2f}x ({screen.verdict})")
             return "lost"
-        if not confirm:
+        last = {t.trial_id: t for t in bench.trials}
+        rows.append({"stage": stage, "change": f"confirm: {_label(change)}", "trial": c.b_trials[-1],
+                     "samples_per_s": last[c.b_trials[-1]].samples_per_s if c.b_trials[-1] in last else None,
+                     "speedup": c.speedup,
+                     "decision": (f"confirmed in {c.rounds} round(s) vs #{c.a_trials[-1]} ({c.verdict})" if decision == "won"
+                                  else f"not confirmed in {c.rounds} round(s) vs #{c.a_trials[-1]} ({c.verdict})")})
+        if decision == "won":
             row["decision"] = "kept"
-            k, inc = cand_k, r
-            return "won"
-        if b.left < 2:
-            row["decision"] = "won once; no budget left to confirm, not kept"
-            return "lost"
-        inc2 = b.run(k)  # paired confirmation: incumbent and candidate back to back
-        r2 = b.run(cand_k)
-        won2, speed2, verdict2 = _wins(inc2, r2)
-        rows.append({"stage": stage, "change": f"confirm: {_label(change)}", "trial": r2.trial_id,
-                     "samples_per_s": r2.samples_per_s, "speedup": speed2,
-                     "decision": f"confirmed vs #{inc2.trial_id}" if won2 else f"not confirmed vs #{inc2.trial_id} ({verdict2})"})
-        if won2:
-            row["decision"] = "kept"
-            k, inc = cand_k, r2
+            k, inc = cand_k, last.get(c.b_trials[-1], r)
             return "won"
         row["decision"] = "rejected after confirmation"
-        if inc2.ok:
-            inc = inc2  # the fresher measurement of the incumbent is the better reference
+        inc = last.get(c.a_trials[-1], inc)  # the fresher measurement of the incumbent is the better reference
         return "lost"
 
     for stage in stages:

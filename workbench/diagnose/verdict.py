@@ -64,9 +64,11 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
     evidence: list[str] = []
     wait = data.data_wait_share or 0.0
     if data.comparison is not None:
-        evidence.append(f"one cached batch runs at {data.comparison.speedup:.2f}x the real loader "
-                        f"({data.comparison.verdict})")
-    evidence.append(f"data wait is {wait:.0%} of the step (rule: under {DATA_WAIT_LIMIT:.0%})")
+        c = data.comparison
+        how = f"{c.verdict}, {c.rounds} alternating rounds" if c.rounds else f"{c.verdict}, one pair of trials"
+        evidence.append(f"one cached batch runs at {c.speedup:.2f}x the real loader ({how})")
+    evidence.append(f"data wait is {wait:.0%} of the step (rule: under {DATA_WAIT_LIMIT:.0%}; data-bound needs "
+                    "that or a cached-batch speedup confirmed in rounds)")
     if data.loader_headroom is not None:
         evidence.append(f"the loader alone delivers {data.loader_samples_per_s:,.0f} samples/s = "
                         f"{data.loader_headroom:.2f}x what the step can consume")

@@ -1,0 +1,58 @@
+"""False-alarm rate and power of `compare` on the synthetic trials of tests/test_stats.py, with
+more simulations than the test runs (the test asserts the bounds; this prints the figures).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_calibration.py [sessions]
+
+Patterns: "jitter" (AR(1) step jitter + a per-trial level shift of up to ±10%) and "bursty" (the
+same plus a data pipeline that delivers batches in bursts). Pure arithmetic: machine load does not
+change these figures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_stats import A, B, SimBench  # the synthetic trials the test uses
+
+from workbench.results import compare
+
+
+def rate(hits: int, n: int) -> str:
+    return f"{hits}/{n} = {hits / n:.1%}"
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 500
+    for pattern in ("jitter", "bursty"):
+        adjacent = first = pairs = 0
+        for seed in range(n // 2):  # the held-out check: 8 identical trials, 7 adjacent pairs, 7 table verdicts
+            sim = SimBench(50_000 + seed, pattern)
+            t = [sim.run(A) for _ in range(8)]
+            adjacent += sum(compare(x, y, log=sim.log).beyond_noise for x, y in itertools.pairwise(t))
+            first += sum(compare(t[0], y, log=sim.log).beyond_noise for y in t[1:])
+            pairs += 7
+        fa3 = fa2 = p13 = p14 = single = 0
+        for seed in range(n):
+            s = SimBench(70_000 + seed, pattern)
+            fa3 += compare(s.run(A), s.run(B), rounds=3, run=s.run, log=s.log).beyond_noise
+            s = SimBench(80_000 + seed, pattern)
+            fa2 += compare(s.run(A), s.run(B), rounds=2, run=s.run, log=s.log).beyond_noise
+            s = SimBench(90_000 + seed, pattern, 1.3)
+            c = compare(s.run(A), s.run(B), rounds=3, run=s.run, log=s.log)
+            p13 += c.beyond_noise and c.speedup > 1
+            s = SimBench(95_000 + seed, pattern, 1.4)
+            c = compare(s.run(A), s.run(B), rounds=2, run=s.run, log=s.log)
+            p14 += c.beyond_noise and c.speedup > 1
+            s = SimBench(99_000 + seed, pattern, 1.3)
+            single += compare(s.run(A), s.run(B), log=s.log).beyond_noise
+        print(f"{pattern}: false alarms, 7 adjacent identical pairs per session {rate(adjacent, pairs)}; "
+              f"verdict column (vs the first) {rate(first, pairs)}; rounds=3 {rate(fa3, n)}; rounds=2 {rate(fa2, n)} | "
+              f"power: 1.3x rounds=3 {rate(p13, n)}; 1.4x rounds=2 {rate(p14, n)}; "
+              f"1.3x one pair, no repeats yet {rate(single, n)}")
+
+
+if __name__ == "__main__":
+    main()

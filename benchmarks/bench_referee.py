@@ -1,0 +1,121 @@
+"""The user's own loop as referee: workbench samples/s against the plain script `Knobs.to_code()`
+writes, run as an ordinary `python` process (the user's real training run).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_referee.py [--rounds 3] [--size default]
+
+For each demo, every knob set runs once per round through `bench.run` and once as the generated
+script, in alternating order (round 1: sets forward, workbench first; round 2: sets backward,
+script first; ...), so slow drift hits both sides alike. Reported per knob set: the medians of
+both figures, the workbench/script ratio (median over rounds of the per-round ratio), and each
+side's speedup over the demo's defaults. Goal: every ratio within ±10%. Measures, asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import workbench as wb
+from workbench.measure import environment
+
+ROOT = Path(__file__).resolve().parents[1]
+WARMUP, STEPS = 5, 30
+
+# (demo, knob changes); the first set of each demo is its defaults (the speedup reference)
+KNOB_SETS: list[tuple[str, dict]] = [
+    ("jpeg", {}),
+    ("jpeg", {"num_workers": 1, "persistent_workers": True}),
+    ("jpeg", {"num_workers": 2, "persistent_workers": True, "cpu_threads": 1}),
+    ("cnn", {}),
+    ("cnn", {"channels_last": True}),
+    ("cnn", {"batch_size": 64}),
+    ("cnn", {"cpu_threads": 1}),
+]
+
+PREAMBLE = """\
+# The demo's parts under the names the generated loop expects (built outside the timed window).
+from workbench.demos import DEMOS
+
+parts = DEMOS[{demo!r}].build({size!r})
+model, dataset, loss_fn, make_optimizer = parts["model"], parts["data"], parts["loss_fn"], parts["optimizer"]
+
+"""
+
+
+def script_rate(demo: str, size: str, knobs: wb.Knobs, workdir: Path) -> float:
+    """Run the generated loop as a plain `python` process; the samples/s it prints."""
+    path = workdir / f"loop_{demo}.py"
+    path.write_text(PREAMBLE.format(demo=demo, size=size) + knobs.to_code(steps=WARMUP + STEPS, warmup=WARMUP))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=600)
+    m = re.search(r"([\d.]+) samples/s", out.stdout)
+    if out.returncode != 0 or m is None:
+        raise RuntimeError(f"the generated loop failed for {knobs}:\n{out.stderr[-2000:]}")
+    return float(m.group(1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--size", default="default", choices=["tiny", "default"])
+    args = p.parse_args()
+    load_before = os.getloadavg()
+    t_start = time.perf_counter()
+    benches = {d: wb.demo(d, size=args.size, log=None, steps=STEPS, warmup_steps=WARMUP) for d in dict(KNOB_SETS)}
+    sets = [(d, benches[d].knobs(**ch)) for d, ch in KNOB_SETS]
+    rates: dict[int, dict[str, list[float]]] = {i: {"wb": [], "script": []} for i in range(len(sets))}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            order = list(range(len(sets)))
+            if r % 2:
+                order.reverse()
+            for i in order:
+                demo, knobs = sets[i]
+                sides = ["wb", "script"] if r % 2 == 0 else ["script", "wb"]
+                for side in sides:
+                    if side == "wb":
+                        res = benches[demo].run(knobs)
+                        rates[i]["wb"].append(res.samples_per_s if res.ok else float("nan"))
+                    else:
+                        rates[i]["script"].append(script_rate(demo, args.size, knobs, Path(tmp)))
+                print(f"round {r + 1}, {demo} {knobs.label(benches[demo].defaults)}: "
+                      f"workbench {rates[i]['wb'][-1]:,.1f}, script {rates[i]['script'][-1]:,.1f} samples/s", flush=True)
+
+    import pandas as pd
+
+    rows = []
+    ref: dict[str, int] = {}
+    for i, (demo, knobs) in enumerate(sets):
+        ref.setdefault(demo, i)
+        w, s = rates[i]["wb"], rates[i]["script"]
+        w0, s0 = rates[ref[demo]]["wb"], rates[ref[demo]]["script"]
+        wb_speedup = statistics.median(w) / statistics.median(w0)
+        sc_speedup = statistics.median(s) / statistics.median(s0)
+        rows.append({
+            "demo": demo, "knobs": knobs.label(benches[demo].defaults),
+            "workbench samples/s": statistics.median(w), "script samples/s": statistics.median(s),
+            "wb/script": statistics.median(a / b for a, b in zip(w, s)),
+            "wb speedup": wb_speedup, "script speedup": sc_speedup, "speedup ratio": wb_speedup / sc_speedup,
+        })
+    df = pd.DataFrame(rows)
+    env = environment(benches["cnn"].device)
+    print(f"\n{env['device_name']}, {os.cpu_count()} cores, torch {env['torch']}, Python {platform.python_version()}; "
+          f"{args.rounds} rounds, {STEPS} timed steps after {WARMUP} warm-up, size {args.size}; "
+          f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after; "
+          f"{time.perf_counter() - t_start:.0f} s")
+    with pd.option_context("display.width", 200):
+        print(df.to_string(index=False, float_format="{:.2f}".format))
+    worst = max(abs(df["wb/script"] - 1).max(), abs(df["speedup ratio"] - 1).max())
+    print(f"\nlargest deviation from the script: {worst:.1%} (goal: within 10%)")
+
+
+if __name__ == "__main__":
+    main()
