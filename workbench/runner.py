@@ -11,8 +11,10 @@ TrialInterrupted so the notebook cell still stops.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import gc
 import math
+import os
 import random
 import statistics
 import threading
@@ -24,8 +26,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from . import apply
+from . import trace as tracing
 from .knobs import Knobs, device_notes
 from .measure import (
     FOREIGN_LOAD_LIMIT,
@@ -44,6 +48,8 @@ from .workload import Workload, batch_size_of, move_to
 
 Progress = Callable[[str, int, int], None]  # (phase, steps done, steps total)
 NOISY = 0.10  # IQR / median above this gets a "noisy" note
+TRACE_STEPS = 3  # optimizer steps in a trace (after one profiler warm-up step)
+_NO_RANGE = contextlib.nullcontext()  # stands in for record_function outside traced steps
 
 
 class TrialInterrupted(KeyboardInterrupt):
@@ -79,8 +85,13 @@ def run_trial(
     cancel: threading.Event | None = None,
     measure_memory: bool = True,
     loader_timeout_s: float = 120.0,
+    trace: bool = False,
+    trace_dir: str | os.PathLike | None = None,
 ) -> TrialResult:
     """Run warm-up + `steps` measured optimizer steps; never raises for a failing trial.
+
+    `trace=True` then profiles TRACE_STEPS more steps (after the window, never inside it) into a
+    Chrome-trace JSON in `trace_dir` (default: the temp dir) and sets `result.trace_path`.
 
     Raises ValueError for knobs that cannot apply to this workload (unknown block, batch larger
     than the dataset) and TrialInterrupted on KeyboardInterrupt (after recording the result).
@@ -101,8 +112,9 @@ def run_trial(
     try:
         with apply.process_settings(knobs), _seeded(workload.seed):
             env = environment(device)
+            trace_to = tracing.trace_file(trace_dir, type(workload.pristine).__name__) if trace else None
             result = _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memory,
-                              loader_timeout_s, stage, state, notes)
+                              loader_timeout_s, stage, state, notes, trace_to)
             return TrialResult(knobs=knobs, env=env, started_at=started, **result)
     except KeyboardInterrupt as e:
         state["failed"] = True
@@ -159,7 +171,7 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
 
 
 def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memory, loader_timeout_s,
-             stage, state, notes) -> dict[str, Any]:
+             stage, state, notes, trace_to=None) -> dict[str, Any]:
     device = workload.device
     non_blocking = knobs.pin_memory and device.type == "cuda"
     total = warmup_steps + steps
@@ -213,29 +225,39 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
     def get_batch() -> Any:
         return pending.pop() if pending else next_batch()
 
+    # record_function ranges name the phases in a trace; only the traced steps after the window
+    # open them (the measured steps pay one `if` per phase)
+    traced = False
+
+    def phase(name: str) -> Any:
+        return record_function(name) if traced else _NO_RANGE
+
     def one_step(losses: list[torch.Tensor] | None, waits: list[float] | None) -> None:
         """One optimizer step = accum_steps micro-batches; appends its loss and data wait."""
         wait = 0.0
         step_loss = None
         for _ in range(knobs.accum_steps):
             tw = time.perf_counter()
-            batch = get_batch()
+            with phase("data"):
+                batch = get_batch()
             wait += time.perf_counter() - tw  # host time blocked on data (includes the H2D copy)
             state["samples"] = state.get("samples", 0) + batch_size_of(batch)
-            with apply.autocast(knobs, device):
+            with phase("forward"), apply.autocast(knobs, device):
                 loss = workload.compute_loss(step_model, batch, stage)
             _check_loss(loss, stage)
             stage.name = "backward"
             scaled = loss / knobs.accum_steps if knobs.accum_steps > 1 else loss  # no extra op at k=1
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+            with phase("backward"):
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         stage.name = "optimizer"
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        with phase("optimizer"):
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         if losses is not None:
             losses.append(step_loss)  # stays on the device: no sync; averaged once at the end
         if waits is not None:
@@ -295,6 +317,23 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
     samples = state["samples"]
     watch.__exit__(None, None, None)  # only on success: a failed trial reports its exception instead
 
+    # ---- trace: a few more steps under the profiler, after the window (never measured) -----
+    trace_info: dict[str, Any] = {}
+    if trace_to is not None:
+        report("tracing", total, total)
+        stage.phase = "trace"
+        traced = True
+        try:
+            files = tracing.capture(lambda: one_step(None, None), trace_to, device=device, steps=TRACE_STEPS)
+            trace_info = {"trace_path": str(files.path), "steps": files.steps,
+                          "memory_snapshot": str(files.memory_snapshot) if files.memory_snapshot else None,
+                          "memory_html": str(files.memory_html) if files.memory_html else None}
+            notes.extend(files.notes)
+        except Exception as e:  # the measured result stands; only the trace is missing
+            notes.append(f"no trace: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+        finally:
+            traced = False
+
     # ---- derive statistics from the raw samples --------------------------------------------
     median, iqr = summarize(step_times)
     noise = iqr / median if median else 0.0
@@ -316,6 +355,8 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
                    + ("; with fp16 keep the GradScaler (it is on)" if knobs.amp == "fp16" else ""))
     extra = {"epochs": epochs, "warmup_steps": warmup_steps, "wall_s": wall, "foreign_cores": foreign,
              "warmup_wall_s": warmup_wall_s, "memory_probe_s": probe_s}
+    if trace_info:
+        extra["trace"] = trace_info
     if watch.info:
         extra["compile"] = watch.info
         if watch.info.get("graph_breaks"):
@@ -338,6 +379,7 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
         losses=tuple(loss_values),
         notes=tuple(notes),
         extra=extra,
+        trace_path=trace_info.get("trace_path"),
     )
 
 
