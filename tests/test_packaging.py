@@ -108,6 +108,7 @@ def test_core_imports_and_runs_a_trial_without_the_notebook_stack(tmp_path):
     assert got["html"]
     for what in ("panel", "chart"):
         assert 'pip install "tuning-workbench[notebook]"' in got["errors"].get(what, ""), got["errors"]
+    assert "needs altair" in got["errors"]["chart"]
 
 
 @pytest.mark.parametrize("module", ["workbench.cli", "workbench.tune", "workbench.diagnose", "workbench.export",

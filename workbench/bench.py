@@ -187,7 +187,7 @@ class Workbench:
 
     def chart(self) -> Any:
         """The comparison chart of all trials as a plain altair Chart (save to HTML/PNG)."""
-        require_notebook("bench.chart()")
+        require_notebook("bench.chart()", ("altair",))
         from .charts import comparison_chart
 
         return comparison_chart(self.results)
@@ -232,11 +232,11 @@ NOTEBOOK_INSTALL = 'pip install "tuning-workbench[notebook]"'
 NOTEBOOK_MODULES = ("ipywidgets", "anywidget", "altair", "vl_convert")
 
 
-def require_notebook(what: str) -> None:
+def require_notebook(what: str, modules: tuple[str, ...] = NOTEBOOK_MODULES) -> None:
     """Raise ModuleNotFoundError naming the install command when the notebook extra is missing."""
     import importlib.util
 
-    for name in NOTEBOOK_MODULES:
+    for name in modules:
         try:
             missing = importlib.util.find_spec(name) is None
         except (ImportError, ValueError):  # a None entry in sys.modules, or a broken install
