@@ -83,3 +83,19 @@ def test_note_without_a_search_is_a_no_op():
 def test_poller_rejects_bad_rates(hz):
     with pytest.raises(ValueError, match="hz must be > 0"):
         P.Poller(P.TrialProgress(), print, hz=hz)
+
+
+def test_a_notebook_without_ipywidgets_gets_a_text_bar(monkeypatch):
+    """tqdm.notebook raises ImportError ("IProgress not found") without ipywidgets: fall back to text."""
+    import io
+
+    import tqdm.auto
+    import tqdm.std
+
+    def no_widgets(*args, **kwargs):
+        raise ImportError("IProgress not found. Please update jupyter and ipywidgets.")
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", no_widgets)
+    bar = P.make_bar(total=3, file=io.StringIO())
+    assert type(bar) is tqdm.std.tqdm
+    bar.close()
