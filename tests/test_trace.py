@@ -119,3 +119,10 @@ def test_holistic_trace_analysis_loads_the_trace(make_bench, tmp_path):
     assert len(analysis.t.get_trace(0)) > 0
     symbols = set(analysis.t.symbol_table.get_sym_table())
     assert PHASES <= symbols and "ProfilerStep#1" in symbols
+
+
+def test_epochs_crossed_by_the_traced_steps_are_not_the_windows(make_bench):
+    # 40 samples at batch 8 = 5 batches: warm-up 1 + 3 measured steps fit, the 4 traced steps cross
+    r = make_bench(data=tiny_data(40)).run(trace=True, progress=False)
+    assert r.ok and r.trace_path is not None
+    assert r.extra["epochs"] == 0

@@ -323,16 +323,20 @@ def _measure(workload, knobs, warmup_steps, steps, report, cancel, measure_memor
         report("tracing", total, total)
         stage.phase = "trace"
         traced = True
+        window_epochs = epochs  # the notes below are about the window, not the traced steps
         try:
             files = tracing.capture(lambda: one_step(None, None), trace_to, device=device, steps=TRACE_STEPS)
             trace_info = {"trace_path": str(files.path), "steps": files.steps,
                           "memory_snapshot": str(files.memory_snapshot) if files.memory_snapshot else None,
                           "memory_html": str(files.memory_html) if files.memory_html else None}
             notes.extend(files.notes)
+        except _Stopped:
+            notes.append("no trace: stopped by the user after the measured window")
         except Exception as e:  # the measured result stands; only the trace is missing
             notes.append(f"no trace: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
         finally:
             traced = False
+            epochs = window_epochs
 
     # ---- derive statistics from the raw samples --------------------------------------------
     median, iqr = summarize(step_times)
