@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# constraints.txt pins torch==2.13.0 (CPU build) for the set-up path; the package accepts torch>=2.4.
-	$(BIN)/python -m pip install -q -c constraints.txt torch -e '.[test]'
+	$(BIN)/python -m pip install -q -c constraints.txt torch -e '.[notebook,tensorboard,test]'
 	touch $@
 
 env: $(VENV)/.installed

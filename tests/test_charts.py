@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.charts import EMPTY_TEXT, chart_data, chart_frame, comparison_chart
+from workbench.charts import EMPTY_TEXT, PICK, chart_data, chart_frame, comparison_chart, on_trial_pick, picked_trial
 from workbench.knobs import knob_names
 from workbench.results import ResultLog
 
@@ -105,3 +105,28 @@ def test_bench_chart_is_the_comparison_chart_of_its_results(tmp_path) -> None:
     assert isinstance(chart, alt.VConcatChart)
     assert chart.to_dict() == comparison_chart(bench.results).to_dict()
     assert list(chart_data(chart)["label"]) == ["baseline", "batch_size=16"]
+
+
+def _click(jchart, trial_id):
+    """What the JupyterChart front-end sends when a point is clicked (None: double-click clears)."""
+    value = None if trial_id is None else {"vlPoint": {"or": [{"trial_id": trial_id}]}}
+    jchart._vl_selections = {PICK: {"value": value, "store": []}}
+
+
+def test_clicking_a_point_reports_its_trial_id_across_redraws(log: ResultLog) -> None:
+    jchart = alt.JupyterChart(comparison_chart(log.frame()))
+    picked = []
+    detach = on_trial_pick(jchart, picked.append)
+    _click(jchart, 2)
+    jchart.chart = comparison_chart(log.frame())  # a redraw (the panel does this after every trial)
+    _click(jchart, 3)
+    _click(jchart, None)
+    assert picked == [2, 3, None]
+    detach()
+    _click(jchart, 1)
+    assert picked == [2, 3, None]
+
+
+def test_picked_trial_reads_point_selections() -> None:
+    assert picked_trial([{"trial_id": 4}]) == 4
+    assert picked_trial([]) is None and picked_trial(None) is None

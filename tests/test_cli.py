@@ -16,12 +16,101 @@ def test_help_lists_demos_and_knobs():
         assert word in out.stdout
 
 
+TINY = ["--size", "tiny", "--log", "none", "--steps", "3", "--warmup-steps", "1", "--batch-size", "8"]
+
+
+def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, timeout=600,
+                          **kwargs)
+
+
+def _document(out: subprocess.CompletedProcess, command: str) -> dict:
+    doc = json.loads(out.stdout)  # exactly one JSON document: json.loads rejects anything more
+    assert set(doc) == {"schema", "command", "version", "ok", "exit_code", "error", "result"}
+    assert doc["schema"] == 1 and doc["command"] == command and doc["exit_code"] == out.returncode
+    return doc
+
+
 def test_run_prints_json(capsys):
-    code = main(["run", "--demo", "mlp-memory", "--size", "tiny", "--log", "none", "--steps", "3",
-                 "--warmup-steps", "1", "--batch-size", "8", "--checkpoint", "all", "--json", "--quiet"])
-    rec = json.loads(capsys.readouterr().out)
-    assert code == 0 and rec["status"] == "ok" and rec["batch_size"] == 8
+    code = main(["run", "--demo", "mlp-memory", *TINY, "--checkpoint", "all", "--json", "--quiet"])
+    doc = json.loads(capsys.readouterr().out)
+    rec = doc["result"]
+    assert code == 0 and doc["ok"] and rec["status"] == "ok" and rec["batch_size"] == 8
     assert len(rec["step_times_s"]) == 3 and len(rec["checkpoint"]) >= 1
+
+
+def test_run_json_in_a_subprocess_has_no_progress_on_a_pipe():
+    out = _cli("run", "--demo", "mlp-memory", *TINY, "--json")
+    doc = _document(out, "run")
+    assert doc["ok"] and doc["result"]["status"] == "ok" and doc["result"]["trace_path"] is None
+    assert "\r" not in out.stderr and "steps" not in out.stderr  # stderr is a pipe: no bar frames
+
+
+def test_run_json_with_a_trace():
+    out = _cli("run", "--demo", "mlp-memory", *TINY, "--json", "--trace")
+    rec = _document(out, "run")["result"]
+    trace = json.loads(open(rec["trace_path"]).read())
+    assert trace["traceEvents"]
+
+
+def test_errors_are_one_json_document_too():
+    out = _cli("run", "--demo", "cnn", *TINY, "--persistent-workers", "--json")
+    doc = _document(out, "run")
+    assert out.returncode == 2 and not doc["ok"] and "num_workers >= 1" in doc["error"] and doc["result"] is None
+    out = _cli("run", "--demo", "cnn", "--amp", "fp8", "--json")
+    doc = _document(out, "run")
+    assert out.returncode == 2 and doc["error"].startswith("invalid arguments")
+
+
+@pytest.mark.slow
+def test_diagnose_json():
+    out = _cli("diagnose", "--demo", "mlp-memory", *TINY, "--json")
+    doc = _document(out, "diagnose")
+    res = doc["result"]
+    assert doc["ok"] and res["bottleneck"] and res["verdict"]["bottleneck"] == res["bottleneck"]
+    assert res["knobs"]["batch_size"] == 8 and res["data"]["baseline"]["status"] == "ok"
+    assert isinstance(res["stages"], list) and {row["stage"] for row in res["stages"]} >= {"forward", "backward"}
+    assert json.loads(open(res["trace_path"]).read())["traceEvents"]
+
+
+@pytest.mark.slow
+def test_tune_json():
+    out = _cli("tune", "--demo", "mlp-memory", *TINY, "--budget", "2", "--json")
+    doc = _document(out, "tune")
+    res = doc["result"]
+    assert doc["ok"] and res["trials_used"] <= 2 and res["budget"] == 2
+    assert res["best_knobs"]["batch_size"] >= 1 and res["start"]["status"] == "ok"
+    assert isinstance(res["steps"], list) and res["steps"][0]["stage"] == "start"
+
+
+def test_progress_bar_only_when_stderr_is_a_terminal():
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal has a size
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "workbench", "run", "--demo", "mlp-memory", *TINY, "--json"],
+                                stdout=subprocess.PIPE, stderr=slave, text=True)
+        os.close(slave)
+        err = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            err += chunk
+        stdout, _ = proc.communicate(timeout=600)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0 and json.loads(stdout)["ok"]
+    text = err.decode(errors="replace")
+    assert "\r" in text and "step" in text and "done" in text, text[-500:]  # frames, ending on "done"
 
 
 def test_run_prints_a_readable_line(capsys):
@@ -29,7 +118,19 @@ def test_run_prints_a_readable_line(capsys):
                  "--pin-memory"])
     captured = capsys.readouterr()
     assert code == 0 and "samples/s" in captured.out and "pin_memory is a no-op" in captured.out
-    assert "steps/s" in captured.err  # the text progress bar
+    assert "\r" not in captured.err  # not a terminal: no progress frames
+
+
+def test_jsonable_turns_tables_and_nan_into_plain_json():
+    import math
+
+    import pandas as pd
+
+    from workbench.cli import jsonable
+
+    got = jsonable({"t": pd.DataFrame({"a": [1.0, math.nan]}), "s": pd.Series({"x": 2}), "k": (math.inf,)})
+    assert got == {"t": [{"a": 1.0}, {"a": None}], "s": {"x": 2}, "k": [None]}
+    json.dumps(got, allow_nan=False)
 
 
 def test_invalid_combination_exits_2_naming_the_fix(capsys):
@@ -45,3 +146,12 @@ def test_unknown_demo(capsys):
 def test_bad_flag_value_is_rejected_by_argparse():
     with pytest.raises(SystemExit):
         main(["run", "--demo", "cnn", "--amp", "fp8"])
+
+
+def test_every_verb_offers_json():
+    from workbench.cli import VERBS, build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(sub.choices) == set(VERBS)
+    for verb, parser in sub.choices.items():
+        assert "--json" in parser._option_string_actions, verb

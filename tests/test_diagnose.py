@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -251,6 +252,11 @@ def test_diagnose_data_bound_end_to_end():
     assert "<table" in page and "Diagnosis" in page
     assert d.mfu is not None and d.mfu > 0
     assert d.problems == []
+    # the profiler's steps are kept as a Chrome trace (a temp file: this bench has no log)
+    trace = json.loads(open(d.trace_path).read())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"data", "forward", "backward", "optimizer", "ProfilerStep#1"} <= names
+    assert d.trace_path in text
     before = len(bench.trials)
     bench.diagnose(profile=False, memory=False, flops=False, loader=False)
     assert len(bench.trials) == before  # ok trials with the same knobs are reused

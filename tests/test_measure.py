@@ -80,3 +80,41 @@ def test_record_round_trip_and_repr():
     assert "1,234.5 samples/s" in text and "step 12.3 ms" in text and "peak 12.3 MB" in text and "#3" in text
     failed = TrialResult(knobs=wb.Knobs(), status="oom", message="out of memory in the model's forward")
     assert "OOM: out of memory" in repr(failed)
+
+
+def test_cpu_load_comes_from_psutil(monkeypatch):
+    """System times from psutil, in the shape macOS gives them (no iowait, no steal): a figure, not None."""
+    import collections
+
+    import psutil
+
+    mac = collections.namedtuple("scputimes", "user nice system idle")
+    ticks = iter([mac(10.0, 0.0, 5.0, 100.0), mac(12.0, 0.0, 6.0, 101.0)])  # 3 s busy in between
+
+    class Proc:
+        def cpu_times(self):
+            return (0.5, 0.5)  # our own tree: constant, so all 3 busy seconds are foreign
+
+        def children(self, recursive=False):
+            return []
+
+    monkeypatch.setattr(psutil, "cpu_times", lambda: next(ticks))
+    monkeypatch.setattr(psutil, "Process", Proc)
+    load = CpuLoad()
+    foreign = load.foreign_cores()
+    assert foreign is not None and foreign > 0
+
+
+def test_trial_result_html_card():
+    ok = TrialResult(knobs=wb.Knobs(num_workers=2), status="ok", samples_per_s=1234.5, step_time_s=0.0123,
+                     step_time_iqr_s=0.001, data_wait_share=0.04, peak_memory_bytes=12_300_000,
+                     losses=(2.0, 1.5), notes=("a <note>",), trial_id=3, trace_path="/tmp/t.pt.trace.json")
+    card = ok._repr_html_()
+    assert "Trial #3" in card and "1,234.5 samples/s ±8%" in card and "12.30 ms" in card and "12.3 MB" in card
+    assert "num_workers=2" in card and "1.5" in card and "/tmp/t.pt.trace.json" in card
+    assert "a &lt;note&gt;" in card and "<note>" not in card  # escaped
+    assert "#4c78a8" in card  # the chart's colour for ok
+    failed = TrialResult(knobs=wb.Knobs(), status="oom", message="out of memory in the model's forward")
+    card = failed._repr_html_()
+    assert "oom" in card and "out of memory in the model&#x27;s forward" in card and "#b22222" in card
+    assert "samples/s" not in card

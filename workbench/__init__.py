@@ -5,8 +5,11 @@
     bench.run(num_workers=2, amp="bf16")
     bench.results
 
-The measurement core (knobs, workload, runner, results) imports without ipywidgets or altair.
+The measurement core (knobs, workload, runner, results) imports without ipywidgets or altair:
+`pip install tuning-workbench` is the core; `pip install "tuning-workbench[notebook]"` adds the panel.
 """
+
+from importlib.metadata import PackageNotFoundError, version
 
 from .bench import Workbench
 from .knobs import Knobs, knob_names
@@ -14,7 +17,10 @@ from .measure import TrialResult
 from .results import Comparison, ResultLog, compare
 from .runner import TrialInterrupted, run_trial
 
-__version__ = "0.1.0"
+try:
+    __version__ = version("tuning-workbench")
+except PackageNotFoundError:  # run from a source tree that was never pip-installed
+    __version__ = "0+unknown"
 
 
 def demo(name: str, **kwargs):

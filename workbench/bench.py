@@ -16,7 +16,7 @@ from torch import nn
 
 from .knobs import Knobs
 from .measure import TrialResult
-from .progress import Poller, TrialProgress
+from .progress import TrialProgress, search, shown
 from .results import Comparison, ResultLog, compare
 from .runner import Progress, TrialInterrupted, check_knobs, run_trial, trial_thread
 from .stats import Noise
@@ -114,28 +114,30 @@ class Workbench:
         """The workbench's default Knobs (or `base`) with `changes` applied and validated."""
         return (base or self.defaults).replace(**changes)
 
-    def run(self, knobs: Knobs | None = None, /, *, progress: TrialProgress | Progress | None = None,
-            cancel: threading.Event | None = None, **changes: Any) -> TrialResult:
+    def run(self, knobs: Knobs | None = None, /, *, progress: TrialProgress | Progress | bool | None = None,
+            cancel: threading.Event | None = None, trace: bool = False, **changes: Any) -> TrialResult:
         """Run one measured trial (blocking) and append it to `results`.
 
         `bench.run(num_workers=2, amp="bf16")` changes the defaults; `bench.run(knobs)` runs a
-        Knobs value as is. `progress` is a TrialProgress to store into, or a callable
-        `(phase, done, total)` called from its own thread at most 4 times a second (never inside
-        the measured loop). A failing trial returns with its status; Ctrl-C is recorded, then
-        re-raised.
+        Knobs value as is. A failing trial returns with its status; Ctrl-C is recorded, then
+        re-raised. `progress`: None shows a tqdm bar in Jupyter or a terminal, True/False force
+        it; a callable `(phase, steps done, steps total)` is called from its own thread at most 4
+        times a second (never from inside the measured loop); a TrialProgress is stored into.
+        `trace=True` profiles a few steps after the measured window into a Chrome-trace JSON next
+        to the log (`result.trace_path`; open it in Perfetto or chrome://tracing).
         """
         k = self.knobs(knobs, **changes)
         check_knobs(self.workload, k)  # a ValueError here, in the caller's thread, records nothing
-        with self._lock:
+        trace_dir = (self.log.path.parent if self.log.path is not None else None) if trace else None
+        with self._lock, shown(progress, desc=self.name) as state:  # bars and callbacks poll it, off the trial thread
             stop = cancel or threading.Event()
             # Every trial runs on the one trial thread, whoever asks (a cell, the panel, the CLI):
             # each thread that calls into torch gets its own OpenMP pool, and two pools spinning
             # on two cores made the same knobs measure 5x apart depending on the caller.
-            state = progress if isinstance(progress, TrialProgress) or progress is None else TrialProgress()
-            poller = None if state is progress else Poller(state, progress).start()  # UI off the trial thread
             future = trial_thread().submit(run_trial, self.workload, k, warmup_steps=self.warmup_steps,
                                            steps=self.steps, progress=state, cancel=stop,
-                                           loader_timeout_s=self.loader_timeout_s)
+                                           loader_timeout_s=self.loader_timeout_s, trace=trace,
+                                           trace_dir=trace_dir)
             try:
                 return self.log.append(_wait(future))
             except TrialInterrupted as e:  # KeyboardInterrupt raised inside the trial (a callback)
@@ -151,9 +153,6 @@ class Workbench:
                     future.add_done_callback(lambda f: self.log.append(_outcome(f)))
                     raise
                 raise TrialInterrupted(self.log.append(result)) from None
-            finally:
-                if poller is not None:
-                    poller.stop()  # the final state, from this thread
 
     @property
     def trials(self) -> list[TrialResult]:
@@ -200,38 +199,70 @@ class Workbench:
 
         Outside a notebook it prints how to drive the workbench from code and returns None.
         """
+        require_notebook("bench.panel()")
         from .panel import panel
 
         return panel(self, **kwargs)
 
     def chart(self) -> Any:
         """The comparison chart of all trials as a plain altair Chart (save to HTML/PNG)."""
+        require_notebook("bench.chart()", ("altair",))
         from .charts import comparison_chart
 
         return comparison_chart(self.results)
 
-    def diagnose(self, **kwargs: Any) -> Any:
+    def diagnose(self, *, progress: bool | None = None, **kwargs: Any) -> Any:
         """Why is the step slow, and what to try next (see diagnose/)."""
         from .diagnose import diagnose
 
-        return diagnose(self, **kwargs)
+        with search(progress, "diagnose", log=self.log):
+            return diagnose(self, **kwargs)
 
-    def tune(self, budget: int = 12, **kwargs: Any) -> Any:
+    def tune(self, budget: int = 12, *, progress: bool | None = None, **kwargs: Any) -> Any:
         """Greedy search in the seeds' order, keeping a change only when it wins beyond noise."""
         from .tune import tune
 
-        return tune(self, budget=budget, **kwargs)
+        with search(progress, "tune", log=self.log, total=budget if isinstance(budget, int) else None):
+            return tune(self, budget=budget, **kwargs)
 
-    def fit_memory(self, budget_bytes: int, effective_batch: int, **kwargs: Any) -> Any:
+    def fit_memory(self, budget_bytes: int, effective_batch: int, *, progress: bool | None = None,
+                   **kwargs: Any) -> Any:
         """A configuration within `budget_bytes` at `effective_batch` samples per optimizer step."""
         from .fit import fit_memory
 
-        return fit_memory(self, budget_bytes=budget_bytes, effective_batch=effective_batch, **kwargs)
+        total = kwargs.get("max_trials", 12)
+        with search(progress, "fit_memory", log=self.log, total=total if isinstance(total, int) else None):
+            return fit_memory(self, budget_bytes=budget_bytes, effective_batch=effective_batch, **kwargs)
+
+    def to_tensorboard(self, logdir: str | os.PathLike = "runs") -> list[Path]:
+        """One TensorBoard run per trial under `logdir/<name>/` (knobs as hparams, per-step scalars);
+        re-running rewrites the runs instead of duplicating them. Needs the tensorboard extra."""
+        from .export import to_tensorboard
+
+        return to_tensorboard(self.trials, logdir, name=self.name)
 
     def __repr__(self) -> str:
         wl = self.workload
         return (f"<Workbench {self.name!r} on {wl.device} | {wl.num_parameters:,} parameters | "
                 f"{len(self.log.trials)} trials | log: {self.log.path}>")
+
+
+NOTEBOOK_INSTALL = 'pip install "tuning-workbench[notebook]"'
+NOTEBOOK_MODULES = ("ipywidgets", "anywidget", "altair", "vl_convert")
+
+
+def require_notebook(what: str, modules: tuple[str, ...] = NOTEBOOK_MODULES) -> None:
+    """Raise ModuleNotFoundError naming the install command when the notebook extra is missing."""
+    import importlib.util
+
+    for name in modules:
+        try:
+            missing = importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):  # a None entry in sys.modules, or a broken install
+            missing = True
+        if missing:
+            raise ModuleNotFoundError(f"{what} needs {name}, part of the notebook extra: {NOTEBOOK_INSTALL}",
+                                      name=name)
 
 
 def _wait(future: concurrent.futures.Future) -> TrialResult:

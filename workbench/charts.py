@@ -11,6 +11,7 @@ live chart and the exported one are the same picture. altair is imported only by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import altair as alt
@@ -24,6 +25,7 @@ KIND_COLORS = ["#222222", "#4c78a8", "#f58518", "#9d755d", "#e45756", "#b22222"]
 KIND_SHAPES = ["diamond", "circle", "triangle-up", "cross", "cross", "cross"]
 FAILED = ("interrupted", "error", "oom")  # no throughput: drawn as a cross on the zero line
 
+PICK = "trial_pick"  # the click selection; a JupyterChart reports it as chart.selections.trial_pick
 WIDTH = 560  # px; the three views share it so their columns line up
 EMPTY_TEXT = "No trials yet: change a knob in the panel, or call bench.run()"
 
@@ -60,7 +62,7 @@ def comparison_chart(results: pd.DataFrame, *, width: int = WIDTH) -> alt.TopLev
                 .mark_text(size=14, color="gray").encode(text="text:N")
                 .properties(width=width, height=60, title="Throughput per trial"))
 
-    picked = alt.selection_point(name="trial_pick", fields=["trial_id"], on="click", clear="dblclick")
+    picked = alt.selection_point(name=PICK, fields=["trial_id"], on="click", clear="dblclick")
     highlight = alt.condition(picked, alt.value(1.0), alt.value(0.25))
     x = alt.X("trial:N", sort=list(data["trial"]), title=None,
               axis=alt.Axis(labelAngle=-25, labelLimit=180))
@@ -138,3 +140,38 @@ def chart_data(chart: Any) -> pd.DataFrame:
         if rows and "trial_id" in rows[0]:
             return pd.DataFrame(rows)
     return pd.DataFrame(columns=["trial_id"])
+
+
+def picked_trial(selection: Any) -> int | None:
+    """The trial id a click picked: from a JupyterChart PointSelection (or its `.value` list of
+    {"trial_id": n} dicts); None when the pick was cleared."""
+    value = getattr(selection, "value", selection) or []
+    ids = [v["trial_id"] for v in value if isinstance(v, dict) and v.get("trial_id") is not None]
+    return int(ids[-1]) if ids else None
+
+
+def on_trial_pick(jupyter_chart: Any, fn: Callable[[int | None], None]) -> Callable[[], None]:
+    """Call `fn(trial_id or None)` whenever a click in `jupyter_chart` picks (or clears) a trial.
+
+    Survives redraws: assigning a new `.chart` gives the JupyterChart a new `selections` object,
+    so the handler is attached again after each one. Returns a function that detaches it.
+    """
+    def on_pick(change: Any) -> None:
+        fn(picked_trial(change["new"]))
+
+    def attach(_: Any = None) -> None:
+        selections = jupyter_chart.selections
+        if PICK in selections.trait_names():  # the empty placeholder chart has no selection
+            selections.observe(on_pick, names=[PICK])
+
+    jupyter_chart.observe(attach, names=["chart"])  # runs after the JupyterChart rebuilt its selections
+    attach()
+
+    def detach() -> None:
+        jupyter_chart.unobserve(attach, names=["chart"])
+        try:
+            jupyter_chart.selections.unobserve(on_pick, names=[PICK])
+        except ValueError:  # not attached to the current selections
+            pass
+
+    return detach

@@ -6,13 +6,14 @@ Knob flags come from the knob declarations (knobs.KNOBS), so the CLI always offe
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from .knobs import KNOBS
+from .knobs import KNOBS, Knobs
 
 
 def _optional_int(text: str) -> int | None:
@@ -85,69 +86,155 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--steps", type=int, default=30, help="measured optimizer steps (default 30)")
         p.add_argument("--warmup-steps", type=int, default=5, help="unmeasured warm-up steps (default 5)")
         p.add_argument("--log", default="workbench-runs", help="results directory (JSONL); 'none' to keep nothing")
-        p.add_argument("--json", action="store_true", help="print the result as JSON")
-        p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.add_argument("--json", action="store_true",
+                       help="print exactly one JSON document on stdout (shape: README, 'JSON output')")
+        p.add_argument("--quiet", action="store_true", help="no progress bar (there is none unless stderr is a terminal)")
+        if cmd == "run":
+            p.add_argument("--trace", action="store_true",
+                           help="profile 3 steps after the measured window into a Chrome-trace JSON next to the log")
         if cmd == "tune":
             p.add_argument("--budget", type=int, default=12, help="maximum number of trials")
         add_knob_arguments(p.add_argument_group("knobs (defaults: the demo's own)"))
     return parser
 
 
-class TextProgress:
-    """A one-line terminal progress bar fed by the runner's (phase, done, total) callback."""
+JSON_SCHEMA = 1  # bump when a key of the --json document changes meaning or disappears
 
-    def __init__(self, stream: Any = None, width: int = 30) -> None:
-        self.stream = stream or sys.stderr
-        self.width = width
-        self.t0 = time.perf_counter()
-        self._last = (None, -1)
 
-    def __call__(self, phase: str, done: int, total: int) -> None:
-        if (phase, done) == self._last:
-            return
-        self._last = (phase, done)
-        fill = int(self.width * done / max(1, total))
-        rate = done / max(1e-9, time.perf_counter() - self.t0)
-        end = "\n" if phase == "done" else ""
-        self.stream.write(f"\r[{'#' * fill}{'.' * (self.width - fill)}] {done}/{total} steps "
-                          f"{rate:5.1f} steps/s  {phase:<18}{end}")
-        self.stream.flush()
+def jsonable(obj: Any) -> Any:
+    """Plain JSON values for the --json document: results as their records, tables as lists of
+    row dicts, dataclasses as dicts of their fields, NaN/inf as null."""
+    import math
+    from pathlib import PurePath
+
+    from .measure import TrialResult
+
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, TrialResult):
+        return jsonable(obj.to_record())
+    if isinstance(obj, Knobs):
+        return jsonable(obj.to_dict())
+    if isinstance(obj, PurePath):
+        return str(obj)
+    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):  # a DataFrame: one dict per row
+        return jsonable(obj.to_dict(orient="records"))
+    if hasattr(obj, "to_dict") and hasattr(obj, "index") and hasattr(obj, "dtype"):  # a Series
+        return jsonable({str(k): v for k, v in obj.to_dict().items()})
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        for name in dir(type(obj)):  # derived figures (speedup, verdict, bottleneck, ...) too
+            if not name.startswith("_") and name not in out and isinstance(getattr(type(obj), name), property):
+                try:
+                    out[name] = jsonable(getattr(obj, name))
+                except Exception:  # a property that cannot be computed for this object is left out
+                    pass
+        return out
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        try:
+            return jsonable(obj.item())
+        except (TypeError, ValueError):
+            pass
+    return str(obj)
+
+
+def document(command: str, *, result: Any = None, error: str | None = None, exit_code: int = 0) -> dict[str, Any]:
+    """The one JSON document a verb prints with --json (the shape README.md documents)."""
+    from . import __version__
+
+    return {"schema": JSON_SCHEMA, "command": command, "version": __version__, "ok": error is None and exit_code == 0,
+            "exit_code": exit_code, "error": error, "result": jsonable(result)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m workbench` and the `workbench` script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    """Entry point of `python -m workbench` and the `workbench` script; returns the exit code.
+
+    With --json, stdout carries exactly one JSON document (`document()`), whatever happens;
+    anything else the verb prints goes to stderr. Progress bars go to stderr, and only when
+    stderr is a terminal.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    want_json = "--json" in argv
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a bad flag (2, message on stderr)
+        if want_json and e.code not in (0, None):
+            command = next((a for a in argv if a in VERBS), "")
+            _emit(document(command, error="invalid arguments (see stderr)", exit_code=2))
+        raise
+    if not args.json:
+        return _run(args)
+    out = sys.stdout
+    code, result, error = 1, None, None
+    with contextlib.redirect_stdout(sys.stderr):  # stray prints cannot break the document
+        try:
+            code, result = _run(args, as_json=True)
+        except (ValueError, TypeError) as e:
+            code, error = 2, f"{type(e).__name__}: {e}"
+            print(f"error: {e}", file=sys.stderr)
+        except KeyboardInterrupt:
+            code, error = 130, "interrupted (the trial was recorded as 'interrupted')"
+            print(f"\n{error}", file=sys.stderr)
+    _emit(document(args.command, result=result, error=error, exit_code=code), out)
+    return code
+
+
+VERBS = ("run", "diagnose", "tune")
+
+
+def _emit(doc: dict[str, Any], stream: Any = None) -> None:
+    stream = stream or sys.stdout
+    stream.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    stream.flush()
+
+
+def _run(args: argparse.Namespace, as_json: bool = False) -> Any:
+    """Do the verb. Text mode prints and returns the exit code; JSON mode returns (code, result)
+    and lets ValueError/TypeError/KeyboardInterrupt through to main()."""
     from . import demo
 
     log = None if args.log.lower() == "none" else args.log
+    progress = False if args.quiet else None  # None: a bar only when stderr is a terminal
     try:
         bench = demo(args.demo, size=args.size, device=args.device, steps=args.steps,
                      warmup_steps=args.warmup_steps, log=log)
         changes = knobs_from_args(args, bench.blocks)
-        progress = None if args.quiet else TextProgress()
         if args.command == "run":
-            result = bench.run(progress=progress, **changes)
-            if args.json:
-                print(json.dumps(result.to_record(), indent=2, default=str))
-            else:
-                print(repr(result))
-                for note in result.notes:
-                    print(f"  note: {note}")
-            return 0 if result.ok else 1
+            result = bench.run(progress=progress, trace=args.trace, **changes)
+            code = 0 if result.ok else 1
+            if as_json:
+                return code, result
+            print(repr(result))
+            for note in result.notes:
+                print(f"  note: {note}")
+            if result.trace_path:
+                print(f"  trace: {result.trace_path}  (open in https://ui.perfetto.dev or chrome://tracing)")
+            return code
         if changes:
             bench.defaults = bench.knobs(**changes)
         if args.command == "diagnose":
-            out = bench.diagnose()
+            out = bench.diagnose(progress=progress)
         else:
-            out = bench.tune(budget=args.budget)
-        if args.json and hasattr(out, "to_dict"):
-            print(json.dumps(out.to_dict(), indent=2, default=str))
-        else:
-            print(str(out))
+            out = bench.tune(budget=args.budget, progress=progress)
+        if as_json:
+            return 0, out
+        print(str(out))
         return 0
     except (ValueError, TypeError) as e:
+        if as_json:
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if as_json:
+            raise
         print("\ninterrupted (the trial was recorded as 'interrupted')", file=sys.stderr)
         return 130

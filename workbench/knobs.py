@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from .system import usable_cores
 
 AMP_MODES = ("off", "bf16", "fp16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
@@ -474,9 +475,10 @@ def device_notes(knobs: Knobs, device_type: str, *, has_conv: bool = True) -> li
         )
     if knobs.channels_last and not has_conv:
         notes.append("channels_last is a no-op for a model without Conv2d layers")
-    if knobs.cpu_threads is not None and knobs.cpu_threads > (os.cpu_count() or 1):
+    cores = usable_cores()  # affinity and container quota, not the host's core count
+    if knobs.cpu_threads is not None and knobs.cpu_threads > cores:
         notes.append(
-            f"cpu_threads={knobs.cpu_threads} is more than the {os.cpu_count()} cores here "
+            f"cpu_threads={knobs.cpu_threads} is more than the {cores} cores here "
             "(oversubscription slows every thread)"
         )
     return notes

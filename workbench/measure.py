@@ -25,8 +25,11 @@ import torch
 
 from . import compat
 from .knobs import Knobs
+from .system import usable_cores
 
 STATUSES = ("ok", "oom", "error", "nan", "interrupted")
+# One colour per status (the chart's palette), so a card and a chart point agree.
+STATUS_COLORS = {"ok": "#4c78a8", "nan": "#f58518", "interrupted": "#9d755d", "error": "#e45756", "oom": "#b22222"}
 FOREIGN_LOAD_LIMIT = 0.25  # cores busy with other processes before a trial is flagged as disturbed
 
 
@@ -64,7 +67,8 @@ class StepClock:
 
 
 class CpuLoad:
-    """Cores kept busy by *other* processes during a window (Linux /proc/stat minus our own tree)."""
+    """Cores kept busy by *other* processes during a window: system CPU time minus our own tree's
+    (psutil: Linux, macOS, Windows)."""
 
     def __init__(self) -> None:
         self._start = self._read()
@@ -74,10 +78,11 @@ class CpuLoad:
         try:
             import psutil
 
-            with open("/proc/stat") as f:
-                parts = f.readline().split()[1:]
-            ticks = os.sysconf("SC_CLK_TCK")
-            busy = (sum(map(int, parts[:8])) - int(parts[3]) - int(parts[4])) / ticks  # minus idle, iowait
+            t = psutil.cpu_times()
+            # busy = everything but idle and iowait (iowait is Linux-only)
+            busy = sum(t) - t.idle - getattr(t, "iowait", 0.0)
+            # guest time is already counted inside user/nice on Linux
+            busy -= getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
             proc = psutil.Process()
             own = sum(proc.cpu_times()[:2])
             for child in proc.children(recursive=True):
@@ -86,11 +91,11 @@ class CpuLoad:
                 except psutil.Error:
                     pass
             return busy, own, time.monotonic()
-        except (OSError, ImportError, ValueError, IndexError):
+        except Exception:  # psutil missing, AccessDenied, an odd platform: no figure, never a failed trial
             return None
 
     def foreign_cores(self) -> float | None:
-        """Average number of cores used by other processes since construction (None off Linux)."""
+        """Average number of cores used by other processes since construction (None if unreadable)."""
         end = self._read()
         if self._start is None or end is None:
             return None
@@ -223,6 +228,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "device": str(device),
         "device_name": name,
         "cpu_count": os.cpu_count(),
+        "usable_cores": usable_cores(),  # affinity and cgroup quota
         "threads": torch.get_num_threads(),
         "platform": platform.platform(terse=True),
     }
@@ -274,6 +280,7 @@ class TrialResult:
     where: str = ""  # the stage a failure happened in: model, loss, data, step_fn, optimizer, ...
     traceback: str = ""  # full traceback of a failure (not shown in the one-line repr)
     extra: dict[str, Any] = field(default_factory=dict)  # diagnostics attached by later stages
+    trace_path: str | None = None  # Chrome-trace JSON of steps profiled after the window (run(trace=True))
 
     def __post_init__(self) -> None:
         # Median and IQR are derived from the raw step times, never carried over: a copy with other
@@ -307,6 +314,43 @@ class TrialResult:
             self.status if self.ok else f"{self.status.upper()}: {self.message}",
         ]
         return f"<{head} " + " | ".join(parts) + f" | {self.knobs}>"
+
+    def _repr_html_(self) -> str:
+        """A compact card for notebooks: headline figures, the status in its colour, the notes."""
+        import html
+
+        esc = html.escape
+        head = f"Trial #{self.trial_id}" if self.trial_id is not None else "Trial"
+        colour = STATUS_COLORS.get(self.status, "#e45756")
+        badge = (f'<span style="background:{colour};color:white;border-radius:3px;padding:0 6px">'
+                 f"{esc(self.status)}</span>")
+        figures = []
+        if self.samples_per_s is not None:
+            noise = self.relative_noise
+            figures.append(("throughput", f"{self.samples_per_s:,.1f} samples/s"
+                            + (f" ±{noise * 100:.0f}%" if noise is not None else "")))
+        if self.step_time_s is not None:
+            figures.append(("median step", f"{self.step_time_s * 1e3:.2f} ms"))
+        if self.data_wait_share is not None:
+            figures.append(("data wait", f"{self.data_wait_share:.0%}"))
+        figures.append(("peak memory", fmt_bytes(self.peak_memory_bytes)))
+        final = next((x for x in reversed(self.losses) if math.isfinite(x)), None)
+        if final is not None:
+            figures.append(("final loss", f"{final:.4g}"))
+        if self.trace_path:
+            figures.append(("trace", self.trace_path))
+        cells = "".join(f'<tr><td style="color:#666;padding-right:1em">{esc(k)}</td><td>{esc(v)}</td></tr>'
+                        for k, v in figures)
+        parts = [f'<div class="wb-trial" style="border-left:4px solid {colour};padding:4px 10px;margin:4px 0">',
+                 f"<b>{esc(head)}</b> {badge} <code>{esc(self.knobs.label())}</code>",
+                 f'<table style="margin-top:4px">{cells}</table>']
+        if self.message:
+            parts.append(f'<div style="color:{colour}">{esc(self.message)}</div>')
+        if self.notes:
+            parts.append('<ul style="margin:2px 0;color:#555">' + "".join(f"<li>{esc(n)}</li>" for n in self.notes)
+                         + "</ul>")
+        parts.append("</div>")
+        return "".join(parts)
 
     def to_code(self, **kwargs: Any) -> str:
         """Plain-PyTorch code reproducing this trial's knobs (see `Knobs.to_code`)."""

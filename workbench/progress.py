@@ -7,8 +7,11 @@ own thread, at most `HZ` times a second, through a `Poller`.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 HZ = 4.0  # readers look at most this often (the panel, terminal bars)
 
@@ -84,3 +87,148 @@ class Poller:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# ---- tqdm: a bar per trial, and one for a search (tune, diagnose, fit_memory) ------------------
+# `progress` arguments mean: None = auto (a bar in Jupyter, or when stderr is a terminal; nothing
+# in CI logs and pipes), True = always, False = never, a callable = fn(phase, done, total) at <= HZ.
+_context = threading.local()  # the search bar of this thread, and whether it turned bars off
+
+
+def wanted(progress: object) -> bool:
+    """Whether `progress` (None | bool) asks for a bar here and now."""
+    if progress is None:
+        if getattr(_context, "off", False):
+            return False  # inside tune(progress=False): its trials stay quiet too
+        return _in_notebook() or _stderr_is_terminal()
+    return bool(progress)
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stream
+        return False
+
+
+def _in_notebook() -> bool:
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def make_bar(**kwargs: Any) -> Any:
+    """A `tqdm.auto` bar (a widget in Jupyter, text on stderr elsewhere); text if ipywidgets is missing."""
+    kwargs.setdefault("mininterval", 1.0 / HZ)
+    kwargs.setdefault("dynamic_ncols", True)
+    try:
+        from tqdm.auto import tqdm
+
+        return tqdm(**kwargs)
+    except ImportError:  # tqdm.notebook without ipywidgets: "IProgress not found"
+        from tqdm.std import tqdm
+
+        return tqdm(**kwargs)
+
+
+class TrialBar:
+    """One trial's bar: steps done of warm-up + measured, the phase as postfix. Called by a Poller."""
+
+    def __init__(self, desc: str = "trial", *, leave: bool = True) -> None:
+        self.bar = make_bar(desc=desc, total=1, unit="step", leave=leave)
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        self.bar.total = max(1, total)
+        self.bar.n = done
+        self.bar.set_postfix_str(phase, refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@contextlib.contextmanager
+def shown(progress: object, desc: str = "trial") -> Iterator[TrialProgress]:
+    """The TrialProgress to hand the runner while the block runs, and the display that reads it.
+
+    The runner only stores numbers into it. A callable `(phase, done, total)` and the tqdm bar
+    (None: wanted in Jupyter or on a terminal; True/False force it) are fed by a Poller at <= HZ
+    from its own thread; a TrialProgress passed in is used as is.
+    """
+    if isinstance(progress, TrialProgress):
+        yield progress
+        return
+    trial = TrialProgress()
+    if callable(progress):
+        with Poller(trial, progress):
+            yield trial
+        return
+    if not wanted(progress):
+        yield trial
+        return
+    bar = TrialBar(desc, leave=getattr(_context, "search", None) is None)  # inside a search: transient
+    try:
+        with Poller(trial, bar):
+            yield trial
+    finally:
+        bar.close()
+
+
+class SearchBar:
+    """Counts the trials of a search as they land in the log; analyses say what runs via `note()`."""
+
+    def __init__(self, desc: str, total: int | None) -> None:
+        self.bar = make_bar(desc=desc, total=total, unit="trial", position=0)
+        self.seen: set[int] = set()
+
+    def on_trial(self, result: Any) -> None:
+        """ResultLog observer: one tick per new trial (a baseline change is not a trial)."""
+        tid = getattr(result, "trial_id", None)
+        if tid is None or tid in self.seen:
+            return
+        self.seen.add(tid)
+        rate = f"{result.samples_per_s:,.0f} samples/s" if result.samples_per_s else result.status
+        self.bar.set_postfix_str(f"#{tid} {rate}", refresh=False)
+        self.bar.update(1)
+
+    def note(self, text: str) -> None:
+        self.bar.set_postfix_str(text)
+
+    def close(self, finished: bool) -> None:
+        if finished and self.bar.total is not None and self.bar.n < self.bar.total:
+            self.bar.total = self.bar.n  # stopped early on purpose (budget left over): not a failure
+            self.bar.refresh()
+        self.bar.close()
+
+
+@contextlib.contextmanager
+def search(progress: object, desc: str, *, log: Any, total: int | None = None) -> Iterator[None]:
+    """A bar over a whole search (tune, diagnose, fit_memory), ticked by `log`'s observer.
+
+    Its trials' own bars become transient; `progress=False` silences them as well.
+    """
+    outer = (getattr(_context, "search", None), getattr(_context, "off", False))
+    if outer[0] is not None or not wanted(progress):
+        _context.off = outer[1] or progress is False
+        try:
+            yield
+        finally:
+            _context.off = outer[1]
+        return
+    bar = SearchBar(desc, total)
+    log.observe(bar.on_trial)
+    _context.search = bar
+    finished = False
+    try:
+        yield
+        finished = True
+    finally:
+        _context.search = None
+        log.unobserve(bar.on_trial)
+        bar.close(finished)
+
+
+def note(text: str) -> None:
+    """Say what the current search is doing (e.g. "profiler"); a no-op without a search bar."""
+    bar = getattr(_context, "search", None)
+    if bar is not None:
+        bar.note(text)

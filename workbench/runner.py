@@ -18,6 +18,7 @@ import contextlib
 import functools
 import gc
 import math
+import os
 import statistics
 import threading
 import time
@@ -30,6 +31,7 @@ from typing import Any, TypeVar
 import torch
 
 from . import apply
+from . import trace as tracing
 from .compat import CompileWatch
 from .knobs import Knobs, device_notes
 from .measure import (
@@ -53,6 +55,7 @@ from .workload import Workload
 Progress = Callable[[str, int, int], None]  # (phase, steps done, steps total), called by a Poller
 NOISY = 0.10  # IQR / median above this gets a "noisy" note
 T = TypeVar("T")
+TRACE_STEPS = 3  # optimizer steps in a trace (after one profiler warm-up step)
 
 
 class TrialInterrupted(KeyboardInterrupt):
@@ -98,11 +101,15 @@ def run_trial(
     cancel: threading.Event | None = None,
     measure_memory: bool = True,
     loader_timeout_s: float = 120.0,
+    trace: bool = False,
+    trace_dir: str | os.PathLike | None = None,
 ) -> TrialResult:
     """Run warm-up + `steps` measured optimizer steps; never raises for a failing trial.
 
     `progress` is a TrialProgress (stored into, three attributes per step) or a callable
     `(phase, done, total)`, which a Poller calls from its own thread at most 4 times a second.
+    `trace=True` then profiles TRACE_STEPS more steps (after the window, never inside it) into a
+    Chrome-trace JSON in `trace_dir` (default: the temp dir) and sets `result.trace_path`.
     Raises ValueError for knobs that cannot apply to this workload (unknown block, batch larger
     than the dataset) and TrialInterrupted on KeyboardInterrupt (after recording the result).
     """
@@ -111,14 +118,16 @@ def run_trial(
     check_knobs(workload, knobs)
     if progress is None or isinstance(progress, TrialProgress):
         return _run(workload, knobs, warmup_steps, steps, progress or TrialProgress(), cancel, measure_memory,
-                    loader_timeout_s)
+                    loader_timeout_s, trace, trace_dir)
     state = TrialProgress()
     with Poller(state, progress):
-        return _run(workload, knobs, warmup_steps, steps, state, cancel, measure_memory, loader_timeout_s)
+        return _run(workload, knobs, warmup_steps, steps, state, cancel, measure_memory, loader_timeout_s,
+                    trace, trace_dir)
 
 
 def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progress: TrialProgress,
-         cancel: threading.Event | None, measure_memory: bool, loader_timeout_s: float) -> TrialResult:
+         cancel: threading.Event | None, measure_memory: bool, loader_timeout_s: float,
+         trace: bool = False, trace_dir: str | os.PathLike | None = None) -> TrialResult:
     device = workload.device
     notes = device_notes(knobs, device.type, has_conv=workload.has_conv)
     for note in notes:
@@ -133,6 +142,7 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
             stack.enter_context(apply.process_settings(knobs))
             stack.enter_context(seeded(workload.seed))
             env = environment(device)
+            trace_to = tracing.trace_file(trace_dir, type(workload.pristine).__name__) if trace else None
             step, source = build(workload, knobs, stage, stack, loader_timeout_s)
             with CompileWatch(enabled=knobs.compile != "off") as watch:
                 progress.set("starting workers" if knobs.num_workers else "loading data", 0, total)
@@ -141,6 +151,7 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
                                measure_memory=measure_memory)
                 raw = measure_window(step, source, warmup_steps, steps, stage, progress, cancel,
                                      measure_memory=measure_memory)
+            trace_info = trace_after(step, source, trace_to, stage, progress, total, cancel, notes) if trace_to else {}
             raw.startup_s = startup_s
             raw.warm_times_s, raw.warmup_wall_s, raw.probe_s = warm[0], warm[1], warm[2]
             if raw.peak_bytes is None:
@@ -150,6 +161,9 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
             if measure_memory and memory_meter(device.type) is None:
                 notes.append(f"peak memory is not measured on {device.type} (no peak counter there)")
         fields_, more_notes = derive(raw, knobs)
+        if trace_info:
+            fields_["extra"]["trace"] = trace_info
+            fields_["trace_path"] = trace_info["trace_path"]
         return TrialResult(knobs=knobs, env=env, started_at=started, notes=tuple(notes + more_notes), **fields_)
     except KeyboardInterrupt as e:
         failed = True
@@ -254,6 +268,34 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
                     probe_s=0.0, step_times_s=clock.durations_s(), waits_s=waits,
                     losses=losses.values(divide_by=step.knobs.accum_steps),  # the one device->host read
                     samples=samples, wall_s=wall, epochs=source.epochs, foreign_cores=foreign, peak_bytes=peak)
+
+
+def trace_after(step: TrainStep, source: BatchSource, path: Any, stage: Stage, progress: TrialProgress,
+                total: int, cancel: threading.Event | None, notes: list[str]) -> dict[str, Any]:
+    """TRACE_STEPS more steps under the profiler, after the window (never measured), phases
+    labelled with record_function; a failed trace is a note, the measured result stands."""
+    progress.set("tracing", total, total)
+    stage.phase = "trace"
+    step.label_phases = True
+
+    def one() -> None:
+        step(source)
+        _check_cancel(cancel)
+
+    try:
+        files = tracing.capture(one, path, device=step.device, steps=TRACE_STEPS)
+        notes.extend(files.notes)
+        return {"trace_path": str(files.path), "steps": files.steps,
+                "memory_snapshot": str(files.memory_snapshot) if files.memory_snapshot else None,
+                "memory_html": str(files.memory_html) if files.memory_html else None}
+    except Stopped:
+        notes.append("no trace: stopped by the user after the measured window")
+    except Exception as e:  # the measured result stands; only the trace is missing
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        notes.append(f"no trace: {type(e).__name__}: {text}")
+    finally:
+        step.label_phases = False
+    return {}
 
 
 def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:

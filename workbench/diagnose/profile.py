@@ -7,9 +7,11 @@ a `.to(device)` copy, a slow collate or `__getitem__`, not the convolutions.
 
 from __future__ import annotations
 
-import pandas as pd
-from torch.profiler import ProfilerActivity, profile
+import os
 
+import pandas as pd
+
+from .. import trace as tracing
 from ..knobs import Knobs
 from ..measure import sync
 from ..runner import trial_threaded
@@ -21,24 +23,21 @@ STAGES = ("data", "forward", "backward", "optimizer")
 
 @trial_threaded
 def profile_step(workload: Workload, knobs: Knobs, *, steps: int = 3, warmup: int = 1,
-                 top: int = 15) -> tuple[pd.DataFrame, pd.DataFrame]:
+                 top: int = 15, trace_path: str | os.PathLike | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(stages, top ops) over `steps` profiled optimizer steps after `warmup` unprofiled ones.
 
     Times are per optimizer step, in milliseconds. Runs eager even when knobs.compile is set.
+    The Chrome trace of those steps is kept at `trace_path` (a temp file when None).
     """
     device = workload.device
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    with built(workload, knobs) as (step, source):
+    path = trace_path if trace_path is not None else tracing.trace_file(None, "diagnose", "profile")
+    with built(workload, knobs) as (step, source):  # phases labelled with record_function
         for _ in range(warmup):
             step(source)
         sync(device)
-        with profile(activities=activities) as prof:
-            for _ in range(steps):
-                step(source)
-            sync(device)  # device work of the last step lands inside the trace
-    events = prof.key_averages()
+        # one profiler warm-up step, then `steps` traced ones labelled ProfilerStep#N
+        files = tracing.capture(lambda: step(source), path, device=device, steps=steps, warmup=1, keep_averages=True)
+    events = files.averages
     on_device = device.type == "cuda"
     rows = []
     stage_rows = []
@@ -52,6 +51,8 @@ def profile_step(workload: Workload, knobs: Knobs, *, steps: int = 3, warmup: in
         }
         if on_device:
             row["self_device_ms"] = self_dev / 1e3 / steps
+        if e.key.startswith(tracing.STEP_LABEL[:-1]):
+            continue  # the whole step: the sum of the rows below
         if e.key in STAGES:
             stage_rows.append({"stage": e.key, "ms_per_step": e.cpu_time_total / 1e3 / steps})
         else:

@@ -13,8 +13,10 @@ from typing import Any
 
 import pandas as pd
 
+from .. import progress
 from ..knobs import Knobs
 from ..measure import TrialResult, fmt_bytes
+from ..trace import trace_file
 from .compile import explain_compile
 from .data import (
     CONFIRM_ROUNDS,
@@ -47,6 +49,7 @@ class Diagnosis:
     flops: pd.DataFrame | None = None  # FLOPs, achieved, peak, MFU
     compile: list[str] = field(default_factory=list)  # sentences on compiled trials
     problems: list[str] = field(default_factory=list)  # analyses that could not run, and why
+    trace_path: str | None = None  # Chrome trace of the profiled steps (Perfetto, chrome://tracing, HTA)
 
     @property
     def bottleneck(self) -> str:
@@ -82,6 +85,8 @@ class Diagnosis:
             out.append(("FLOPs and MFU", self.flops))
         if self.compile:
             out.append(("torch.compile", self.compile))
+        if self.trace_path:
+            out.append(("Trace (open in ui.perfetto.dev or chrome://tracing)", [self.trace_path]))
         if self.problems:
             out.append(("Analyses that could not run", self.problems))
         return out
@@ -142,6 +147,7 @@ def diagnose(bench: Any, knobs: Knobs | None = None, *, reuse: bool = True, prof
     problems: list[str] = []
 
     def attempt(name: str, fn: Any) -> Any:
+        progress.note(name)  # the search bar says which analysis runs
         try:
             return fn()
         except Exception as e:
@@ -167,11 +173,14 @@ def diagnose(bench: Any, knobs: Knobs | None = None, *, reuse: bool = True, prof
     threads = thread_check(knobs)
 
     stages = ops = mem = blocks = flop_df = None
+    trace_path = None
     if base.ok:
         if profile:
-            got = attempt("profiler", lambda: profile_step(wl, knobs, steps=profile_steps))
+            trace_to = trace_file(bench.log.path.parent if bench.log.path is not None else None, bench.name, "diagnose")
+            got = attempt("profiler", lambda: profile_step(wl, knobs, steps=profile_steps, trace_path=trace_to))
             if got is not None:
                 stages, ops = got
+                trace_path = str(trace_to) if trace_to.exists() else None
         if memory:
             mem = attempt("memory breakdown", lambda: memory_breakdown(wl, knobs))
             if wl.blocks:
@@ -202,4 +211,5 @@ def diagnose(bench: Any, knobs: Knobs | None = None, *, reuse: bool = True, prof
     verdict = decide(knobs, data, threads, device=wl.device, ops=ops, mfu=mfu, has_conv=wl.has_conv,
                      compile_info=compile_info)
     return Diagnosis(knobs=knobs, data=data, threads=threads, verdict=verdict, stages=stages, ops=ops,
-                     memory=mem, block_activations=blocks, flops=flop_df, compile=compile_lines, problems=problems)
+                     memory=mem, block_activations=blocks, flops=flop_df, compile=compile_lines, problems=problems,
+                     trace_path=trace_path)

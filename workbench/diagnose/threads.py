@@ -7,30 +7,13 @@ machine, 2 workers looked useless (1.09x) until the main process used 1 thread (
 
 from __future__ import annotations
 
-import os
-
 import pandas as pd
 import torch
 
 from ..knobs import Knobs
+from ..system import cpu_has_bf16, usable_cores
 
-
-def usable_cores() -> int:
-    """Cores this process may run on (affinity-aware where the OS tells us)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def cpu_has_bf16() -> bool:
-    """Native bf16 arithmetic on this CPU (AVX512-BF16 or AMX); without it bf16 is emulated."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return any(f in flags.split() for f in ("avx512_bf16", "amx_bf16"))
+__all__ = ["cpu_has_bf16", "thread_check", "thread_frame", "usable_cores"]
 
 
 def thread_check(knobs: Knobs, cores: int | None = None) -> dict[str, object]:

@@ -1,0 +1,185 @@
+"""Traces for the standard viewers: a few profiled steps as a Chrome-trace JSON file.
+
+    files = capture(step, trace_file(log_dir, "cnn"), device=device)   # step: one optimizer step
+    files.path      -> open in https://ui.perfetto.dev or chrome://tracing; load in HolisticTraceAnalysis
+
+Each step is a `ProfilerStep#N` range (from `prof.step()`); the caller names the phases inside it
+with `record_function("data" | "forward" | "backward" | "optimizer")`. Tracing is for steps
+*after* the measured window: the profiler slows every op it records, so a traced step is never a
+measured one. On CUDA it also writes a memory snapshot (allocations with stack traces) and the
+snapshot's HTML timeline.
+
+Core module: imports only torch and the standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import pickle
+import re
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+PHASES = ("data", "forward", "backward", "optimizer")  # record_function names inside each step
+STEP_LABEL = "ProfilerStep#"  # torch.profiler's name for the range around step N ("ProfilerStep*" averaged)
+MEMORY_HISTORY_ENTRIES = 100_000  # allocation events kept by the CUDA memory recorder
+
+
+@dataclass(frozen=True)
+class TraceFiles:
+    """What one capture wrote. `averages` is the profiler's key_averages() over the traced steps."""
+
+    path: Path  # Chrome-trace JSON
+    steps: int
+    memory_snapshot: Path | None = None  # CUDA only: pickled torch.cuda.memory._snapshot()
+    memory_html: Path | None = None  # CUDA only: the snapshot's timeline (torch.cuda._memory_viz)
+    notes: tuple[str, ...] = ()
+    averages: Any = None
+
+
+def trace_file(directory: str | os.PathLike | None, stem: str, kind: str = "trace") -> Path:
+    """A fresh `<stem>-<kind>-<time>-<id>.pt.trace.json` in `directory` (the log's folder; the
+    temp dir when there is no log). The suffix is what HolisticTraceAnalysis and TensorBoard look for."""
+    folder = Path(directory) if directory is not None else Path(tempfile.gettempdir()) / "workbench-traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem) or "trial"
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return folder / f"{safe}-{kind}-{stamp}-{uuid.uuid4().hex[:6]}.pt.trace.json"
+
+
+def capture(step: Callable[[], Any], path: str | os.PathLike, *, device: torch.device, steps: int = 3,
+            warmup: int = 1, memory_snapshot: bool = True, keep_averages: bool = False) -> TraceFiles:
+    """Profile `warmup` + `steps` calls of `step` (one optimizer step each); keep the last `steps`.
+
+    Writes the Chrome trace to `path`. `step` should name its phases with `record_function`.
+    On CUDA with `memory_snapshot`, also writes `<path>.memory.pickle` and `<path>.memory.html`.
+    """
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    path = Path(path)
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    written: dict[str, Any] = {}
+
+    def ready(prof: profile) -> None:  # called once, after the last active step
+        prof.export_chrome_trace(str(path))
+        if keep_averages:
+            written["averages"] = prof.key_averages()
+
+    notes: list[str] = []
+    recording = cuda and memory_snapshot and _start_memory_history(notes)
+    snap: dict[str, Any] | None = None
+    try:
+        # The schedule is what makes prof.step() label each step "ProfilerStep#N" in the trace.
+        prof = profile(activities=activities, schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
+                       on_trace_ready=ready)
+        with _quiet_stderr():  # kineto prints "profiler_start/stop" lines that no setting turns off
+            prof.start()
+        try:
+            for _ in range(warmup + steps):
+                step()
+                _sync(device)  # the step's device work lands inside its ProfilerStep range
+                with _quiet_stderr():
+                    prof.step()
+        finally:
+            with _quiet_stderr():
+                prof.stop()
+        if recording:
+            snap = _memory_snapshot(notes)
+    finally:
+        if recording:
+            _stop_memory_history()
+    if not path.exists():
+        raise RuntimeError("the profiler produced no trace (was the step interrupted?)")
+    snap_path = html_path = None
+    if snap is not None:
+        snap_path, html_path = _write_memory_files(snap, path, notes)
+    return TraceFiles(path=path, steps=steps, memory_snapshot=snap_path, memory_html=html_path,
+                      notes=tuple(notes), averages=written.get("averages"))
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 for a moment (C++ log lines of the profiler's start and stop)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+# ---- CUDA memory snapshot: private torch APIs, each guarded, with a fallback note ---------------
+# torch.cuda.memory._record_memory_history / _snapshot and torch.cuda._memory_viz are documented
+# (pytorch.org/docs/stable/torch_cuda_memory.html) but underscored: they may change between
+# releases. A failure here costs the snapshot, never the trace or the trial.
+
+def _start_memory_history(notes: list[str]) -> bool:
+    try:
+        torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
+        return True
+    except Exception as e:  # private API moved or CUDA not usable
+        notes.append(f"no CUDA memory snapshot: torch.cuda.memory._record_memory_history failed "
+                     f"({type(e).__name__}: {e}); see torch.cuda.memory_summary() instead")
+        return False
+
+
+def _memory_snapshot(notes: list[str]) -> dict[str, Any] | None:
+    try:
+        return torch.cuda.memory._snapshot()
+    except Exception as e:
+        notes.append(f"no CUDA memory snapshot: torch.cuda.memory._snapshot failed ({type(e).__name__}: {e})")
+        return None
+
+
+def _stop_memory_history() -> None:
+    try:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    except Exception:  # nothing to stop: starting failed the same way, and was noted
+        pass
+
+
+def _write_memory_files(snap: dict[str, Any], trace_path: Path, notes: list[str]) -> tuple[Path | None, Path | None]:
+    """The snapshot as the pickle pytorch.org/memory_viz opens (what _dump_snapshot writes, taken
+    from memory so nothing is unpickled here), and its HTML timeline."""
+    base = str(trace_path).removesuffix(".json")
+    snap_path = Path(base + ".memory.pickle")
+    with open(snap_path, "wb") as f:
+        pickle.dump(snap, f)
+    html_path: Path | None = Path(base + ".memory.html")
+    try:
+        from torch.cuda import _memory_viz
+
+        html_path.write_text(_memory_viz.trace_plot(snap))
+        notes.append("the memory timeline page loads its viewer script from cdn.jsdelivr.net; offline, "
+                     "open the .memory.pickle at pytorch.org/memory_viz from a connected machine")
+    except Exception as e:
+        notes.append(f"no memory timeline page: torch.cuda._memory_viz.trace_plot failed ({type(e).__name__}: {e}); "
+                     f"drag {snap_path.name} onto pytorch.org/memory_viz instead")
+        html_path = None
+    return snap_path, html_path
