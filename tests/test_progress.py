@@ -44,10 +44,13 @@ def test_progress_false_writes_nothing(make_bench, capfd):
     assert capfd.readouterr().err == ""
 
 
-def test_a_callable_still_gets_every_phase(make_bench):
+def test_a_callable_is_polled_off_the_trial_thread_and_sees_the_end(make_bench):
+    import threading
+
     seen = []
-    make_bench().run(progress=lambda phase, done, total: seen.append(phase))
-    assert seen[-1] == "done" and "measuring" in seen
+    make_bench().run(progress=lambda phase, done, total: seen.append((phase, done, total, threading.current_thread().name)))
+    assert seen[-1][:1] == ("done",) and seen[-1][1] == seen[-1][2]
+    assert not any(name.startswith("workbench-trial") for *_, name in seen)  # never the measured loop's thread
 
 
 def test_search_bar_counts_trials_and_note_shows_the_analysis(make_bench, monkeypatch):
