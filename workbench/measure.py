@@ -202,7 +202,7 @@ def _profiler_device(device: torch.device) -> Any:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    """What a number depends on: versions, device, cores, threads."""
+    """What a number depends on: versions, device, CPU model and vector unit, GPU, cores, threads."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     elif device.type == "cpu":
@@ -217,6 +217,10 @@ def environment(device: torch.device) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "platform": platform.platform(terse=True),
+        # the machine, whatever device the trial ran on (a workshop compares machines)
+        "cpu_model": _cpu_name(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # e.g. AVX2, AVX512
+        "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
     }
 
 
@@ -266,6 +270,7 @@ class TrialResult:
     where: str = ""  # the stage a failure happened in: model, loss, data, step_fn, optimizer, ...
     traceback: str = ""  # full traceback of a failure (not shown in the one-line repr)
     extra: dict[str, Any] = field(default_factory=dict)  # diagnostics attached by later stages
+    participant: str = ""  # who ran it (set by the ResultLog; a workshop gathers many participants)
 
     @property
     def ok(self) -> bool:
