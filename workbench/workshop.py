@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -40,6 +42,14 @@ RESULT_COLUMNS = [
     "speedup_low", "speedup_high", "verdict", "machine", "cpu_model", "cpu_count", "gpu_name",
     "device", "torch",
 ]
+# The prescribed trials of a workshop session (notebook 08 runs them one by one): each teaches a
+# claim whose answer depends on the machine.
+TRIALS: tuple[dict[str, Any], ...] = (
+    {},  # the baseline: the demo's defaults
+    {"data": "cached"},  # the short-circuit test: is the loop waiting for data?
+    {"num_workers": 2, "cpu_threads": 1},  # workers, with the main process leaving them a core
+    {"amp": "bf16"},  # bf16 autocast: native units (faster) or emulated (slower)?
+)
 SUMMARY_COLUMNS = ["workload", "knob", "machines", "helped", "no_change", "hurt", "failed",
                    "median_speedup", "min_speedup", "max_speedup"]
 
@@ -111,11 +121,16 @@ class Workshop:
         self._stamps: dict[Path, tuple[int, int]] = {}
         self._logs: dict[Path, _Log] = {}
         self._results: pd.DataFrame = pd.DataFrame(columns=RESULT_COLUMNS)
+        self._lock = threading.Lock()  # a watch thread and the notebook may refresh at once
         self.refresh()
 
     # ---- reading ------------------------------------------------------------------------------
     def refresh(self) -> bool:
         """Re-read files that changed since the last read; True when anything changed."""
+        with self._lock:
+            return self._refresh()
+
+    def _refresh(self) -> bool:
         changed = False
         seen = set()
         for path in sorted(self.folder.glob(self.pattern)):
@@ -354,9 +369,67 @@ def _baseline(log: _Log) -> TrialResult | None:
     return next((r for r in log.trials if r.ok and len(r.step_times_s) >= 2), None)
 
 
+def learner_session(folder: str | os.PathLike, participant: str | None, *, demo: str = "jpeg",
+                    size: str = "default", trials: tuple[dict[str, Any], ...] = TRIALS,
+                    **workbench_kwargs: Any) -> Any:
+    """What one learner runs: `wb.demo(demo)` logging to the shared folder, then every trial in
+    `trials`. Returns the Workbench (its `results` are the learner's own)."""
+    from .demos import demo as build_demo
+
+    bench = build_demo(demo, size=size, log=folder, participant=participant, **workbench_kwargs)
+    for knobs in trials:
+        bench.run(**knobs)
+    return bench
+
+
+class SimulatedLearners:
+    """Learner processes started by `simulate_learners`; `wait()` until they are done."""
+
+    def __init__(self, procs: dict[str, subprocess.Popen]) -> None:
+        self.procs = procs
+
+    @property
+    def running(self) -> int:
+        return sum(p.poll() is None for p in self.procs.values())
+
+    def wait(self, timeout: float = 600.0) -> None:
+        """Block until every learner ends; RuntimeError with the failing learner's stderr tail."""
+        for name, p in self.procs.items():
+            _, err = p.communicate(timeout=timeout)
+            if p.returncode != 0:
+                raise RuntimeError(f"learner {name!r} exited with {p.returncode}: {err[-1500:]}")
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+
+
+def simulate_learners(folder: str | os.PathLike, names: list[str], *, threads: int = 1,
+                      **session_kwargs: Any) -> SimulatedLearners:
+    """Start one Python process per name, all at once, each running `learner_session` into
+    `folder`: a workshop on one machine (for a rehearsal or a test).
+
+    The processes run `sys.executable` and import the same `workbench` as this one. `threads`
+    sets OMP_NUM_THREADS per learner so that N learners on one machine do not fight over cores.
+    """
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
+    code = ("import json, sys\n"
+            "from workbench.workshop import learner_session\n"
+            "learner_session(sys.argv[1], sys.argv[2], **json.loads(sys.argv[3]))\n")
+    args = json.dumps(session_kwargs)
+    procs = {name: subprocess.Popen([sys.executable, "-c", code, str(folder), name, args], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for name in names}
+    return SimulatedLearners(procs)
+
+
 def gather(folder: str | os.PathLike, *, pattern: str = "**/*.jsonl") -> Workshop:
     """Every learner's trials under `folder` (their shared `log=`): see `Workshop`."""
     return Workshop(folder, pattern=pattern)
 
 
-__all__ = ["RESULT_COLUMNS", "SUMMARY_COLUMNS", "Watch", "Workshop", "gather", "machine_label", "read_log"]
+__all__ = ["RESULT_COLUMNS", "SUMMARY_COLUMNS", "TRIALS", "SimulatedLearners", "Watch", "Workshop", "gather",
+           "learner_session", "machine_label", "read_log", "simulate_learners"]
