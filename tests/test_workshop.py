@@ -81,6 +81,24 @@ def test_two_logs_on_one_file_number_after_each_other(tmp_path):
     assert [r.participant for r in ResultLog(path).trials] == ["a", "b", "a"]
 
 
+def test_without_os_locks_a_partial_line_is_skipped_not_cut(tmp_path, monkeypatch):
+    """Off POSIX (no fcntl) an unterminated last line may be another process mid-write: leave it."""
+    import workbench.results as results
+
+    monkeypatch.setattr(results, "_LOCKS", False)
+    path = tmp_path / "shared.jsonl"
+    ResultLog(path).append(fake(0.01))
+    fragment = path.read_text().splitlines()[0][:40]
+    with open(path, "a") as f:
+        f.write(fragment)
+    with pytest.warns(UserWarning, match="last line"):
+        log = ResultLog(path)
+    assert log.append(fake(0.01)).trial_id == 2
+    lines = path.read_text().splitlines()
+    assert lines[1] == fragment and json.loads(lines[2])["trial_id"] == 2  # kept, and ours on a line of its own
+    assert not path.with_suffix(".broken").exists()
+
+
 def _append_many(path: str, who: str, n: int) -> None:
     log = ResultLog(path, participant=who)  # opened before the others write: the old failure mode
     for i in range(n):

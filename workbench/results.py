@@ -170,9 +170,11 @@ class ResultLog:
 
     def _append_line(self, f: Any, record: dict[str, Any]) -> None:
         line = (json.dumps(record, default=_json_default, allow_nan=False) + "\n").encode("utf-8")
-        f.seek(0, os.SEEK_END)
-        if f.tell() > self._offset:  # unlocked writers left an unterminated line: start a new one
-            line = b"\n" + line
+        end = f.seek(0, os.SEEK_END)
+        if end:
+            f.seek(end - 1)
+            if f.read(1) != b"\n":  # an unterminated line (unlocked writers): start a new one
+                line = b"\n" + line
         f.write(line)
         f.flush()
         os.fsync(f.fileno())  # on disk before the trial counts as recorded

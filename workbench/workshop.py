@@ -175,12 +175,13 @@ class Workshop:
     def _frame(self) -> pd.DataFrame:
         rows = []
         for path, log in sorted(self._logs.items()):
-            participant_dir = path.parent.relative_to(self.folder)
+            rel = path.relative_to(self.folder).with_suffix("").as_posix()  # e.g. "ana/demo-jpeg"
+            folder_name = path.parent.name if path.parent != self.folder else "?"
             base = _baseline(log)
             for r in log.trials:
-                participant = r.participant or str(participant_dir) or "?"
+                participant = r.participant or folder_name  # logs written before participants existed
                 row: dict[str, Any] = {
-                    "uid": f"{participant}/{path.stem}#{r.trial_id}",
+                    "uid": f"{rel}#{r.trial_id}",  # file + id: unique, ids are unique within a file
                     "participant": participant,
                     "workload": path.stem,
                     "trial_id": r.trial_id,
