@@ -1,8 +1,8 @@
 """Workshops: many learners run the same trials on their own machines; the instructor gathers them.
 
     # each learner (notebook 08)
-    bench = wb.demo("cnn", size="tiny", log="/shared/workshop", participant="ana")
-    bench.run(); bench.run(cpu_threads=1)
+    bench = wb.demo("jpeg", log="/shared/workshop", participant="ana")
+    for knobs in workshop.TRIALS: bench.run(**knobs)      # the prescribed trials
 
     # the instructor (notebook 09)
     ws = wb.gather("/shared/workshop")
@@ -166,7 +166,7 @@ class Workshop:
     def results(self) -> pd.DataFrame:
         """One row per trial of every learner: participant, machine, torch, knobs, speedup vs that
         learner's own baseline with its interval, verdict (from `compare`), status."""
-        return self._results
+        return self._results.copy()
 
     @property
     def participants(self) -> list[str]:
