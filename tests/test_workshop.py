@@ -146,6 +146,19 @@ def test_gather_summary_counts_machines_beyond_noise(tmp_path):
     assert row["min_speedup"] < 1 < row["max_speedup"]
 
 
+def test_participants_sharing_one_file_each_get_their_own_baseline(tmp_path):
+    path = tmp_path / "class.jsonl"  # everyone passed log="class.jsonl": one locked file
+    a, b = ResultLog(path, participant="ana"), ResultLog(path, participant="ben")
+    a.append(fake(0.010))
+    b.append(fake(0.020, seed=1))
+    a.append(fake(0.005, seed=2, num_workers=2))
+    b.append(fake(0.010, seed=3, num_workers=2))
+    df = gather(tmp_path).results.set_index("uid")
+    assert list(df["participant"]) == ["ana", "ben", "ana", "ben"]
+    assert list(df["verdict"].iloc[:2]) == ["baseline", "baseline"]
+    assert df["speedup"].iloc[2:].round(1).tolist() == [2.0, 2.0]  # vs their own first trial
+
+
 def test_gather_chart_puts_every_machine_side_by_side(tmp_path):
     three_learners(tmp_path)
     chart = gather(tmp_path).chart()

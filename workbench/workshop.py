@@ -177,9 +177,10 @@ class Workshop:
         for path, log in sorted(self._logs.items()):
             rel = path.relative_to(self.folder).with_suffix("").as_posix()  # e.g. "ana/demo-jpeg"
             folder_name = path.parent.name if path.parent != self.folder else "?"
-            base = _baseline(log)
+            bases = {who: _baseline(log, who, folder_name) for who in {r.participant or folder_name for r in log.trials}}
             for r in log.trials:
                 participant = r.participant or folder_name  # logs written before participants existed
+                base = bases[participant]  # each participant against their own baseline, even in a shared file
                 row: dict[str, Any] = {
                     "uid": f"{rel}#{r.trial_id}",  # file + id: unique, ids are unique within a file
                     "participant": participant,
@@ -361,13 +362,12 @@ def _output_area() -> Any:
     return widgets.Output()
 
 
-def _baseline(log: _Log) -> TrialResult | None:
-    """The learner's explicit baseline, else their first ok trial (as `ResultLog.baseline`)."""
-    if log.baseline_id is not None:
-        for r in log.trials:
-            if r.trial_id == log.baseline_id:
-                return r
-    return next((r for r in log.trials if r.ok and len(r.step_times_s) >= 2), None)
+def _baseline(log: _Log, participant: str, default_name: str) -> TrialResult | None:
+    """A participant's baseline in one file: the file's explicit baseline when it is theirs, else
+    their first ok trial (as `ResultLog.baseline`). Several participants may share a file."""
+    mine = [r for r in log.trials if (r.participant or default_name) == participant]
+    explicit = next((r for r in mine if r.trial_id == log.baseline_id), None)
+    return explicit or next((r for r in mine if r.ok and len(r.step_times_s) >= 2), None)
 
 
 def learner_session(folder: str | os.PathLike, participant: str | None, *, demo: str = "jpeg",
