@@ -4,12 +4,17 @@
     bench = wb.Workbench(model, dataset, loss_fn=..., optimizer=...)   # or wb.demo("jpeg")
     bench.run(num_workers=2, amp="bf16")
     bench.results
+    ws = wb.gather("shared-folder")      # a workshop: every learner's trials (participant=...)
 
 The measurement core (knobs, workload, runner, results) imports without ipywidgets or altair:
 `pip install tuning-workbench` is the core; `pip install "tuning-workbench[notebook]"` adds the panel.
 """
 
+from __future__ import annotations
+
+import os
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from .bench import Workbench
 from .knobs import Knobs, knob_names
@@ -30,7 +35,14 @@ def demo(name: str, **kwargs):
     return _demo(name, **kwargs)
 
 
+def gather(folder: str | os.PathLike, **kwargs: Any) -> Any:
+    """The instructor's view of a workshop folder: every learner's trials (see `workshop.Workshop`)."""
+    from .workshop import gather as _gather
+
+    return _gather(folder, **kwargs)
+
+
 __all__ = [
     "Comparison", "Knobs", "ResultLog", "TrialInterrupted", "TrialResult", "Workbench", "compare",
-    "demo", "knob_names", "run_trial",
+    "demo", "gather", "knob_names", "run_trial",
 ]

@@ -28,6 +28,10 @@ DEFAULT_LOG_DIR = "workbench-runs"
 class Workbench:
     """Measure your model's training step under different knobs; every trial lands in `results`.
 
+    `log` is a folder (or a .jsonl file) that every trial is appended to. `participant` names who
+    runs it (default user@host); with a name, trials go to `<log>/<participant>/<name>.jsonl`, so
+    a workshop's learners share one folder and the instructor `wb.gather`s it.
+
     >>> bench = Workbench(model, dataset, loss_fn=torch.nn.CrossEntropyLoss(),
     ...                   optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
     >>> bench.run(num_workers=2, amp="bf16")
@@ -49,7 +53,12 @@ class Workbench:
         steps: int = 30,
         knobs: Knobs | None = None,
         loader_timeout_s: float = 120.0,
+        participant: str | None = None,
     ) -> None:
+        if participant is not None and not isinstance(participant, str):
+            raise TypeError(f"participant must be a name (str) such as 'ana', got {type(participant).__name__}")
+        if participant is not None and not participant.strip():
+            raise ValueError("participant is empty: pass your name, e.g. participant='ana'")
         self.workload = Workload(model, data, loss_fn=loss_fn, optimizer=optimizer, step_fn=step_fn,
                                  device=device, seed=seed)
         self.name = name or type(model).__name__
@@ -62,7 +71,8 @@ class Workbench:
         self.defaults = knobs or Knobs(batch_size=min(spec.default_batch_size, len(spec)) if not spec.iterable else spec.default_batch_size,
                                        num_workers=spec.default_num_workers)
         self._probe()
-        self.log = ResultLog(_log_path(log, self.name))
+        # A workshop: each participant appends to a file of their own under the shared folder.
+        self.log = ResultLog(_log_path(log, self.name, participant), participant=participant)
         self._lock = threading.Lock()  # one trial at a time, whoever asks (cell or panel thread)
 
     # ---- validation ----------------------------------------------------------------------
@@ -283,11 +293,19 @@ def _outcome(future: Any) -> TrialResult:
         return e.result
 
 
-def _log_path(log: str | os.PathLike | None, name: str) -> Path | None:
-    """A directory gets one `<name>.jsonl` per workbench name; a path ending in .jsonl is used as is."""
+def _log_path(log: str | os.PathLike | None, name: str, participant: str | None = None) -> Path | None:
+    """A directory gets one `<name>.jsonl` per workbench name, inside `<participant>/` when a
+    participant is named (a workshop's shared folder); a path ending in .jsonl is used as is."""
     if log is None:
         return None
     p = Path(log)
     if p.suffix == ".jsonl":
         return p
-    return p / (re.sub(r"[^A-Za-z0-9_.-]+", "_", name) + ".jsonl")
+    if participant is not None:
+        p = p / _safe_name(participant)
+    return p / (_safe_name(name) + ".jsonl")
+
+
+def _safe_name(name: str) -> str:
+    """A file-name-safe version of a workbench or participant name."""
+    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", name.strip()).strip(".") or "_"

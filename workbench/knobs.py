@@ -463,8 +463,8 @@ def device_notes(knobs: Knobs, device_type: str, *, has_conv: bool = True) -> li
         notes.append("compile='reduce-overhead' uses CUDA graphs; on this device it acts like 'default'")
     if knobs.amp == "fp16" and device_type == "cpu":
         notes.append(
-            "amp='fp16' on CPU runs but is far slower than fp32 or bf16 there (measured 4-60x on "
-            "a 2-core x86 CPU); use amp='bf16' on CPU"
+            "amp='fp16' on CPU runs but is usually far slower than fp32 or bf16 there (emulated on "
+            "CPUs without fp16 units); use amp='bf16' on CPU"
         )
     if knobs.amp == "bf16" and device_type == "mps":
         notes.append("amp='bf16' needs macOS 14+ on MPS; fp16 is the safer choice there")

@@ -215,7 +215,7 @@ def release_free_memory() -> None:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    """What a number depends on: versions, device, cores, threads."""
+    """What a number depends on: versions, device, CPU model and vector unit, GPU, cores, threads."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     elif device.type == "cpu":
@@ -231,6 +231,10 @@ def environment(device: torch.device) -> dict[str, Any]:
         "usable_cores": usable_cores(),  # affinity and cgroup quota
         "threads": torch.get_num_threads(),
         "platform": platform.platform(terse=True),
+        # the machine, whatever device the trial ran on (a workshop compares machines)
+        "cpu_model": _cpu_name(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # e.g. AVX2, AVX512
+        "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
     }
 
 
@@ -281,6 +285,7 @@ class TrialResult:
     traceback: str = ""  # full traceback of a failure (not shown in the one-line repr)
     extra: dict[str, Any] = field(default_factory=dict)  # diagnostics attached by later stages
     trace_path: str | None = None  # Chrome-trace JSON of steps profiled after the window (run(trace=True))
+    participant: str = ""  # who ran it (set by the ResultLog; a workshop gathers many participants)
 
     def __post_init__(self) -> None:
         # Median and IQR are derived from the raw step times, never carried over: a copy with other

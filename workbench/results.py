@@ -9,11 +9,15 @@ running alternating confirmation rounds.
 
 from __future__ import annotations
 
+import contextlib
+import getpass
 import json
 import math
 import os
+import platform
+import threading
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,14 @@ import pandas as pd
 from .knobs import Knobs
 from .measure import STATUSES, TrialResult
 from .stats import Comparison, Noise, critical, decide, estimate_noise
+
+try:  # POSIX: appends from several processes are serialised by an OS file lock
+    import fcntl
+
+    _LOCKS = True
+except ImportError:  # Windows: no lock; one file per process (see ResultLog)
+    fcntl = None  # type: ignore[assignment]
+    _LOCKS = False
 
 # The columns a reader wants first; knobs and details follow.
 SUMMARY_COLUMNS = [
@@ -104,22 +116,40 @@ def compare(a: Trials, b: Trials, *, rounds: int = 0, run: Callable[[Knobs], Tri
 
 
 class ResultLog:
-    """Trials in order, a baseline, observers, and an optional JSONL file they persist to."""
+    """Trials in order, a baseline, observers, and an optional JSONL file they persist to.
 
-    def __init__(self, path: str | os.PathLike | None) -> None:
+    Several processes may append to one file (two kernels, a learner's tabs): every append takes
+    an exclusive OS lock on the file, reads the records the others appended since, and numbers
+    the new trial after all of them, so trial ids stay unique. The lock is `fcntl.flock` on
+    POSIX; where fcntl is missing (Windows) appends are not locked, so give each process its own
+    file there (a workshop does: one file per participant, see `Workbench(participant=...)`).
+    """
+
+    def __init__(self, path: str | os.PathLike | None, *, participant: str | None = None) -> None:
         self.path = Path(path) if path is not None else None
+        self.participant = participant if participant is not None else default_participant()
         self.trials: list[TrialResult] = []
         self._baseline_id: int | None = None
         self._observers: list[Callable[[TrialResult], None]] = []
+        self._offset = 0  # bytes of the file already read into `trials`
         if self.path is not None and self.path.exists():
             self._load()
 
     # ---- persistence ------------------------------------------------------------------------
     def _load(self) -> None:
-        assert self.path is not None
-        text = self.path.read_text(encoding="utf-8")
-        lines = text.splitlines()
-        bad = 0
+        """Read the records appended since the last read (by this process or any other)."""
+        with _locked(self.path) as f:
+            self._read_new(f)
+
+    def _read_new(self, f: Any) -> None:
+        """Parse complete lines after `_offset` of the locked, open file `f` (binary, a+)."""
+        f.seek(self._offset)
+        data = f.read()
+        if not data:
+            return
+        complete = data[: data.rfind(b"\n") + 1]
+        tail = data[len(complete):]
+        lines = complete.decode("utf-8", errors="replace").splitlines()
         for i, line in enumerate(lines):
             if not line.strip():
                 continue
@@ -129,39 +159,74 @@ class ResultLog:
                     self._baseline_id = rec["trial_id"]
                 else:
                     self.trials.append(TrialResult.from_record(rec))
-            except (ValueError, KeyError, TypeError) as e:
-                bad += 1
-                where = "last line (truncated by a crash?)" if i == len(lines) - 1 else f"line {i + 1}"
-                warnings.warn(f"{self.path}: skipped unreadable {where}: {e}", stacklevel=3)
-        if bad and lines and not text.endswith("\n"):
-            # A crash mid-write left a partial last record: keep the fragment beside the log and
-            # cut it from the log, so the next record starts on a line of its own.
-            tail = lines[-1]
-            with open(self.path.with_suffix(".broken"), "a", encoding="utf-8") as f:
-                f.write(tail + "\n")
-            with open(self.path, "r+", encoding="utf-8") as f:
-                f.truncate(len(text.encode("utf-8")) - len(tail.encode("utf-8")))
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                warnings.warn(f"{self.path}: skipped unreadable line {self._line_no(i)}: {e}", stacklevel=4)
+        self._offset += len(complete)
+        if tail:
+            # Writers hold the lock until their line ends, so an unterminated last line under the
+            # lock is what a crash mid-write left behind. Keep the fragment beside the log and cut
+            # it from the log, so the next record starts on a line of its own.
+            warnings.warn(f"{self.path}: skipped unreadable last line (truncated by a crash?): "
+                          f"{tail[:60].decode('utf-8', errors='replace')!r}", stacklevel=4)
+            if _LOCKS:
+                with open(self.path.with_suffix(".broken"), "ab") as b:
+                    b.write(tail + b"\n")
+                f.truncate(self._offset)
+            else:  # unlocked: it may be another process's line in progress; leave it, skip it
+                self._offset += len(tail)
+
+    def _line_no(self, i: int) -> str:
+        return f"{i + 1} after byte {self._offset}" if self._offset else f"{i + 1}"
 
     def _write(self, record: dict[str, Any]) -> None:
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps(record, default=_json_default, allow_nan=False)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())  # on disk before the trial counts as recorded
+        with _locked(self.path) as f:
+            self._read_new(f)
+            self._append_line(f, record)
+
+    def _append_line(self, f: Any, record: dict[str, Any]) -> None:
+        line = (json.dumps(record, default=_json_default, allow_nan=False) + "\n").encode("utf-8")
+        end = f.seek(0, os.SEEK_END)
+        if end:
+            f.seek(end - 1)
+            if f.read(1) != b"\n":  # an unterminated line (unlocked writers): start a new one
+                line = b"\n" + line
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the trial counts as recorded
+        self._offset = f.tell()
 
     # ---- trials -----------------------------------------------------------------------------
     def append(self, result: TrialResult) -> TrialResult:
-        """Number the trial, persist it, tell the observers; returns the numbered result."""
-        next_id = (self.trials[-1].trial_id or 0) + 1 if self.trials else 1
-        result = replace(result, trial_id=next_id)
-        self._write(_clean(result.to_record()))
+        """Number the trial after every trial in the file, persist it, tell the observers.
+
+        Returns the numbered result. Trials that other processes appended to the same file since
+        the last read join `trials` first (they are not sent to the observers).
+        """
+        participant = result.participant or self.participant
+        if self.path is None:
+            result = replace(result, trial_id=self._next_id(), participant=participant)
+        else:
+            with _locked(self.path) as f:
+                self._read_new(f)
+                result = replace(result, trial_id=self._next_id(), participant=participant)
+                self._append_line(f, _clean(result.to_record()))
         self.trials.append(result)
         for fn in list(self._observers):
             fn(result)
         return result
+
+    def refresh(self) -> int:
+        """Read trials other processes appended to the file; returns how many arrived."""
+        if self.path is None or not self.path.exists():
+            return 0
+        before = len(self.trials)
+        self._load()
+        return len(self.trials) - before
+
+    def _next_id(self) -> int:
+        return max((r.trial_id or 0 for r in self.trials), default=0) + 1
 
     def observe(self, fn: Callable[[TrialResult], None]) -> None:
         """Call `fn(result)` after every appended trial (charts, panels)."""
@@ -242,6 +307,8 @@ class ResultLog:
             row["checkpoint"] = ",".join(r.knobs.checkpoint)
             row["notes"] = "; ".join(r.notes)
             row["device"] = r.env.get("device", "")
+            row["participant"] = r.participant
+            row["trace_path"] = r.trace_path
             row["started_at"] = r.started_at
             rows.append(row)
         df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=SUMMARY_COLUMNS)
@@ -282,6 +349,40 @@ def _padded(values: Sequence[float], n: int) -> list[float]:
     """`values` cut or NaN-padded to n entries (a failed trial may have fewer losses than step times)."""
     out = [float(v) for v in values[:n]]
     return out + [float("nan")] * (n - len(out))
+
+
+def default_participant() -> str:
+    """Who is running this: $JUPYTERHUB_USER on a JupyterHub, else user@host."""
+    hub = os.environ.get("JUPYTERHUB_USER")
+    if hub:
+        return hub
+    try:
+        user = getpass.getuser()
+    except Exception:  # no login name in some containers
+        user = "user"
+    return f"{user}@{platform.node() or 'localhost'}"
+
+
+# One lock per file within this process (threads), plus the OS lock between processes.
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[Any]:
+    """The log file opened for reading and appending (binary), held under an exclusive lock."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = os.path.abspath(path)
+    with _THREAD_LOCKS_GUARD:
+        thread_lock = _THREAD_LOCKS.setdefault(key, threading.Lock())
+    with thread_lock, open(path, "a+b") as f:
+        if _LOCKS:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # blocks while another process appends
+        try:
+            yield f
+        finally:
+            if _LOCKS:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _ms(s: float | None) -> float | None:

@@ -41,7 +41,7 @@ def demo(name: str, *, size: str = "default", **workbench_kwargs: Any) -> Workbe
     """A Workbench named `demo-<name>` on a built-in workload; extra keywords go to Workbench.
 
     `loss_fn`, `optimizer`, `step_fn`, `knobs` and `name` may be overridden (e.g. a different
-    learning rate); `log`, `steps`, `warmup_steps`, `device`, `seed` pass straight through.
+    learning rate); `log`, `participant`, `steps`, `warmup_steps`, `device`, `seed` pass straight through.
     """
     if name not in DEMOS:
         raise ValueError(f"unknown demo {name!r}; choose one of: {', '.join(DEMOS)}")

@@ -1,0 +1,268 @@
+"""Workshops: learners share one folder (no trial lost or duplicated); the instructor gathers it."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, TinyNet, tiny_data
+
+import workbench as wb
+from workbench.measure import TrialResult
+from workbench.results import ResultLog, default_participant
+from workbench.workshop import RESULT_COLUMNS, SUMMARY_COLUMNS, Workshop, gather
+
+
+def fake(mean: float, *, rel: float = 0.01, seed: int = 0, cpu: str = "Test CPU", cores: int = 2,
+         gpu: str = "", **knobs) -> TrialResult:
+    """An ok trial of 30 steps around `mean` seconds (10 samples per step) on a named machine."""
+    times = tuple(float(t) for t in mean * (1 + rel * np.random.default_rng(seed).standard_normal(30)))
+    env = {"torch": torch.__version__, "device": "cpu", "device_name": cpu, "cpu_model": cpu,
+           "cpu_count": cores, "gpu_name": gpu}
+    return TrialResult(knobs=wb.Knobs(**knobs), status="ok", samples_per_s=10 * len(times) / sum(times),
+                       step_time_s=float(np.median(times)), step_time_iqr_s=0.0, step_times_s=times,
+                       samples_per_step=10, losses=(1.0,) * len(times), env=env)
+
+
+def learner_log(folder: Path, who: str, trials: list[TrialResult], name: str = "demo-cnn") -> Path:
+    log = ResultLog(folder / who / f"{name}.jsonl", participant=who)
+    for r in trials:
+        log.append(r)
+    return log.path
+
+
+# ---- the learner side: participant and file layout ------------------------------------------
+def test_participant_names_the_file_and_every_record(tmp_path):
+    bench = wb.Workbench(TinyNet(), tiny_data(), loss_fn=torch.nn.CrossEntropyLoss(), log=tmp_path,
+                         name="tiny", participant="ana", steps=2, warmup_steps=0)
+    r = bench.run()
+    assert bench.log.path == tmp_path / "ana" / "tiny.jsonl"
+    assert r.participant == "ana"
+    assert json.loads(bench.log.path.read_text().splitlines()[0])["participant"] == "ana"
+    assert {"cpu_model", "cpu_count", "gpu_name", "torch"} <= set(r.env)
+    # the default participant (no workshop): the file stays <log>/<name>.jsonl, the record says who
+    solo = wb.Workbench(TinyNet(), tiny_data(), loss_fn=torch.nn.CrossEntropyLoss(), log=tmp_path,
+                        name="solo", steps=2, warmup_steps=0)
+    assert solo.log.path == tmp_path / "solo.jsonl"
+    assert solo.run().participant == default_participant()
+
+
+def test_default_participant_is_user_at_host_or_the_hub_user(monkeypatch):
+    monkeypatch.delenv("JUPYTERHUB_USER", raising=False)
+    assert "@" in default_participant()
+    monkeypatch.setenv("JUPYTERHUB_USER", "ana")
+    assert default_participant() == "ana"
+
+
+def test_bad_participant_names_the_fix():
+    with pytest.raises(TypeError, match="participant must be a name"):
+        wb.Workbench(TinyNet(), tiny_data(), loss_fn=torch.nn.CrossEntropyLoss(), log=None, participant=7)
+    with pytest.raises(ValueError, match="participant='ana'"):
+        wb.Workbench(TinyNet(), tiny_data(), loss_fn=torch.nn.CrossEntropyLoss(), log=None, participant=" ")
+
+
+# ---- one shared log file: locked appends, ids numbered after everyone's ---------------------
+def test_two_logs_on_one_file_number_after_each_other(tmp_path):
+    path = tmp_path / "shared.jsonl"
+    a, b = ResultLog(path, participant="a"), ResultLog(path, participant="b")  # two kernels, both empty
+    assert a.append(fake(0.01)).trial_id == 1
+    assert b.append(fake(0.01)).trial_id == 2  # the bug was 1: b numbered from its own list
+    assert a.append(fake(0.01)).trial_id == 3
+    assert [r.trial_id for r in a.trials] == [1, 2, 3]  # a read b's trial before numbering
+    assert [r.participant for r in ResultLog(path).trials] == ["a", "b", "a"]
+
+
+def test_without_os_locks_a_partial_line_is_skipped_not_cut(tmp_path, monkeypatch):
+    """Off POSIX (no fcntl) an unterminated last line may be another process mid-write: leave it."""
+    import workbench.results as results
+
+    monkeypatch.setattr(results, "_LOCKS", False)
+    path = tmp_path / "shared.jsonl"
+    ResultLog(path).append(fake(0.01))
+    fragment = path.read_text().splitlines()[0][:40]
+    with open(path, "a") as f:
+        f.write(fragment)
+    with pytest.warns(UserWarning, match="last line"):
+        log = ResultLog(path)
+    assert log.append(fake(0.01)).trial_id == 2
+    lines = path.read_text().splitlines()
+    assert lines[1] == fragment and json.loads(lines[2])["trial_id"] == 2  # kept, and ours on a line of its own
+    assert not path.with_suffix(".broken").exists()
+
+
+def _append_many(path: str, who: str, n: int) -> None:
+    log = ResultLog(path, participant=who)  # opened before the others write: the old failure mode
+    for i in range(n):
+        log.append(fake(0.01, seed=i))
+
+
+@pytest.mark.skipif(os.name != "posix", reason="appends are locked with fcntl on POSIX only")
+def test_two_processes_appending_to_one_log_lose_and_duplicate_nothing(tmp_path):
+    path = str(tmp_path / "shared.jsonl")
+    ctx = multiprocessing.get_context("fork")  # no torch work in the children, only file appends
+    procs = [ctx.Process(target=_append_many, args=(path, who, 25)) for who in ("p1", "p2")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    records = [json.loads(line) for line in Path(path).read_text().splitlines()]  # every line whole
+    ids = [r["trial_id"] for r in records]
+    assert sorted(ids) == list(range(1, 51))  # 50 trials, none lost, no id twice
+    assert sorted(r["participant"] for r in records).count("p1") == 25
+
+
+# ---- the instructor side: gather ------------------------------------------------------------
+def three_learners(folder: Path) -> None:
+    """ana: workers help; ben: within noise; cho (a GPU machine): workers hurt."""
+    learner_log(folder, "ana", [fake(0.010), fake(0.007, seed=1, num_workers=2)])
+    learner_log(folder, "ben", [fake(0.010, rel=0.2, cores=8, cpu="Other CPU"),
+                                fake(0.0099, rel=0.2, seed=1, cores=8, cpu="Other CPU", num_workers=2)])
+    learner_log(folder, "cho", [fake(0.010, gpu="Some GPU"), fake(0.013, seed=1, gpu="Some GPU", num_workers=2)])
+
+
+def test_gather_summary_counts_machines_beyond_noise(tmp_path):
+    three_learners(tmp_path)
+    ws = gather(tmp_path)
+    df = ws.results
+    assert len(df) == 6 and ws.participants == ["ana", "ben", "cho"]
+    assert set(RESULT_COLUMNS) <= set(df.columns) and df["uid"].is_unique
+    assert set(df.loc[df["participant"] == "cho", "machine"]) == {"Test CPU ×2 + Some GPU"}
+    assert (df.loc[df["verdict"] == "baseline", "speedup"] == 1.0).all()
+    s = ws.summary()
+    assert list(s.columns) == SUMMARY_COLUMNS and len(s) == 1
+    row = s.iloc[0]
+    assert row["knob"] == "num_workers=2" and row["machines"] == 3
+    assert (row["helped"], row["no_change"], row["hurt"], row["failed"]) == (1, 1, 1, 0)
+    assert row["min_speedup"] < 1 < row["max_speedup"]
+
+
+def test_participants_sharing_one_file_each_get_their_own_baseline(tmp_path):
+    path = tmp_path / "class.jsonl"  # everyone passed log="class.jsonl": one locked file
+    a, b = ResultLog(path, participant="ana"), ResultLog(path, participant="ben")
+    a.append(fake(0.010))
+    b.append(fake(0.020, seed=1))
+    a.append(fake(0.005, seed=2, num_workers=2))
+    b.append(fake(0.010, seed=3, num_workers=2))
+    df = gather(tmp_path).results.set_index("uid")
+    assert list(df["participant"]) == ["ana", "ben", "ana", "ben"]
+    assert list(df["verdict"].iloc[:2]) == ["baseline", "baseline"]
+    assert df["speedup"].iloc[2:].round(1).tolist() == [2.0, 2.0]  # vs their own first trial
+
+
+def test_gather_chart_puts_every_machine_side_by_side(tmp_path):
+    three_learners(tmp_path)
+    chart = gather(tmp_path).chart()
+    spec = chart.to_dict()
+    assert spec["facet"]["column"]["field"] == "knob"
+    assert sorted(chart.data["participant"]) == ["ana", "ben", "cho"]
+    assert {"speedup_low", "speedup_high"} <= set(chart.data.columns)  # the noise interval is drawn
+    only_baselines = tmp_path / "later"
+    learner_log(only_baselines, "dan", [fake(0.010)])
+    assert "No compared trials" in json.dumps(gather(only_baselines).chart().to_dict())
+
+
+def test_gather_skips_truncated_and_foreign_files_with_a_warning(tmp_path):
+    three_learners(tmp_path)
+    (tmp_path / "dan").mkdir()
+    (tmp_path / "dan" / "notes.jsonl").write_text("participant,score\nana,3\n")  # not JSON lines
+    (tmp_path / "eve").mkdir()
+    (tmp_path / "eve" / "other.jsonl").write_text('{"loss": 0.3, "epoch": 1}\n')  # another program's JSONL
+    cut = tmp_path / "ana" / "demo-cnn.jsonl"
+    text = cut.read_text()
+    cut.write_text(text + text.splitlines()[0][:50])  # ana's machine crashed mid-write
+    with pytest.warns(UserWarning) as caught:
+        ws = gather(tmp_path)
+    messages = " ".join(str(w.message) for w in caught)
+    assert "notes.jsonl" in messages and "other.jsonl" in messages and "last line" in messages
+    assert set(ws.skipped) == {"dan/notes.jsonl", "eve/other.jsonl"}
+    assert len(ws.results) == 6  # ana's two complete trials still count
+    assert cut.read_text().endswith(text.splitlines()[0][:50])  # gathering never edits a learner's file
+
+
+def test_gather_refreshes_and_watch_calls_back(tmp_path):
+    learner_log(tmp_path, "ana", [fake(0.010)])
+    ws = gather(tmp_path)
+    assert len(ws.results) == 1 and not ws.refresh()
+    seen = threading.Event()
+    watch = ws.watch(every_s=0.05, callback=lambda w: seen.set(), show=False)
+    try:
+        ResultLog(tmp_path / "ben" / "demo-cnn.jsonl", participant="ben").append(fake(0.01))
+        assert seen.wait(10), "watch did not notice the new trial"
+    finally:
+        watch.stop()
+    assert not watch.running and watch.error is None
+    assert ws.participants == ["ana", "ben"]
+    with pytest.raises(ValueError, match="every_s"):
+        ws.watch(every_s=0)
+    with pytest.raises(ValueError, match="shared folder"):
+        Workshop(tmp_path / "missing")
+
+
+def test_gather_needs_no_altair_until_chart(tmp_path):
+    code = ("import sys; sys.modules['altair'] = None; sys.modules['ipywidgets'] = None\n"
+            "import workbench as wb\n"
+            f"ws = wb.gather({str(tmp_path)!r}); print(len(ws.results), len(ws.summary()))")
+    learner_log(tmp_path, "ana", [fake(0.010), fake(0.008, seed=1, num_workers=2)])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "1"]
+
+
+# ---- the held-out check: 3 learner processes, 4 trials each, one folder, at the same time ----
+LEARNER = textwrap.dedent("""
+    import sys, torch
+    import workbench as wb
+    folder, who = sys.argv[1], sys.argv[2]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 4, (64,)))
+    bench = wb.Workbench(model, data, loss_fn=torch.nn.CrossEntropyLoss(), log=folder, name="mlp",
+                         participant=who, steps=4, warmup_steps=1, knobs=wb.Knobs(batch_size=16))
+    for knobs in ({}, {"cpu_threads": 1}, {"batch_size": 32}, {"data": "cached"}):
+        r = bench.run(**knobs)
+        assert r.ok, r.message
+    print(wb.__file__)
+""")
+
+
+@pytest.mark.slow
+def test_three_learner_processes_write_one_folder_concurrently(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", LEARNER, str(tmp_path), f"learner{i}"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        assert out.strip() == str(ROOT / "workbench" / "__init__.py")  # the workbench under test
+    ws = wb.gather(tmp_path)
+    df = ws.results
+    assert len(df) == 12 and ws.participants == ["learner0", "learner1", "learner2"]
+    assert df["uid"].is_unique and (df["status"] == "ok").all()
+    for _, g in df.groupby("participant"):
+        assert sorted(g["trial_id"]) == [1, 2, 3, 4]
+    assert len(ws.summary()) == 3  # three changes, each seen on three machines
+    assert (ws.summary()["machines"] == 3).all()
+    chart = ws.chart()
+    assert len(chart.data) == 9 and chart.to_dict()["facet"]  # 3 learners x 3 changes
+
+
+
+def test_learner_session_runs_the_prescribed_trials_into_the_shared_folder(tmp_path):
+    from workbench.workshop import TRIALS, learner_session
+
+    bench = learner_session(tmp_path, "ana", demo="jpeg", size="tiny", steps=2, warmup_steps=0)
+    assert bench.log.path == tmp_path / "ana" / "demo-jpeg.jsonl"
+    assert [r.knobs for r in bench.trials] == [bench.knobs(**k) for k in TRIALS]
+    ws = gather(tmp_path)
+    assert ws.participants == ["ana"] and len(ws.summary()) == len(TRIALS) - 1

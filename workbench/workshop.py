@@ -1,0 +1,436 @@
+"""Workshops: many learners run the same trials on their own machines; the instructor gathers them.
+
+    # each learner (notebook 08)
+    bench = wb.demo("jpeg", log="/shared/workshop", participant="ana")
+    for knobs in workshop.TRIALS: bench.run(**knobs)      # the prescribed trials
+
+    # the instructor (notebook 09)
+    ws = wb.gather("/shared/workshop")
+    ws.results          # one row per trial: participant, machine, torch, knobs, speedup, verdict
+    ws.summary()        # per knob: on how many machines it helped / did nothing / hurt, median speedup
+    ws.chart()          # the same knob's speedup on every machine, side by side, with its interval
+    ws.watch()          # re-read the folder every few seconds as learners add trials
+
+Each learner appends to a file of their own (`<folder>/<participant>/<workbench name>.jsonl`), so
+no two machines ever write one file and a network share needs no working file locks; within one
+file, appends are locked (see `ResultLog`). Gathering only reads: a truncated or foreign file is
+skipped with a warning, never repaired or deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .measure import TrialResult
+from .results import compare
+
+# The columns an instructor reads first; knobs and details follow.
+RESULT_COLUMNS = [
+    "uid", "participant", "workload", "trial_id", "label", "status", "samples_per_s", "speedup",
+    "speedup_low", "speedup_high", "verdict", "machine", "cpu_model", "cpu_count", "gpu_name",
+    "device", "torch",
+]
+# The prescribed trials of a workshop session (notebook 08 runs them one by one): each teaches a
+# claim whose answer depends on the machine.
+TRIALS: tuple[dict[str, Any], ...] = (
+    {},  # the baseline: the demo's defaults
+    {"data": "cached"},  # the short-circuit test: is the loop waiting for data?
+    {"num_workers": 2, "cpu_threads": 1},  # workers, with the main process leaving them a core
+    {"amp": "bf16"},  # bf16 autocast: native units (faster) or emulated (slower)?
+)
+SUMMARY_COLUMNS = ["workload", "knob", "machines", "helped", "no_change", "hurt", "failed",
+                   "median_speedup", "min_speedup", "max_speedup"]
+
+
+@dataclass
+class _Log:
+    """One learner file as read: its trials and explicit baseline."""
+
+    path: Path
+    trials: list[TrialResult] = field(default_factory=list)
+    baseline_id: int | None = None
+
+
+def read_log(path: str | os.PathLike) -> tuple[list[TrialResult], int | None]:
+    """Trials and the explicit baseline id of one JSONL log, read only (nothing is repaired).
+
+    Unreadable lines (a truncated last line, a record of another program) are skipped with one
+    warning per file; a file with no readable trial raises ValueError (a foreign file).
+    """
+    path = Path(path)
+    trials: list[TrialResult] = []
+    baseline_id: int | None = None
+    bad: list[str] = []
+    with open(path, "rb") as f:
+        data = f.read()
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise TypeError(f"a JSON {type(rec).__name__}, not a trial record")
+            if rec.get("event") == "baseline":
+                baseline_id = int(rec["trial_id"])
+            elif "status" in rec and "trial_id" in rec:
+                trials.append(TrialResult.from_record(rec))
+            else:
+                raise KeyError("no status/trial_id: not a workbench trial")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            where = "last line" if i == len(lines) - 1 else f"line {i + 1}"
+            bad.append(f"{where} ({type(e).__name__}: {str(e)[:80]})")
+    if not trials and (bad or baseline_id is not None):
+        raise ValueError(f"no workbench trial in it; unreadable: {', '.join(bad[:3])}")
+    if bad:
+        warnings.warn(f"{path}: skipped {len(bad)} unreadable line(s): {', '.join(bad[:3])}", stacklevel=3)
+    return trials, baseline_id
+
+
+def machine_label(env: dict[str, Any]) -> str:
+    """A short description of the machine a trial ran on: CPU model × cores, and the GPU if any."""
+    cpu = env.get("cpu_model") or (env.get("device_name") if str(env.get("device", "")).startswith("cpu") else "") or "?"
+    text = f"{cpu} ×{env.get('cpu_count', '?')}"
+    if env.get("gpu_name"):
+        text += f" + {env['gpu_name']}"
+    return text
+
+
+class Workshop:
+    """Every learner's trials under one folder, re-read on `refresh()` (see module docstring)."""
+
+    def __init__(self, folder: str | os.PathLike, *, pattern: str = "**/*.jsonl") -> None:
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise ValueError(f"{self.folder} is not a folder: pass the workshop's shared folder "
+                             "(the `log=` the learners use)")
+        self.pattern = pattern
+        self.skipped: dict[str, str] = {}  # file -> why it was skipped (last refresh)
+        self._stamps: dict[Path, tuple[int, int]] = {}
+        self._logs: dict[Path, _Log] = {}
+        self._results: pd.DataFrame = pd.DataFrame(columns=RESULT_COLUMNS)
+        self._lock = threading.Lock()  # a watch thread and the notebook may refresh at once
+        self.refresh()
+
+    # ---- reading ------------------------------------------------------------------------------
+    def refresh(self) -> bool:
+        """Re-read files that changed since the last read; True when anything changed."""
+        with self._lock:
+            return self._refresh()
+
+    def _refresh(self) -> bool:
+        changed = False
+        seen = set()
+        for path in sorted(self.folder.glob(self.pattern)):
+            if not path.is_file():
+                continue
+            seen.add(path)
+            st = path.stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+            if self._stamps.get(path) == stamp:
+                continue
+            self._stamps[path] = stamp
+            changed = True
+            key = str(path.relative_to(self.folder))
+            try:
+                trials, baseline_id = read_log(path)
+            except (OSError, ValueError) as e:
+                if self.skipped.get(key) != str(e):
+                    warnings.warn(f"gather: skipped {path}: {e}", stacklevel=2)
+                self.skipped[key] = str(e)
+                self._logs.pop(path, None)
+                continue
+            self.skipped.pop(key, None)
+            self._logs[path] = _Log(path, trials, baseline_id)
+        for gone in set(self._logs) - seen:
+            del self._logs[gone]
+            self._stamps.pop(gone, None)
+            changed = True
+        if changed:
+            self._results = self._frame()
+        return changed
+
+    @property
+    def results(self) -> pd.DataFrame:
+        """One row per trial of every learner: participant, machine, torch, knobs, speedup vs that
+        learner's own baseline with its interval, verdict (from `compare`), status."""
+        return self._results.copy()
+
+    @property
+    def participants(self) -> list[str]:
+        return sorted(self._results["participant"].unique()) if len(self._results) else []
+
+    def _frame(self) -> pd.DataFrame:
+        rows = []
+        for path, log in sorted(self._logs.items()):
+            rel = path.relative_to(self.folder).with_suffix("").as_posix()  # e.g. "ana/demo-jpeg"
+            folder_name = path.parent.name if path.parent != self.folder else "?"
+            bases = {who: _baseline(log, who, folder_name) for who in {r.participant or folder_name for r in log.trials}}
+            for r in log.trials:
+                participant = r.participant or folder_name  # logs written before participants existed
+                base = bases[participant]  # each participant against their own baseline, even in a shared file
+                row: dict[str, Any] = {
+                    "uid": f"{rel}#{r.trial_id}",  # file + id: unique, ids are unique within a file
+                    "participant": participant,
+                    "workload": path.stem,
+                    "trial_id": r.trial_id,
+                    "label": r.knobs.label(base.knobs if base is not None else None),
+                    "status": r.status,
+                    "samples_per_s": r.samples_per_s,
+                    "speedup": None, "speedup_low": None, "speedup_high": None, "verdict": "",
+                    "machine": machine_label(r.env),
+                    "cpu_model": r.env.get("cpu_model") or r.env.get("device_name", ""),
+                    "cpu_count": r.env.get("cpu_count"),
+                    "gpu_name": r.env.get("gpu_name", ""),
+                    "device": r.env.get("device", ""),
+                    "torch": r.env.get("torch", ""),
+                }
+                if base is not None and r.trial_id == base.trial_id:
+                    row.update(speedup=1.0, speedup_low=1.0, speedup_high=1.0, verdict="baseline")
+                elif base is not None and r.ok and len(r.step_times_s) >= 2:
+                    c = compare(base, r)  # the project's noise-aware verdict, same as bench.compare
+                    row.update(speedup=c.speedup, speedup_low=c.low, speedup_high=c.high,
+                               verdict=c.verdict)
+                row.update({k: v for k, v in r.knobs.to_dict().items() if k not in row})
+                row["checkpoint"] = ",".join(r.knobs.checkpoint)
+                row["started_at"] = r.started_at
+                row["message"] = r.message
+                rows.append(row)
+        if not rows:
+            return pd.DataFrame(columns=RESULT_COLUMNS)
+        return pd.DataFrame(rows).reset_index(drop=True)
+
+    # ---- views --------------------------------------------------------------------------------
+    def summary(self) -> pd.DataFrame:
+        """Per knob change (vs each learner's baseline): on how many machines it helped, did
+        nothing or hurt beyond noise, how many failed, and the median speedup across machines.
+
+        When a learner ran the same change twice, their latest trial counts.
+        """
+        df = self._results
+        if df.empty:
+            return pd.DataFrame(columns=SUMMARY_COLUMNS)
+        df = df[df["verdict"] != "baseline"]
+        rows = []
+        for (workload, knob), g in df.groupby(["workload", "label"], sort=True):
+            latest = g.sort_values("trial_id").groupby("participant").tail(1)
+            ok = latest[latest["speedup"].notna()]
+            speedup = pd.to_numeric(ok["speedup"])
+            beyond = ok["verdict"] == "beyond noise"
+            rows.append({
+                "workload": workload,
+                "knob": knob,
+                "machines": int(latest["participant"].nunique()),
+                "helped": int((beyond & (speedup > 1)).sum()),
+                "no_change": int((~beyond).sum()),
+                "hurt": int((beyond & (speedup < 1)).sum()),
+                "failed": int(len(latest) - len(ok)),
+                "median_speedup": float(np.median(speedup)) if len(speedup) else None,
+                "min_speedup": float(speedup.min()) if len(speedup) else None,
+                "max_speedup": float(speedup.max()) if len(speedup) else None,
+            })
+        return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+    def chart(self, *, width: int = 140) -> Any:
+        """One panel per knob change: each learner's speedup vs their own baseline, its 95%
+        interval as a bar, coloured by verdict; the line at 1.0 is "no change"."""
+        import altair as alt  # the notebook layer only; the core never needs altair
+
+        df = self._results
+        data = df[(df["verdict"] != "baseline") & df["speedup"].notna()] if len(df) else df
+        if data.empty:
+            return (alt.Chart(pd.DataFrame({"text": ["No compared trials yet: each learner needs a baseline "
+                                                     "and at least one change"]}))
+                    .mark_text(size=14, color="gray").encode(text="text:N"))
+        data = data[["participant", "machine", "workload", "label", "speedup", "speedup_low",
+                     "speedup_high", "verdict", "samples_per_s", "torch", "uid"]].copy()
+        data["knob"] = data["workload"] + ": " + data["label"]
+        data["who"] = data["participant"]
+        x = alt.X("who:N", title=None, axis=alt.Axis(labelAngle=-40))
+        y = alt.Y("speedup:Q", title="speedup vs own baseline", scale=alt.Scale(type="log", zero=False))
+        colour = alt.Color("verdict:N", scale=alt.Scale(domain=["beyond noise", "within noise"],
+                                                         range=["#4c78a8", "#bbbbbb"]))
+        tooltip = ["participant:N", "machine:N", "knob:N", alt.Tooltip("speedup:Q", format=".2f"),
+                   alt.Tooltip("speedup_low:Q", format=".2f", title="95% low"),
+                   alt.Tooltip("speedup_high:Q", format=".2f", title="95% high"), "verdict:N", "torch:N"]
+        bars = alt.Chart().mark_rule(strokeWidth=2).encode(x=x, y=alt.Y("speedup_low:Q"), y2="speedup_high:Q",
+                                                             color=colour)
+        points = alt.Chart().mark_point(filled=True, size=60).encode(x=x, y=y, color=colour, tooltip=tooltip)
+        one = alt.Chart().mark_rule(color="black", strokeDash=[4, 3]).encode(y=alt.datum(1.0))
+        return (alt.layer(bars, points, one, data=data)
+                .properties(width=width, height=220)
+                .facet(column=alt.Column("knob:N", title=None, header=alt.Header(labelLimit=260)))
+                .properties(title="The same change on every learner's machine (bar: 95% interval)"))
+
+    def watch(self, every_s: float = 5.0, *, callback: Callable[[Workshop], Any] | None = None,
+              show: bool = True) -> Watch:
+        """Re-read the folder every `every_s` seconds in a background thread.
+
+        On a change it calls `callback(self)`; with `show=True` in a notebook it also redraws an
+        output area under the cell with the summary and the chart. `.stop()` ends it.
+        """
+        if every_s <= 0:
+            raise ValueError(f"every_s must be > 0 seconds, got {every_s}")
+        return Watch(self, every_s, callback, show)
+
+    def __repr__(self) -> str:
+        df = self._results
+        machines = df["machine"].nunique() if len(df) else 0
+        skipped = f"; {len(self.skipped)} file(s) skipped" if self.skipped else ""
+        return (f"<Workshop {str(self.folder)!r}: {len(df)} trials from {len(self.participants)} "
+                f"participants on {machines} machine type(s){skipped}>")
+
+
+class Watch:
+    """The background refresh started by `Workshop.watch`; `stop()` ends it."""
+
+    def __init__(self, workshop: Workshop, every_s: float, callback: Callable[[Workshop], Any] | None,
+                 show: bool) -> None:
+        self.workshop = workshop
+        self.every_s = every_s
+        self.callback = callback
+        self.refreshes = 0  # how many refreshes found something new
+        self.error: BaseException | None = None
+        self.output = _output_area() if show else None
+        if self.output is not None:
+            self._draw()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="workbench-workshop-watch", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # skipped files are listed in `.skipped`
+                    changed = self.workshop.refresh()
+                if changed:
+                    self.refreshes += 1
+                    if self.callback is not None:
+                        self.callback(self.workshop)
+                    if self.output is not None:
+                        self._draw()
+            except Exception as e:  # keep watching; the last error is kept for the instructor
+                self.error = e
+
+    def _draw(self) -> None:
+        out = self.output
+        out.clear_output(wait=True)
+        out.append_display_data(self.workshop.summary())
+        out.append_display_data(self.workshop.chart())
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.output if self.output is not None else repr(self))
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<Watch {state} every {self.every_s:g} s | {self.refreshes} refreshes with new trials>"
+
+
+def _output_area() -> Any:
+    """An ipywidgets Output when running under an IPython kernel, else None."""
+    try:
+        from IPython import get_ipython
+
+        if get_ipython() is None or not hasattr(get_ipython(), "kernel"):
+            return None
+        import ipywidgets as widgets
+    except ImportError:
+        return None
+    return widgets.Output()
+
+
+def _baseline(log: _Log, participant: str, default_name: str) -> TrialResult | None:
+    """A participant's baseline in one file: the file's explicit baseline when it is theirs, else
+    their first ok trial (as `ResultLog.baseline`). Several participants may share a file."""
+    mine = [r for r in log.trials if (r.participant or default_name) == participant]
+    explicit = next((r for r in mine if r.trial_id == log.baseline_id), None)
+    return explicit or next((r for r in mine if r.ok and len(r.step_times_s) >= 2), None)
+
+
+def learner_session(folder: str | os.PathLike, participant: str | None, *, demo: str = "jpeg",
+                    size: str = "default", trials: tuple[dict[str, Any], ...] = TRIALS,
+                    **workbench_kwargs: Any) -> Any:
+    """What one learner runs: `wb.demo(demo)` logging to the shared folder, then every trial in
+    `trials`. Returns the Workbench (its `results` are the learner's own)."""
+    from .demos import demo as build_demo
+
+    bench = build_demo(demo, size=size, log=folder, participant=participant, **workbench_kwargs)
+    for knobs in trials:
+        bench.run(**knobs)
+    return bench
+
+
+class SimulatedLearners:
+    """Learner processes started by `simulate_learners`; `wait()` until they are done."""
+
+    def __init__(self, procs: dict[str, subprocess.Popen]) -> None:
+        self.procs = procs
+
+    @property
+    def running(self) -> int:
+        return sum(p.poll() is None for p in self.procs.values())
+
+    def wait(self, timeout: float = 600.0) -> None:
+        """Block until every learner ends; RuntimeError with the failing learner's stderr tail."""
+        for name, p in self.procs.items():
+            _, err = p.communicate(timeout=timeout)
+            if p.returncode != 0:
+                raise RuntimeError(f"learner {name!r} exited with {p.returncode}: {err[-1500:]}")
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+
+
+def simulate_learners(folder: str | os.PathLike, names: list[str], *, threads: int = 1,
+                      **session_kwargs: Any) -> SimulatedLearners:
+    """Start one Python process per name, all at once, each running `learner_session` into
+    `folder`: a workshop on one machine (for a rehearsal or a test).
+
+    The processes run `sys.executable` and import the same `workbench` as this one. `threads`
+    sets OMP_NUM_THREADS per learner so that N learners on one machine do not fight over cores.
+    """
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
+    code = ("import json, sys\n"
+            "from workbench.workshop import learner_session\n"
+            "learner_session(sys.argv[1], sys.argv[2], **json.loads(sys.argv[3]))\n")
+    args = json.dumps(session_kwargs)
+    procs = {name: subprocess.Popen([sys.executable, "-c", code, str(folder), name, args], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for name in names}
+    return SimulatedLearners(procs)
+
+
+def gather(folder: str | os.PathLike, *, pattern: str = "**/*.jsonl") -> Workshop:
+    """Every learner's trials under `folder` (their shared `log=`): see `Workshop`."""
+    return Workshop(folder, pattern=pattern)
+
+
+__all__ = ["RESULT_COLUMNS", "SUMMARY_COLUMNS", "TRIALS", "SimulatedLearners", "Watch", "Workshop", "gather",
+           "learner_session", "machine_label", "read_log", "simulate_learners"]
