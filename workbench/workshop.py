@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .knobs import Knobs
 from .measure import TrialResult
-from .results import compare
+from .results import compare, noise_of
 
 # The columns an instructor reads first; knobs and details follow.
 RESULT_COLUMNS = [
@@ -177,7 +178,14 @@ class Workshop:
         for path, log in sorted(self._logs.items()):
             rel = path.relative_to(self.folder).with_suffix("").as_posix()  # e.g. "ana/demo-jpeg"
             folder_name = path.parent.name if path.parent != self.folder else "?"
-            bases = {who: _baseline(log, who, folder_name) for who in {r.participant or folder_name for r in log.trials}}
+            who_of = {id(r): r.participant or folder_name for r in log.trials}  # old logs: the folder names them
+            bases = {who: _baseline(log, who, folder_name) for who in set(who_of.values())}
+            # each learner's repeats of identical knobs, and the run-to-run noise they show
+            repeats: dict[tuple[str, Knobs], list[TrialResult]] = {}
+            for r in log.trials:
+                if r.ok and len(r.step_times_s) >= 2:
+                    repeats.setdefault((who_of[id(r)], r.knobs), []).append(r)
+            noise = {who: noise_of([r for r in log.trials if who_of[id(r)] == who]) for who in bases}
             for r in log.trials:
                 participant = r.participant or folder_name  # logs written before participants existed
                 base = bases[participant]  # each participant against their own baseline, even in a shared file
@@ -199,8 +207,14 @@ class Workshop:
                 }
                 if base is not None and r.trial_id == base.trial_id:
                     row.update(speedup=1.0, speedup_low=1.0, speedup_high=1.0, verdict="baseline")
+                elif base is not None and r.knobs == base.knobs:  # a repeat of the baseline: noise evidence
+                    ratio = (r.samples_per_s or 0.0) / base.samples_per_s if base.samples_per_s else None
+                    row.update(speedup=ratio, verdict="baseline")
                 elif base is not None and r.ok and len(r.step_times_s) >= 2:
-                    c = compare(base, r)  # the project's noise-aware verdict, same as bench.compare
+                    # every repeat so far of each side, judged against this learner's own noise
+                    a_side = repeats.get((participant, base.knobs), [base])
+                    b_side = [x for x in repeats[(participant, r.knobs)] if (x.trial_id or 0) <= (r.trial_id or 0)]
+                    c = compare(a_side, b_side, noise=noise[participant])  # the same verdict as bench.compare
                     row.update(speedup=c.speedup, speedup_low=c.low, speedup_high=c.high,
                                verdict=c.verdict)
                 row.update({k: v for k, v in r.knobs.to_dict().items() if k not in row})
@@ -250,6 +264,8 @@ class Workshop:
 
         df = self._results
         data = df[(df["verdict"] != "baseline") & df["speedup"].notna()] if len(df) else df
+        if not data.empty:  # a learner's latest trial of a change carries the verdict over all its repeats
+            data = data.sort_values("trial_id").groupby(["participant", "workload", "label"]).tail(1)
         if data.empty:
             return (alt.Chart(pd.DataFrame({"text": ["No compared trials yet: each learner needs a baseline "
                                                      "and at least one change"]}))
