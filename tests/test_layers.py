@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
-CORE = ("knobs", "workload", "step", "runner", "measure", "results", "apply", "progress", "compat")
-ABOVE_CORE = ("diagnose", "tune", "fit", "panel", "charts", "cli", "demos", "bench", "workshop", "trace")
+CORE = ("knobs", "workload", "step", "runner", "measure", "results", "apply", "progress", "compat", "stats", "system",
+        "trace")
+ABOVE_CORE = ("diagnose", "tune", "fit", "panel", "charts", "cli", "demos", "bench", "workshop", "export")
 
 
 def module_name(path: Path) -> str:

@@ -25,11 +25,10 @@ from typing import TYPE_CHECKING, Any
 from ..knobs import Knobs
 from ..measure import TrialResult
 from ..progress import Poller, TrialProgress
-from ..results import compare
 from ..runner import check_knobs
 from .controls import GROUPS, KnobControls
 from .queue import DEBOUNCE_S, TrialQueue
-from .view import confirmed, pooled, repeat_html, result_line, status_html, table_html
+from .view import noise_html, result_line, status_html, table_html, trace_html
 
 __all__ = ["GROUPS", "Panel", "has_frontend", "panel"]
 
@@ -115,9 +114,10 @@ class Panel:
                                       layout=W.Layout(width="320px"))
         self.rate = W.Label("")
         self.status = W.HTML(status_html("idle", "Change a knob to run a measured trial, or press Run."))
+        self.trace_line = W.HTML("")  # the latest trial's Chrome trace (bench.run(trace=True))
 
         # ---- chart and table -------------------------------------------------------------------
-        from ..charts import comparison_chart
+        from ..charts import comparison_chart, on_trial_pick
 
         self._comparison_chart = comparison_chart
         self.chart = alt.JupyterChart(comparison_chart(bench.results), embed_options={"renderer": "svg"})
@@ -135,6 +135,7 @@ class Panel:
             self.knob_controls.layout(),
             W.HBox([self.run_button, self.stop_button, self.progress, self.rate]),
             self.status,
+            self.trace_line,
             self.chart,
             W.HBox([self.trial_pick, self.baseline_button, self.repeat_button]),
             self.verdict,
@@ -159,6 +160,7 @@ class Panel:
             previous.detach()  # a re-run cell replaces the old panel's thread and observer
         _ACTIVE[bench] = self
         bench.log.observe(self._on_trial)
+        self._unpick = on_trial_pick(self.chart, self._on_chart_pick)  # a click on a point picks its trial
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
@@ -254,27 +256,33 @@ class Panel:
         self._set_status(phase, PHASES.get(phase, phase))
 
     def _repeat(self, trial_id: int) -> None:
-        """Re-run the trial's knobs and the baseline's in alternating rounds (A B, B A, ...); verdict."""
+        """Re-run the baseline's knobs and the trial's in alternating rounds through `bench.compare`
+        (the same function as the table's verdicts, tune and diagnose); show its verdict."""
         base, pick = self.bench.baseline, self.bench.log.get(trial_id)
         if base is None or base.trial_id == pick.trial_id:
             self._set_status("error", "repeat needs a baseline and a different trial: set a baseline first")
             return
-        runs: dict[str, list[TrialResult]] = {"base": [], "pick": []}
-        for i in range(self.repeat_rounds):
-            order = [("base", base.knobs), ("pick", pick.knobs)]
-            for which, knobs in order if i % 2 == 0 else order[::-1]:
-                if self.queue.cancel.is_set():
-                    return
-                r = self._run_one(knobs, what=f"repeat {i + 1}/{self.repeat_rounds} ({which}): ")
-                if r is None or not r.ok:
-                    return
-                runs[which].append(r)
-        rounds = [self.bench.compare(a, b) for a, b in zip(runs["base"], runs["pick"])]
-        overall = compare(pooled(runs["base"], base.trial_id), pooled(runs["pick"], pick.trial_id))
-        self.last_repeat = {"trial_id": trial_id, "baseline_id": base.trial_id, "rounds": rounds, "pooled": overall,
-                            "confirmed": confirmed(rounds, overall)}
-        self.verdict.value = repeat_html(self.last_repeat)
-        self._set_status("ok", f"repeat done: {self.last_repeat['confirmed']}")
+        n = 0
+
+        def run(knobs: Knobs) -> TrialResult | None:  # one round trial; None (stopped) ends the rounds
+            nonlocal n
+            if self.queue.cancel.is_set():
+                return None
+            n += 1
+            which = "baseline" if knobs == base.knobs else f"#{trial_id}"
+            return self._run_one(knobs, what=f"repeat {n}/{2 * self.repeat_rounds} ({which}): ")
+
+        c = self.bench.compare(base.trial_id, pick.trial_id, rounds=self.repeat_rounds, run=run)
+        self.last_repeat = {"trial_id": trial_id, "baseline_id": base.trial_id, "comparison": c,
+                            "rounds": c.rounds, "confirmed": c.verdict}
+        self.verdict.value = (f"<b>Repeat to confirm #{trial_id} against baseline #{base.trial_id}:</b> "
+                              + c._repr_html_())
+        self._set_status("ok", f"repeat done: {c.verdict}")
+
+    def _on_chart_pick(self, trial_id: int | None) -> None:
+        """A click on a chart point selects that trial in the picker (baseline / repeat act on it)."""
+        if trial_id is not None and trial_id in [v for _, v in self.trial_pick.options]:
+            self.trial_pick.value = trial_id
 
     # ---- drawing -----------------------------------------------------------------------------
     def _on_trial(self, result: TrialResult) -> None:
@@ -289,7 +297,8 @@ class Panel:
         with self._draw_lock:
             df = self.bench.results
             self.chart.chart = self._comparison_chart(df)  # a new chart: the JupyterChart redraws
-            self.table.value = table_html(df)
+            self.table.value = table_html(df) + noise_html(df.attrs.get("noise"))
+            self.trace_line.value = trace_html(self.bench.trials)
             picked = self.trial_pick.value
             options = [(f"#{r.trial_id} {r.label} ({r.status})", int(r.trial_id)) for r in df.iloc[::-1].itertuples()]
             self.trial_pick.options = options
@@ -313,6 +322,7 @@ class Panel:
     def detach(self) -> None:
         """Stop the worker thread and stop listening to the log (the widgets stay as they are)."""
         self.bench.log.unobserve(self._on_trial)
+        self._unpick()
         self.queue.close()
 
     def close(self) -> None:

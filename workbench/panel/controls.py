@@ -3,10 +3,10 @@ disabled and the reason as their tooltip. Reading them gives a Knobs value."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ..knobs import KNOBS, Knobs, KnobSpec, device_notes, grouped
+from ..system import usable_cores
 
 GROUPS: dict[str, list[str]] = grouped()  # {group: knob names}, from the knob declarations
 # Knobs are read in this order, so a knob can depend on the ones before it (workers on data mode).
@@ -40,7 +40,7 @@ class KnobControls:
 
     # ---- building ------------------------------------------------------------------------------
     def _make_controls(self, W: Any, k: Knobs) -> dict[str, Any]:
-        cores = os.cpu_count() or 1
+        cores = usable_cores()  # affinity and container quota
         spec = self.bench.workload.spec
         max_batch = len(spec) if not spec.iterable else 1 << 16
         style = {"description_width": "130px"}

@@ -5,13 +5,12 @@ Pure functions of TrialResults and DataFrames (no widgets), so they are tested w
 
 from __future__ import annotations
 
-import dataclasses
+import html
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from ..measure import TrialResult
-from ..results import Comparison, compare
 
 if TYPE_CHECKING:
     from ..bench import Workbench
@@ -36,7 +35,8 @@ def result_line(r: TrialResult, bench: Workbench) -> str:
     line = f"{head}: {r.samples_per_s:,.1f} samples/s"
     base = bench.baseline
     if base is not None and base.trial_id != r.trial_id and len(r.step_times_s) >= 2:
-        line += f", {r.samples_per_s / base.samples_per_s:.2f}× baseline ({compare(base, r).verdict})"
+        c = bench.compare(base, r)  # against the log's run-to-run noise, like the table's verdict
+        line += f", {c.speedup:.2f}× baseline ({c.verdict})"
     if r.notes:
         line += " · " + "; ".join(r.notes)
     return line
@@ -58,20 +58,17 @@ def table_html(df: pd.DataFrame) -> str:
     return f'<div style="max-height:320px;overflow:auto">{styler.to_html()}</div>'
 
 
-def pooled(results: list[TrialResult], trial_id: int | None) -> TrialResult:
-    """Several runs of the same knobs as one, their step times pooled (for one overall verdict)."""
-    times = tuple(t for r in results for t in r.step_times_s)
-    return dataclasses.replace(results[0], step_times_s=times, trial_id=trial_id)
+def noise_html(noise: Any) -> str:
+    """The workbench's current belief about run-to-run noise, under the table (bench.noise)."""
+    if noise is None:
+        return ""
+    return f'<p class="wb-noise" style="font-size:12px;color:#455a64">{html.escape(str(noise))}</p>'
 
 
-def confirmed(rounds: list[Comparison], pooled: Comparison) -> str:
-    """A paired verdict: every round beyond noise in the same direction as the pooled result."""
-    if pooled.beyond_noise and all(c.beyond_noise and (c.speedup > 1) == (pooled.speedup > 1) for c in rounds):
-        return f"confirmed {'faster' if pooled.speedup > 1 else 'slower'} ({(pooled.speedup - 1) * 100:+.1f}%)"
-    return f"not confirmed: the difference does not hold up beyond noise in every round ({(pooled.speedup - 1) * 100:+.1f}% pooled)"
-
-
-def repeat_html(rep: dict[str, Any]) -> str:
-    rows = "".join(f"<li>round {i + 1}: {c}</li>" for i, c in enumerate(rep["rounds"]))
-    return (f"<b>Repeat to confirm #{rep['trial_id']} against baseline #{rep['baseline_id']}:</b> "
-            f"{rep['confirmed']}<ul>{rows}<li>pooled: {rep['pooled']}</li></ul>")
+def trace_html(trials: list[TrialResult]) -> str:
+    """Where the latest trace is (bench.run(trace=True)), and what opens it."""
+    r = next((t for t in reversed(trials) if t.trace_path), None)
+    if r is None:
+        return ""
+    return (f'<span class="wb-trace" style="font-size:12px">trace of #{r.trial_id}: '
+            f"<code>{html.escape(str(r.trace_path))}</code> (open in ui.perfetto.dev or chrome://tracing)</span>")
