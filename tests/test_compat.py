@@ -87,3 +87,20 @@ def test_no_private_torch_access_outside_compat():
                 offenders.append(f"{path.name}: from {node.module} import ...")
     assert not offenders, offenders
 
+
+
+def test_cpu_native_bf16_says_unknown_when_torchs_checks_are_gone(monkeypatch):
+    for name in ("cpu_avx512_bf16", "cpu_amx_tile"):
+        monkeypatch.delattr(torch.cpu, compat.PRIVATE[name][1], raising=False)
+    assert compat.cpu_native_bf16() is None  # system.cpu_has_bf16 then reads the CPU flags
+
+
+def test_memory_timeline_falls_back_with_a_note(monkeypatch):
+    from torch.cuda import _memory_viz
+
+    def broken(snapshot):
+        raise KeyError("segments")
+
+    monkeypatch.setattr(_memory_viz, "trace_plot", broken)
+    page, note = compat.memory_timeline_html({})
+    assert page is None and "trace_plot" in note and "KeyError" in note

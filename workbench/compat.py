@@ -25,6 +25,11 @@ PRIVATE: dict[str, tuple[str, str]] = {
     "kineto_results": ("torch.autograd.profiler", "profile.kineto_results"),
     "dynamo_counters": ("torch._dynamo.utils", "counters"),
     "dynamo_compilation_metrics": ("torch._dynamo.utils", "get_compilation_metrics"),
+    "record_memory_history": ("torch.cuda.memory", "_record_memory_history"),
+    "memory_snapshot": ("torch.cuda.memory", "_snapshot"),
+    "memory_viz": ("torch.cuda._memory_viz", "trace_plot"),
+    "cpu_avx512_bf16": ("torch.cpu", "_is_avx512_bf16_supported"),
+    "cpu_amx_tile": ("torch.cpu", "_is_amx_tile_supported"),
 }
 
 
@@ -217,3 +222,58 @@ class CompileWatch:
             # with suppress_errors these frames ran in eager: the "compiled" model partly is not
             info["fallback"] = failures[:MAX_REASONS]
         return info
+
+
+# ---- CUDA memory snapshot ------------------------------------------------------------------------
+# torch.cuda.memory._record_memory_history / _snapshot and torch.cuda._memory_viz are documented
+# (pytorch.org/docs/stable/torch_cuda_memory.html) but underscored. A failure costs the snapshot,
+# never the trace or the trial: each function returns a note instead of raising.
+
+def start_memory_history(max_entries: int) -> str | None:
+    """Start recording CUDA allocations (for a snapshot); None on success, else a note."""
+    try:
+        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+        return None
+    except Exception as e:  # private API moved or CUDA not usable
+        return (f"no CUDA memory snapshot: torch.cuda.memory._record_memory_history failed "
+                f"({type(e).__name__}: {e}); see torch.cuda.memory_summary() instead")
+
+
+def stop_memory_history() -> None:
+    """Stop recording CUDA allocations (a no-op if starting failed)."""
+    with contextlib.suppress(Exception):
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def memory_snapshot() -> tuple[dict[str, Any] | None, str | None]:
+    """(the recorded CUDA memory snapshot, None), or (None, a note) when torch cannot give one."""
+    try:
+        return torch.cuda.memory._snapshot(), None
+    except Exception as e:
+        return None, f"no CUDA memory snapshot: torch.cuda.memory._snapshot failed ({type(e).__name__}: {e})"
+
+
+def memory_timeline_html(snapshot: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(the snapshot's HTML timeline from torch.cuda._memory_viz, None), or (None, a note)."""
+    try:
+        from torch.cuda import _memory_viz
+
+        return _memory_viz.trace_plot(snapshot), None
+    except Exception as e:
+        return None, f"no memory timeline page: torch.cuda._memory_viz.trace_plot failed ({type(e).__name__}: {e})"
+
+
+# ---- CPU capabilities --------------------------------------------------------------------------
+def cpu_native_bf16() -> bool | None:
+    """torch's own answer to "does this CPU have bf16 units" (AVX512-BF16 or AMX tiles), or None
+    when those private checks are gone (the caller falls back to the kernel's CPU flags)."""
+    answers = []
+    for name in ("cpu_avx512_bf16", "cpu_amx_tile"):
+        check = getattr(torch.cpu, PRIVATE[name][1], None)
+        if check is None:
+            continue
+        try:
+            answers.append(bool(check()))
+        except Exception:
+            continue
+    return any(answers) if answers else None

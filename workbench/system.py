@@ -13,7 +13,7 @@ import math
 import os
 from pathlib import Path
 
-import torch
+from . import compat
 
 
 def usable_cores(cgroup_root: str | os.PathLike = "/sys/fs/cgroup",
@@ -87,16 +87,9 @@ def cpu_has_bf16() -> bool:
     Asks torch first (the checks its own kernels dispatch on), then the kernel's CPU flags.
     Without native units bf16 is emulated: measured 0.09x of fp32 on an AVX2-only CPU.
     """
-    # torch.cpu._is_avx512_bf16_supported / _is_amx_tile_supported: private, present since
-    # torch 2.1 on x86; if they move, fall back to the flags below.
-    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        check = getattr(torch.cpu, name, None)
-        if check is not None:
-            try:
-                if check():
-                    return True
-            except Exception:
-                pass
+    native = compat.cpu_native_bf16()  # torch's private checks, guarded in compat
+    if native:
+        return True
     try:
         with open("/proc/cpuinfo") as f:
             flags = {w for line in f if line.startswith(("flags", "Features")) for w in line.split()}

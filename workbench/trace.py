@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from . import compat
+
 PHASES = ("data", "forward", "backward", "optimizer")  # record_function names inside each step
 STEP_LABEL = "ProfilerStep#"  # torch.profiler's name for the range around step N ("ProfilerStep*" averaged)
 MEMORY_HISTORY_ENTRIES = 100_000  # allocation events kept by the CUDA memory recorder
@@ -134,34 +136,24 @@ def _sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-# ---- CUDA memory snapshot: private torch APIs, each guarded, with a fallback note ---------------
-# torch.cuda.memory._record_memory_history / _snapshot and torch.cuda._memory_viz are documented
-# (pytorch.org/docs/stable/torch_cuda_memory.html) but underscored: they may change between
-# releases. A failure here costs the snapshot, never the trace or the trial.
+# ---- CUDA memory snapshot: the private torch calls live in compat.py, each with a fallback note ---
 
 def _start_memory_history(notes: list[str]) -> bool:
-    try:
-        torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
-        return True
-    except Exception as e:  # private API moved or CUDA not usable
-        notes.append(f"no CUDA memory snapshot: torch.cuda.memory._record_memory_history failed "
-                     f"({type(e).__name__}: {e}); see torch.cuda.memory_summary() instead")
-        return False
+    note = compat.start_memory_history(MEMORY_HISTORY_ENTRIES)
+    if note:
+        notes.append(note)
+    return note is None
 
 
 def _memory_snapshot(notes: list[str]) -> dict[str, Any] | None:
-    try:
-        return torch.cuda.memory._snapshot()
-    except Exception as e:
-        notes.append(f"no CUDA memory snapshot: torch.cuda.memory._snapshot failed ({type(e).__name__}: {e})")
-        return None
+    snap, note = compat.memory_snapshot()
+    if note:
+        notes.append(note)
+    return snap
 
 
 def _stop_memory_history() -> None:
-    try:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    except Exception:  # nothing to stop: starting failed the same way, and was noted
-        pass
+    compat.stop_memory_history()
 
 
 def _write_memory_files(snap: dict[str, Any], trace_path: Path, notes: list[str]) -> tuple[Path | None, Path | None]:
@@ -172,14 +164,12 @@ def _write_memory_files(snap: dict[str, Any], trace_path: Path, notes: list[str]
     with open(snap_path, "wb") as f:
         pickle.dump(snap, f)
     html_path: Path | None = Path(base + ".memory.html")
-    try:
-        from torch.cuda import _memory_viz
-
-        html_path.write_text(_memory_viz.trace_plot(snap))
+    page, note = compat.memory_timeline_html(snap)
+    if page is not None:
+        html_path.write_text(page)
         notes.append("the memory timeline page loads its viewer script from cdn.jsdelivr.net; offline, "
                      "open the .memory.pickle at pytorch.org/memory_viz from a connected machine")
-    except Exception as e:
-        notes.append(f"no memory timeline page: torch.cuda._memory_viz.trace_plot failed ({type(e).__name__}: {e}); "
-                     f"drag {snap_path.name} onto pytorch.org/memory_viz instead")
+    else:
+        notes.append(f"{note}; drag {snap_path.name} onto pytorch.org/memory_viz instead")
         html_path = None
     return snap_path, html_path

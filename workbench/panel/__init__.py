@@ -242,6 +242,7 @@ class Panel:
         """`bench.run`'s progress callback: (phase, steps done, steps total); runs in the worker."""
         now = time.monotonic()
         if phase == "done":  # run_trial's final report, also after a failure: keep the bar where it stopped
+            self.progress.max = max(1, total)  # a trial shorter than one poll shows only this state
             self._set_status(phase, PHASES[phase])
             return
         self.progress.max, self.progress.value = max(1, total), done
