@@ -47,6 +47,7 @@ class Workbench:
         steps: int = 30,
         knobs: Knobs | None = None,
         loader_timeout_s: float = 120.0,
+        collective_timeout_s: float = 120.0,
     ) -> None:
         self.workload = Workload(model, data, loss_fn=loss_fn, optimizer=optimizer, step_fn=step_fn,
                                  device=device, seed=seed)
@@ -56,6 +57,7 @@ class Workbench:
         self.warmup_steps = warmup_steps
         self.steps = steps
         self.loader_timeout_s = loader_timeout_s
+        self.collective_timeout_s = collective_timeout_s  # world_size > 1: a hung rank fails the trial after this
         spec = self.workload.spec
         self.defaults = knobs or Knobs(batch_size=min(spec.default_batch_size, len(spec)) if not spec.iterable else spec.default_batch_size,
                                        num_workers=spec.default_num_workers)
@@ -133,7 +135,8 @@ class Workbench:
             poller = None if state is progress else Poller(state, progress).start()  # UI off the trial thread
             future = trial_thread().submit(run_trial, self.workload, k, warmup_steps=self.warmup_steps,
                                            steps=self.steps, progress=state, cancel=stop,
-                                           loader_timeout_s=self.loader_timeout_s)
+                                           loader_timeout_s=self.loader_timeout_s,
+                                           collective_timeout_s=self.collective_timeout_s)
             try:
                 return self.log.append(_wait(future))
             except TrialInterrupted as e:  # KeyboardInterrupt raised inside the trial (a callback)

@@ -16,6 +16,9 @@ AMP_MODES = ("off", "bf16", "fp16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 DATA_MODES = ("loader", "cached")
+COMM_HOOKS = ("none", "fp16", "bf16")
+DDP_KNOBS = ("ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view", "ddp_static_graph", "ddp_no_sync",
+             "ddp_comm_hook", "ddp_find_unused_parameters", "ddp_broadcast_buffers")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,14 @@ class Knobs:
     cpu_threads: int | None = None  # main-process intra-op threads; None = torch's default
     matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: highest|high|medium
     data: str = "loader"  # "loader" = real DataLoader; "cached" = one batch kept on the device
+    world_size: int = 1  # processes under DistributedDataParallel (one per GPU, or gloo CPU processes)
+    ddp_bucket_cap_mb: float | None = None  # DDP gradient bucket size in MB; None = torch's default (25)
+    ddp_gradient_as_bucket_view: bool = False  # gradients are views into the all-reduce buckets (no copy)
+    ddp_static_graph: bool = False  # DDP static_graph=True: the same parameters are used every step
+    ddp_no_sync: bool = False  # skip the all-reduce on all but the last accumulation micro-batch
+    ddp_comm_hook: str = "none"  # gradient compression before the all-reduce: "none" | "fp16" | "bf16"
+    ddp_find_unused_parameters: bool = False  # DDP searches the graph for parameters without gradients
+    ddp_broadcast_buffers: bool = True  # DDP broadcasts rank 0's buffers (BatchNorm stats) every forward
 
     def __post_init__(self) -> None:
         # Normalise list -> tuple so Knobs stay hashable and compare by value.
@@ -50,7 +61,9 @@ class Knobs:
         _int(self, "batch_size", minimum=1)
         _int(self, "num_workers", minimum=0)
         _int(self, "accum_steps", minimum=1)
-        for name in ("pin_memory", "persistent_workers", "channels_last"):
+        _int(self, "world_size", minimum=1)
+        for name in ("pin_memory", "persistent_workers", "channels_last", "ddp_gradient_as_bucket_view",
+                     "ddp_static_graph", "ddp_no_sync", "ddp_find_unused_parameters", "ddp_broadcast_buffers"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Knobs.{name} must be True or False, got {getattr(self, name)!r}")
         if self.prefetch_factor is not None:
@@ -61,6 +74,13 @@ class Knobs:
         _choice(self, "compile", COMPILE_MODES)
         _choice(self, "matmul_precision", MATMUL_PRECISIONS)
         _choice(self, "data", DATA_MODES)
+        _choice(self, "ddp_comm_hook", COMM_HOOKS)
+        cap = self.ddp_bucket_cap_mb
+        if cap is not None:
+            if isinstance(cap, bool) or not isinstance(cap, (int, float)):
+                raise TypeError(f"Knobs.ddp_bucket_cap_mb must be a number of MB or None, got {cap!r}")
+            if not cap > 0 or cap != cap or cap == float("inf"):
+                raise ValueError(f"Knobs.ddp_bucket_cap_mb must be > 0 MB (None = torch's 25 MB), got {cap}")
         for name in self.checkpoint:
             if not isinstance(name, str) or not name:
                 raise TypeError(
@@ -78,6 +98,15 @@ class Knobs:
             raise ValueError(
                 "data='cached' reuses one batch already on the device, so there is nothing for "
                 "workers to load: set num_workers=0 (or data='loader')"
+            )
+
+        if self.ddp_static_graph and self.ddp_no_sync and self.accum_steps > 1 and self.world_size > 1:
+            # DDP's reducer fails an internal assert on the first no_sync backward with a static graph
+            # (checked on torch 2.13, gloo): refuse it before any process starts
+            raise ValueError(
+                "ddp_static_graph=True cannot be combined with ddp_no_sync=True and accum_steps > 1 "
+                "(DDP's reducer asserts on the skipped all-reduce): set ddp_static_graph=False or "
+                "ddp_no_sync=False"
             )
 
     # ---- helpers ---------------------------------------------------------------------------
@@ -181,4 +210,20 @@ def device_notes(knobs: Knobs, device_type: str, *, has_conv: bool = True) -> li
             f"cpu_threads={knobs.cpu_threads} is more than the {os.cpu_count()} cores here "
             "(oversubscription slows every thread)"
         )
+    if knobs.world_size == 1:
+        changed = [name for name in DDP_KNOBS if getattr(knobs, name) != getattr(DEFAULTS, name)]
+        if changed:
+            notes.append(f"{', '.join(changed)} only act with world_size > 1 (one process runs without DDP)")
+    else:
+        if knobs.ddp_no_sync and knobs.accum_steps == 1:
+            notes.append("ddp_no_sync is a no-op with accum_steps=1 (every micro-batch ends an optimizer step)")
+        threads = (knobs.cpu_threads or 1) * knobs.world_size
+        if device_type == "cpu" and threads > (os.cpu_count() or 1):
+            notes.append(
+                f"world_size={knobs.world_size} x {knobs.cpu_threads or 1} thread(s) = {threads} threads on "
+                f"{os.cpu_count()} cores: the ranks compete for cores (oversubscription)"
+            )
     return notes
+
+
+DEFAULTS = Knobs()
