@@ -13,9 +13,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .knobs import AMP_MODES, COMPILE_MODES, DATA_MODES, MATMUL_PRECISIONS, Knobs
+from .knobs import AMP_MODES, COMM_HOOKS, COMPILE_MODES, DATA_MODES, MATMUL_PRECISIONS, Knobs
 
-CHOICES = {"amp": AMP_MODES, "compile": COMPILE_MODES, "data": DATA_MODES, "matmul_precision": MATMUL_PRECISIONS}
+CHOICES = {"amp": AMP_MODES, "compile": COMPILE_MODES, "data": DATA_MODES, "matmul_precision": MATMUL_PRECISIONS,
+           "ddp_comm_hook": COMM_HOOKS}
+FLOATS = ("ddp_bucket_cap_mb",)
 
 
 def _knob_help() -> dict[str, str]:
@@ -81,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                 knobs.add_argument(flag, default=None, help=h + "; comma-separated, or 'all'")
             elif f.name in CHOICES:
                 knobs.add_argument(flag, choices=CHOICES[f.name], default=None, help=h)
+            elif f.name in FLOATS:
+                knobs.add_argument(flag, type=float, default=None, help=h)
             else:
                 knobs.add_argument(flag, type=int, default=None, help=h)
     return parser

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from .knobs import AMP_MODES, COMPILE_MODES, DATA_MODES, MATMUL_PRECISIONS, Knobs, device_notes
+from .knobs import AMP_MODES, COMM_HOOKS, COMPILE_MODES, DATA_MODES, MATMUL_PRECISIONS, Knobs, device_notes
 from .measure import TrialResult
 from .results import Comparison, compare
 from .runner import check_knobs
@@ -40,6 +40,8 @@ GROUPS: dict[str, list[str]] = {
     "Precision & compile": ["amp", "compile", "matmul_precision", "channels_last"],
     "Memory": ["accum_steps", "checkpoint"],
     "CPU": ["cpu_threads"],
+    "Distributed": ["world_size", "ddp_no_sync", "ddp_bucket_cap_mb", "ddp_comm_hook", "ddp_gradient_as_bucket_view",
+                    "ddp_static_graph", "ddp_find_unused_parameters", "ddp_broadcast_buffers"],
 }
 # Knobs are read in this order, so a knob can depend on the ones before it (workers on data mode).
 ORDER = [name for group in GROUPS.values() for name in group]  # tests check it covers knob_names()
@@ -58,6 +60,14 @@ HELP = {
     "accum_steps": "micro-batches per optimizer step: a large effective batch in small memory",
     "checkpoint": "recompute these blocks' activations in backward: less memory, more time",
     "cpu_threads": "intra-op threads of the main process; with workers, fewer threads can be faster",
+    "world_size": "processes under DDP: one per GPU, or gloo CPU processes sharing this machine's cores",
+    "ddp_no_sync": "skip the gradient all-reduce on all but the last accumulation micro-batch",
+    "ddp_bucket_cap_mb": "gradient bucket size: bigger = fewer all-reduces, later start of communication",
+    "ddp_comm_hook": "compress gradients to fp16/bf16 before the all-reduce (half the bytes)",
+    "ddp_gradient_as_bucket_view": "gradients live in the all-reduce buckets: one copy less, less memory",
+    "ddp_static_graph": "promise DDP the same graph every step (lets it skip per-step bookkeeping)",
+    "ddp_find_unused_parameters": "search for parameters without gradients each step (only for such models)",
+    "ddp_broadcast_buffers": "broadcast rank 0's buffers (BatchNorm statistics) at every forward",
 }
 # A value that switches the knob "on": if the current context makes it invalid or a no-op, the
 # widget is disabled with the reason as its tooltip.
@@ -237,6 +247,15 @@ class Panel:
             "accum_steps": W.BoundedIntText(description="accum_steps", value=k.accum_steps, min=1,
                                             max=max(1024, k.accum_steps), style=style, layout=lay),
             "cpu_threads": dropdown("cpu_threads", [("default", DEFAULT), *range(1, cores + 1)], k.cpu_threads),
+            "world_size": dropdown("world_size", sorted({1, 2, 4, k.world_size}), k.world_size),
+            "ddp_no_sync": checkbox("ddp_no_sync"),
+            "ddp_bucket_cap_mb": dropdown("ddp_bucket_cap_mb", [("default (25)", DEFAULT), 1, 5, 25, 100],
+                                          k.ddp_bucket_cap_mb),
+            "ddp_comm_hook": dropdown("ddp_comm_hook", list(COMM_HOOKS), k.ddp_comm_hook),
+            "ddp_gradient_as_bucket_view": checkbox("ddp_gradient_as_bucket_view"),
+            "ddp_static_graph": checkbox("ddp_static_graph"),
+            "ddp_find_unused_parameters": checkbox("ddp_find_unused_parameters"),
+            "ddp_broadcast_buffers": checkbox("ddp_broadcast_buffers"),
         }
         for name, w in c.items():
             w.tooltip = HELP[name]
@@ -279,6 +298,8 @@ class Panel:
 
     def _blocked(self, name: str, k: Knobs) -> str | None:
         """Why `name` cannot take effect given the knobs before it (device, other knobs), or None."""
+        if name.startswith("ddp_") and k.world_size == 1:
+            return "DDP knobs act with world_size > 1 (one process runs without DDP)"
         if name not in PROBES:
             return None
         try:
