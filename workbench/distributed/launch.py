@@ -67,7 +67,10 @@ def check_launch(workload: Workload, knobs: Knobs) -> None:
                 "CUDA is already initialised in this process, and forked children cannot use it: run "
                 "multi-GPU trials with torchrun (torchrun --nproc-per-node=N -m workbench run --model "
                 "pkg.module:factory), or build the Workbench on device='cpu' to try DDP with gloo here")
-    elif dev.type != "cpu":
+    elif knobs.ddp_comm_hook == "bf16":
+        raise ValueError("ddp_comm_hook='bf16' needs NCCL 2.10+ on CUDA (DDP refuses it with gloo): use "
+                         "ddp_comm_hook='fp16' on CPU")
+    if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"world_size > 1 runs on CUDA (NCCL) or CPU (gloo), not on {dev.type}: use device='cpu'")
 
 
@@ -146,9 +149,7 @@ def run_distributed(workload: Workload, knobs: Knobs, *, warmup_steps: int, step
         outcome = "interrupted"
     finally:
         _drain(queue, reports)
-        for rank, code in enumerate(_end(procs)):
-            if rank not in exits and code not in (0, None):
-                exits[rank] = _exit_text(code)
+        _end(procs)  # exit codes after this are ours (SIGTERM/SIGKILL): only the first failure's counts
         progress.set("done", total, total)
     env = {**environment(workload.device), "world_size": ws, "backend": backend}
     if outcome == "done" and len(reports) == ws and all(r["status"] == "ok" for r in reports.values()):
