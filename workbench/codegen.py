@@ -1,5 +1,9 @@
 """Knobs -> a plain-PyTorch training loop that reproduces the configuration outside the workbench.
 
+With `world_size > 1` the code is a torchrun-ready DDP script (init_process_group, a
+DistributedSampler with set_epoch, DDP with the ddp_* knobs, no_sync during accumulation); its
+header and `torchrun_command()` give the exact command line.
+
 The snippet expects four names to exist where it runs (rename them with keyword arguments):
 `model` (nn.Module), `dataset` (a Dataset yielding (inputs..., target)), `loss_fn(output, target)`
 and `make_optimizer(params)`. Only the knobs that differ from PyTorch's defaults produce code, so
@@ -21,13 +25,28 @@ def _identifier(name: str, what: str) -> str:
     return name
 
 
+COMM_HOOK_FN = {"fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook"}
+
+
+def torchrun_command(knobs: Knobs, script: str = "train_ddp.py", *, nnodes: int = 1) -> str:
+    """The torchrun line for the DDP script: `world_size` processes on one node (standalone
+    rendezvous), or per node of `nnodes` with a c10d rendezvous at HOST:29500."""
+    if nnodes == 1:
+        return f"torchrun --standalone --nproc-per-node={knobs.world_size} {script}"
+    per_node = max(1, knobs.world_size // nnodes)
+    return (f"torchrun --nnodes={nnodes} --nproc-per-node={per_node} --rdzv-backend=c10d "
+            f"--rdzv-endpoint=HOST:29500 {script}")
+
+
 def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset", loss_fn: str = "loss_fn",
                   optimizer: str = "make_optimizer", steps: int = 100, shuffle: bool = True,
-                  drop_last: bool = False, seed: int | None = None) -> str:
+                  drop_last: bool = False, seed: int | None = None, setup: str | None = None) -> str:
     """Python source of a training loop for `steps` optimizer steps under these knobs.
 
     With `seed`, the loop seeds torch and the loader's shuffle the way a trial does (same batches
-    in the same order as `run_trial` with `Workbench(seed=...)`).
+    in the same order as `run_trial` with `Workbench(seed=...)`). With `world_size > 1` it is a
+    whole DDP script for torchrun; `setup` is code placed after the imports that defines the four
+    names (otherwise a comment marks where they go).
     """
     if not isinstance(knobs, Knobs):
         raise TypeError(f"knobs_to_code takes a Knobs value, got {type(knobs).__name__}")
@@ -41,17 +60,43 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
         f"# Expects: {m} (nn.Module), {ds} (yields (inputs..., target)), {lf}(output, target),",
         f"# {opt}(params) -> torch.optim.Optimizer.",
     ]
+    ddp = k.world_size > 1
+    if ddp:
+        out += [f"# Run it on this machine:  {torchrun_command(k)}",
+                f"# Or on each of 2 nodes:   {torchrun_command(k, nnodes=2)} (plus --node-rank=0|1)",
+                f"# Global batch per optimizer step = {k.batch_size} x {k.world_size} ranks x {k.accum_steps} = "
+                f"{k.batch_size * k.world_size * k.accum_steps}; scale the learning rate with it."]
     if k.num_workers:
         out.append("# Worker processes: on Windows/macOS run this under `if __name__ == \"__main__\":`.")
     if k.data == "cached":
         out.append("# data='cached' was a measurement short-circuit (one repeated batch); this loop uses the real data.")
+    if ddp:
+        out += ["import contextlib", "import os", ""]
     out += [
         "import torch",
         "from torch.utils.data import DataLoader",
     ]
+    if ddp:
+        out += ["import torch.distributed as dist", "from torch.nn.parallel import DistributedDataParallel as DDP",
+                "from torch.utils.data.distributed import DistributedSampler"]
+        if k.ddp_comm_hook != "none":
+            out.append("from torch.distributed.algorithms.ddp_comm_hooks import default_hooks")
     if k.checkpoint:
         out.append("from torch.utils.checkpoint import checkpoint")
-    out += ["", 'device = torch.device("cuda" if torch.cuda.is_available() else "cpu")']
+    if ddp:
+        out += ["", setup.rstrip() if setup else f"# ---- define {m}, {ds}, {lf} and {opt} here (or import them) ----"]
+        out += [
+            "",
+            'dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")  # torchrun sets RANK, WORLD_SIZE',
+            'local_rank = int(os.environ.get("LOCAL_RANK", 0))',
+            "if torch.cuda.is_available():",
+            "    torch.cuda.set_device(local_rank)  # one GPU per process",
+            '    device = torch.device("cuda", local_rank)',
+            "else:",
+            '    device = torch.device("cpu")  # gloo: CPU processes (torchrun gives each 1 thread)',
+        ]
+    else:
+        out += ["", 'device = torch.device("cuda" if torch.cuda.is_available() else "cpu")']
     if seed is not None:
         out.append(f"torch.manual_seed({int(seed)})  # the workbench's seed: same data order as the trial")
     if k.cpu_threads is not None:
@@ -60,10 +105,15 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
         out.append(f'torch.set_float32_matmul_precision("{k.matmul_precision}")  # TF32/bf16 matmuls for float32')
 
     # ---- data -------------------------------------------------------------------------------
-    loader_args = [ds, f"batch_size={k.batch_size}", f"shuffle={shuffle}"]
+    if ddp:
+        # each rank reads its own shard; set_epoch below reshuffles every epoch, alike on all ranks
+        out += ["", f"sampler = DistributedSampler({ds}, shuffle={shuffle}, seed={int(seed or 0)})"]
+        loader_args = [ds, f"batch_size={k.batch_size}", "sampler=sampler"]
+    else:
+        loader_args = [ds, f"batch_size={k.batch_size}", f"shuffle={shuffle}"]
     if drop_last:
         loader_args.append("drop_last=True")
-    if seed is not None:
+    if seed is not None and not ddp:
         loader_args.append(f"generator=torch.Generator().manual_seed({int(seed)})")
     if k.num_workers:
         loader_args.append(f"num_workers={k.num_workers}")
@@ -96,12 +146,27 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
             f"    block = {m}.get_submodule(name)",
             "    block.forward = checkpointed(block.forward)",
         ]
+    wrapped = m
+    if ddp:
+        ddp_args = ['device_ids=[local_rank] if device.type == "cuda" else None']
+        if k.ddp_bucket_cap_mb is not None:
+            ddp_args.append(f"bucket_cap_mb={k.ddp_bucket_cap_mb}")
+        for name in ("gradient_as_bucket_view", "static_graph", "find_unused_parameters"):
+            if getattr(k, f"ddp_{name}"):
+                ddp_args.append(f"{name}=True")
+        if not k.ddp_broadcast_buffers:
+            ddp_args.append("broadcast_buffers=False")
+        out.append(f"ddp_model = DDP({m}, {', '.join(ddp_args)})  # all-reduces gradients in buckets")
+        if k.ddp_comm_hook != "none":
+            out.append(f"ddp_model.register_comm_hook(None, default_hooks.{COMM_HOOK_FN[k.ddp_comm_hook]})"
+                       f"  # {k.ddp_comm_hook} on the wire")
+        wrapped = "ddp_model"
     out.append(f"optimizer = {opt}({m}.parameters())")
     if k.compile != "off":
         mode = "" if k.compile == "default" else f', mode="{k.compile}"'
-        out.append(f"step_model = torch.compile({m}{mode})  # first steps compile (seconds to minutes)")
+        out.append(f"step_model = torch.compile({wrapped}{mode})  # first steps compile (seconds to minutes)")
     else:
-        out.append(f"step_model = {m}")
+        out.append(f"step_model = {wrapped}")
     if k.amp == "fp16":
         out.append("scaler = torch.amp.GradScaler(device.type)  # fp16 gradients underflow without scaling")
     accum = k.accum_steps
@@ -113,20 +178,34 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     body = [f"*inputs, target = {move}"]
     if k.channels_last:
         body.append("inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 and x.is_floating_point() else x for x in inputs]")
+    compute: list[str] = []
     if k.amp != "off":
-        body += [f"with torch.autocast(device.type, dtype={AMP_DTYPE[k.amp]}):",
-                 f"    loss = {lf}(step_model(*inputs), target)"]
+        compute += [f"with torch.autocast(device.type, dtype={AMP_DTYPE[k.amp]}):",
+                    f"    loss = {lf}(step_model(*inputs), target)"]
     else:
-        body.append(f"loss = {lf}(step_model(*inputs), target)")
+        compute.append(f"loss = {lf}(step_model(*inputs), target)")
     scaled = "loss / accum_steps" if accum > 1 else "loss"
-    body.append(f"scaler.scale({scaled}).backward()" if k.amp == "fp16" else f"({scaled}).backward()" if accum > 1 else "loss.backward()")
+    compute.append(f"scaler.scale({scaled}).backward()" if k.amp == "fp16" else f"({scaled}).backward()" if accum > 1 else "loss.backward()")
+    if ddp and k.ddp_no_sync and accum > 1:
+        body += ["last_micro = (micro + 1) % accum_steps == 0",
+                 "# no all-reduce until the last micro-batch of the optimizer step",
+                 "with contextlib.nullcontext() if last_micro else ddp_model.no_sync():"]
+        body += ["    " + line for line in compute]
+    else:
+        body += compute
     update = (["scaler.step(optimizer)", "scaler.update()"] if k.amp == "fp16" else ["optimizer.step()"])
     update += ["optimizer.zero_grad(set_to_none=True)", "step += 1", "if step == num_steps:", "    break"]
     if accum > 1:
         body += ["micro += 1", "if micro % accum_steps == 0:"] + ["    " + u for u in update]
     else:
         body += update
-    out += ["", f"num_steps = {steps}", "step = micro = 0" if accum > 1 else "step = 0", f"{m}.train()",
-            "while step < num_steps:", "    for batch in loader:"]
+    out += ["", f"num_steps = {steps}", "step = micro = 0" if accum > 1 else "step = 0", f"{m}.train()"]
+    if ddp:
+        out += ["epoch = 0", "while step < num_steps:", "    sampler.set_epoch(epoch)  # a new shuffle each epoch",
+                "    epoch += 1", "    for batch in loader:"]
+    else:
+        out += ["while step < num_steps:", "    for batch in loader:"]
     out += [textwrap.indent(line, " " * 8) for line in body]
+    if ddp:
+        out += ["", "dist.destroy_process_group()"]
     return "\n".join(out) + "\n"
