@@ -213,6 +213,19 @@ class Workbench:
 
         return fit_memory(self, budget_bytes=budget_bytes, effective_batch=effective_batch, **kwargs)
 
+    def scaling(self, world_sizes: tuple[int, ...] = (1, 2), **knobs: Any) -> pd.DataFrame:
+        """One trial per world size with the same other knobs: world_size, samples_per_s,
+        per_rank_samples_per_s, efficiency (see distributed/scaling.py for what it means on CPUs)."""
+        from .distributed.scaling import scaling
+
+        return scaling(self, world_sizes, **knobs)
+
+    def scaling_chart(self, frame: pd.DataFrame) -> Any:
+        """The chart of a `scaling()` frame: measured bars vs linear scaling, efficiency labels."""
+        from .charts import scaling_chart
+
+        return scaling_chart(frame)
+
     def __repr__(self) -> str:
         wl = self.workload
         return (f"<Workbench {self.name!r} on {wl.device} | {wl.num_parameters:,} parameters | "
