@@ -45,3 +45,30 @@ def test_unknown_demo(capsys):
 def test_bad_flag_value_is_rejected_by_argparse():
     with pytest.raises(SystemExit):
         main(["run", "--demo", "cnn", "--amp", "fp8"])
+
+
+def test_model_factory_works_for_a_single_process_verb(tmp_path, monkeypatch, capsys) -> None:
+    import json
+
+    (tmp_path / "clifactory.py").write_text(
+        "import torch\nfrom torch import nn\nimport workbench as wb\n\n\n"
+        "def as_dict():\n"
+        "    ds = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))\n"
+        "    return {'model': nn.Linear(8, 3), 'data': ds, 'loss_fn': nn.CrossEntropyLoss(), 'name': 'fac'}\n\n\n"
+        "def as_bench():\n"
+        "    return wb.Workbench(log=None, device='cpu', **as_dict())\n\n\n"
+        "def wrong():\n    return 42\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from workbench.cli import main
+
+    assert main(["run", "--model", "clifactory:as_dict", "--device", "cpu", "--steps", "2", "--warmup-steps", "0",
+                 "--batch-size", "8", "--json", "--quiet", "--log-path", str(tmp_path / "runs")]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["status"] == "ok" and rec["batch_size"] == 8 and rec["world_size"] == 1
+    assert (tmp_path / "runs" / "fac.jsonl").exists()
+    assert main(["run", "--model", "clifactory:as_bench", "--steps", "2", "--warmup-steps", "0", "--quiet"]) == 0
+    assert main(["run", "--model", "clifactory:wrong", "--quiet"]) == 2
+    assert "return a workbench.Workbench or a dict" in capsys.readouterr().err
+    assert main(["run", "--model", "no_such_module:f", "--quiet"]) == 2
+    assert "cannot import 'no_such_module'" in capsys.readouterr().err

@@ -219,3 +219,44 @@ def test_scaling_table_and_chart(tmp_path) -> None:
     assert len(spec["layer"]) == 3
     with pytest.raises(ValueError, match="world_sizes must be ints"):
         bench.scaling(world_sizes=(0, 2))
+
+
+FACTORY = '''
+import torch
+from torch import nn
+
+
+def make():
+    g = torch.Generator().manual_seed(0)
+    ds = torch.utils.data.TensorDataset(torch.randn(256, 16, generator=g), torch.randint(0, 4, (256,), generator=g))
+    return {"model": nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)), "data": ds,
+            "loss_fn": nn.CrossEntropyLoss(), "device": "cpu", "name": "two-nodes"}
+'''
+
+
+@pytest.mark.slow
+def test_cli_joins_a_torchrun_job_of_two_simulated_nodes(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from workbench.distributed.launch import free_port
+
+    (tmp_path / "nodefactory.py").write_text(FACTORY)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.path.dirname(os.path.dirname(wb.__file__))])}
+    port = free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+           f"--rdzv-endpoint=127.0.0.1:{port}", "-m", "workbench", "run", "--model", "nodefactory:make", "--json",
+           "--quiet", "--steps", "3", "--warmup-steps", "1", "--batch-size", "8", "--ddp-bucket-cap-mb", "1",
+           "--log-path", str(tmp_path / "log")]
+    nodes = [subprocess.Popen([*cmd[:5], f"--node-rank={n}", *cmd[5:]], cwd=tmp_path, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for n in (0, 1)]
+    outs = [p.communicate(timeout=240) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], [e[-2000:] for _, e in outs]
+    printed = [o for o, _ in outs if o.strip()]
+    assert len(printed) == 1  # rank 0 alone prints one JSON document
+    rec = json.loads(printed[0])
+    assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["ddp_bucket_cap_mb"] == 1
+    assert rec["samples_per_step"] == 16 and rec["extra"]["distributed"]["world_size"] == 2
+    log = (tmp_path / "log" / "two-nodes.jsonl").read_text().splitlines()
+    assert len(log) == 1 and json.loads(log[0])["world_size"] == 2  # only rank 0 appended
