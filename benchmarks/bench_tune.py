@@ -13,8 +13,9 @@ import argparse
 import statistics
 import time
 
+from _space import exhaustive_space
+
 import workbench as wb
-from workbench.tune import exhaustive_space
 
 
 def paired_ratio(bench: wb.Workbench, best: wb.Knobs, default: wb.Knobs, pairs: int = 3) -> float:

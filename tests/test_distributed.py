@@ -72,8 +72,10 @@ def test_ddp_knobs_validate_with_the_fix() -> None:
         Knobs(world_size=0)
     with pytest.raises(ValueError, match="ddp_comm_hook"):
         Knobs(ddp_comm_hook="int8")
-    with pytest.raises(ValueError, match="ddp_bucket_cap_mb must be > 0"):
+    with pytest.raises(ValueError, match="ddp_bucket_cap_mb must be >= 1"):
         Knobs(ddp_bucket_cap_mb=0)
+    with pytest.raises(TypeError, match="ddp_bucket_cap_mb must be an int"):
+        Knobs(ddp_bucket_cap_mb=0.5)
     with pytest.raises(TypeError, match="ddp_static_graph must be True or False"):
         Knobs(ddp_static_graph=1)
     with pytest.raises(ValueError, match="set ddp_static_graph=False or ddp_no_sync=False"):
@@ -83,7 +85,9 @@ def test_ddp_knobs_validate_with_the_fix() -> None:
 
 def test_ddp_knobs_at_world_size_1_are_a_note_not_an_error() -> None:
     notes = device_notes(Knobs(ddp_bucket_cap_mb=5, ddp_no_sync=True), "cpu")
-    assert any("ddp_bucket_cap_mb, ddp_no_sync only act with world_size > 1" in n for n in notes)
+    assert "ddp_bucket_cap_mb is a no-op with world_size=1 (one process runs without DDP)" in notes
+    assert "ddp_no_sync is a no-op with world_size=1 (one process runs without DDP)" in notes
+    assert not any("world_size=1" in n for n in device_notes(Knobs(world_size=2, ddp_bucket_cap_mb=5), "cpu"))
     notes = device_notes(Knobs(world_size=2, ddp_no_sync=True), "cpu")
     assert any("ddp_no_sync is a no-op with accum_steps=1" in n for n in notes)
 
@@ -153,7 +157,7 @@ def test_a_smaller_bucket_cap_means_more_all_reduces(tmp_path) -> None:
     bench = wb.Workbench(wide, bench.workload.spec.dataset, loss_fn=nn.CrossEntropyLoss(), device="cpu", log=None,
                          steps=3, warmup_steps=1, knobs=Knobs(batch_size=8))
     default = bench.run(world_size=2)
-    small = bench.run(world_size=2, ddp_bucket_cap_mb=0.3)
+    small = bench.run(world_size=2, ddp_bucket_cap_mb=1)
     assert default.ok and small.ok, (default.message, small.message)
     assert small.extra["distributed"]["allreduce_calls"] > default.extra["distributed"]["allreduce_calls"] >= 3
 

@@ -14,13 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import workbench as wb
-from workbench.knobs import AMP_MODES, DATA_MODES, MATMUL_PRECISIONS
+from workbench.knobs import KNOBS, Fuzz
 
 DEMO_NAMES = ("jpeg", "cnn", "mlp-memory", "transformer")
-# torch.compile is left out of the draws: a cold compile of each new graph costs 10-70 s on this
-# 2-core CPU, so 1,000 draws would take hours. Compiled trials are covered by their own tests
-# (test_runner, test_codegen, test_fuzz.test_compile_modes_run_on_every_demo, notebook 05).
-COMPILE_CHOICES = ("off",)
 
 
 @functools.cache
@@ -28,31 +24,27 @@ def bench(name: str) -> wb.Workbench:
     return wb.demo(name, size="tiny", log=None, steps=2, warmup_steps=1)
 
 
+def draw(fuzz: Fuzz, blocks: list[str], *, invalid: bool) -> st.SearchStrategy:
+    """A strategy from a knob's declared Fuzz: its valid values, plus its invalid ones if asked."""
+    if fuzz.valid == "blocks":  # a list of block names, up to three
+        names = st.sampled_from(blocks) | st.sampled_from(fuzz.invalid) if invalid and fuzz.invalid else st.sampled_from(blocks)
+        return st.lists(names, max_size=3)
+    if isinstance(fuzz.valid, range):
+        valid = st.integers(fuzz.valid.start, fuzz.valid.stop - 1)
+    else:
+        valid = st.sampled_from(list(fuzz.valid))
+    return valid | st.sampled_from(list(fuzz.invalid)) if invalid and fuzz.invalid else valid
+
+
 def knob_values(blocks: list[str], *, invalid: bool) -> st.SearchStrategy[dict]:
-    """Every knob over its range; with invalid=True also out-of-range values and unknown names.
+    """Every declared knob over its declared range (knobs.KNOBS: a new knob is drawn as soon as
+    it is declared); with invalid=True also out-of-range values and unknown names.
 
     Combinations that cannot work (persistence without workers, a cached batch with workers...)
-    come up in both modes.
+    come up in both modes. torch.compile draws only "off": a cold compile costs 10-70 s per graph
+    on a 2-core CPU (compiled trials have their own tests below and in test_runner/test_codegen).
     """
-
-    def vals(valid: st.SearchStrategy, bad: st.SearchStrategy) -> st.SearchStrategy:
-        return valid | bad if invalid else valid
-
-    return st.fixed_dictionaries({
-        "batch_size": vals(st.integers(1, 48), st.integers(-2, 0) | st.integers(49, 10_000)),
-        "num_workers": vals(st.integers(0, 2), st.just(-1)),
-        "pin_memory": st.booleans(),
-        "persistent_workers": st.booleans(),
-        "prefetch_factor": vals(st.none() | st.integers(1, 4), st.just(0)),
-        "amp": vals(st.sampled_from(AMP_MODES), st.sampled_from(["fp8", "BF16", ""])),
-        "compile": vals(st.sampled_from(COMPILE_CHOICES), st.sampled_from(["fast", "inductor"])),
-        "checkpoint": st.lists(vals(st.sampled_from(blocks), st.sampled_from(["no.such.block", ""])), max_size=3),
-        "accum_steps": vals(st.integers(1, 3), st.just(0)),
-        "channels_last": st.booleans(),
-        "cpu_threads": vals(st.none() | st.integers(1, 3), st.just(0)),
-        "matmul_precision": vals(st.sampled_from(MATMUL_PRECISIONS), st.just("low")),
-        "data": vals(st.sampled_from(DATA_MODES), st.just("disk")),
-    })
+    return st.fixed_dictionaries({name: draw(spec.fuzz, blocks, invalid=invalid) for name, spec in KNOBS.items()})
 
 
 FIX_WORDS = ("set ", "use ", "lower ", "choose ", "must be", "is not one of", "list each once", "twice")

@@ -70,3 +70,119 @@ def test_no_op_notes_on_cpu():
     assert "fp16" in text and "slower" in text
     assert "channels_last is a no-op" in text
     assert device_notes(Knobs(pin_memory=True), "cuda") == []
+
+
+def test_readme_knob_table_matches_the_declarations():
+    from pathlib import Path
+
+    from workbench.knobs import knob_table
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("<!-- knob-table")
+    table = text[text.index("\n", start) + 1:text.index("<!-- /knob-table -->")].strip()
+    assert table == knob_table(), "README knob table is stale: paste workbench.knobs.knob_table() between the markers"
+
+
+def test_every_declaration_is_complete_and_its_fuzz_ranges_hold():
+    from workbench.knobs import GROUPS, KNOBS
+
+    for name, spec in KNOBS.items():
+        assert spec.name == name and spec.help and spec.group in GROUPS, name
+        assert spec.widget in ("int", "slider", "checkbox", "dropdown", "blocks"), name
+        spec.check(spec.default)
+        if spec.fuzz.valid != "blocks":
+            for value in spec.fuzz.valid:
+                spec.check(value)
+            for value in spec.fuzz.invalid:
+                if name == "batch_size" and value > 1:
+                    continue  # too large for the tiny demos' datasets: rejected by check_knobs, not here
+                with pytest.raises((TypeError, ValueError)):
+                    spec.check(value)
+
+
+# ---- optimizer_impl ------------------------------------------------------------------------------
+def test_optimizer_impl_rebuilds_with_the_flag_keeping_groups_and_hyperparameters():
+    import torch
+
+    from workbench.knobs import adjust_optimizer
+
+    a, b = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2))
+    opt = torch.optim.AdamW([{"params": [a], "lr": 0.1}, {"params": [b], "weight_decay": 0.5}],
+                            lr=0.01, betas=(0.8, 0.9))
+    notes: list[str] = []
+    fused = adjust_optimizer(opt, Knobs(optimizer_impl="fused"), notes)
+    assert type(fused) is torch.optim.AdamW and fused is not opt and not notes
+    assert [g["params"] for g in fused.param_groups] == [[a], [b]]
+    assert [g["lr"] for g in fused.param_groups] == [0.1, 0.01]
+    assert [g["weight_decay"] for g in fused.param_groups] == [0.01, 0.5]
+    assert all(g["betas"] == (0.8, 0.9) and g["fused"] and not g["foreach"] for g in fused.param_groups)
+    foreach = adjust_optimizer(opt, Knobs(optimizer_impl="foreach"), notes)
+    assert all(g["foreach"] and not g["fused"] for g in foreach.param_groups)
+    assert adjust_optimizer(opt, Knobs(), notes) is opt
+
+
+def test_optimizer_impl_notes_a_class_without_the_argument():
+    import torch
+
+    from workbench.knobs import adjust_optimizer
+
+    class Plain(torch.optim.Optimizer):
+        def __init__(self, params, lr=0.1):
+            super().__init__(params, {"lr": lr})
+
+        def step(self, closure=None):
+            return None
+
+    opt = Plain([torch.nn.Parameter(torch.ones(1))])
+    notes: list[str] = []
+    assert adjust_optimizer(opt, Knobs(optimizer_impl="fused"), notes) is opt
+    assert notes and "Plain takes no fused= argument" in notes[0]
+
+
+def test_optimizer_impl_runs_in_a_trial_and_in_generated_code(make_bench):
+    import torch
+
+    bench = make_bench(optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
+    base, fused = bench.run(), bench.run(optimizer_impl="fused")
+    assert base.ok and fused.ok and not any("optimizer_impl" in n for n in fused.notes)
+    assert fused.losses == pytest.approx(base.losses, abs=1e-4)  # same maths, other kernels
+    code = Knobs(batch_size=8, optimizer_impl="foreach").to_code(steps=2)
+    ns = {"model": torch.nn.Linear(4, 2),
+          "dataset": torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))),
+          "loss_fn": torch.nn.CrossEntropyLoss(), "make_optimizer": lambda p: torch.optim.AdamW(p, lr=1e-3)}
+    exec(compile(code, "<generated>", "exec"), ns)
+    assert ns["step"] == 2 and ns["optimizer"].param_groups[0]["foreach"] is True
+
+
+# ---- checkpoint_mode -----------------------------------------------------------------------------
+def test_selective_checkpointing_saves_matmuls_and_matches_full(make_bench):
+    from workbench.knobs import checkpoint_options
+
+    assert checkpoint_options(Knobs()) == {}
+    assert "context_fn" in checkpoint_options(Knobs(checkpoint_mode="selective"))
+    bench = make_bench()
+    blocks = ("blocks.0", "blocks.1")
+    full = bench.run(checkpoint=blocks)
+    selective = bench.run(checkpoint=blocks, checkpoint_mode="selective")
+    assert full.ok and selective.ok
+    assert selective.losses == pytest.approx(full.losses, abs=1e-6)  # recomputation changes no value
+
+
+def test_selective_without_blocks_is_a_noted_no_op():
+    notes = device_notes(Knobs(checkpoint_mode="selective"), "cpu")
+    assert any(n.startswith("checkpoint_mode='selective' is a no-op") for n in notes)
+    assert not any("checkpoint_mode" in n for n in device_notes(Knobs(checkpoint_mode="selective",
+                                                                      checkpoint=("b",)), "cpu"))
+
+
+# ---- cudnn_benchmark -----------------------------------------------------------------------------
+def test_cudnn_benchmark_is_a_noted_no_op_on_cpu_and_restored_after(make_bench):
+    import torch
+
+    assert any(n.startswith("cudnn_benchmark is a no-op") for n in device_notes(Knobs(cudnn_benchmark=True), "cpu"))
+    assert not device_notes(Knobs(cudnn_benchmark=True), "cuda")
+    before = torch.backends.cudnn.benchmark
+    r = make_bench().run(cudnn_benchmark=True)
+    assert r.ok and any("cudnn_benchmark is a no-op" in n for n in r.notes)
+    assert torch.backends.cudnn.benchmark == before
+    assert "torch.backends.cudnn.benchmark = True" in Knobs(cudnn_benchmark=True).to_code()

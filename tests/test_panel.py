@@ -234,7 +234,7 @@ def test_a_new_panel_replaces_the_old_one_on_the_same_bench(bench: wb.Workbench)
     old = Panel(bench)
     new = Panel(bench)
     try:
-        _wait_for(lambda: not old._thread.is_alive())
+        _wait_for(lambda: not old.queue.thread.is_alive())
         bench.run()
         assert chart_data(old.chart).empty and len(chart_data(new.chart)) == 1
     finally:

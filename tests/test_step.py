@@ -61,6 +61,8 @@ def generated_losses(knobs: wb.Knobs, model: nn.Module, data, steps: int) -> lis
     (TinyNet, tiny_data, wb.Knobs(batch_size=6, accum_steps=3)),  # 64 samples: epochs end mid-step
     (TinyNet, tiny_data, wb.Knobs(batch_size=8, checkpoint=("blocks.0", "blocks.1"))),
     (TinyNet, tiny_data, wb.Knobs(batch_size=8, amp="bf16", accum_steps=2)),
+    (TinyNet, tiny_data, wb.Knobs(batch_size=8, optimizer_impl="foreach")),
+    (TinyNet, tiny_data, wb.Knobs(batch_size=8, checkpoint=("blocks.1",), checkpoint_mode="selective")),
     (ConvNet, conv_data, wb.Knobs(batch_size=8, channels_last=True)),
     (ConvNet, conv_data, wb.Knobs(batch_size=4, channels_last=True, checkpoint=("features.2",), amp="bf16",
                                   accum_steps=2)),

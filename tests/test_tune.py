@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
 import workbench as wb
+from workbench.fit import FitResult, fit_memory
 from workbench.measure import TrialResult
 from workbench.results import ResultLog
-from workbench.tune import FitResult, TuneResult, exhaustive_space, fit_memory, stage_options, tune
+from workbench.tune import TuneResult, stage_options, tune
 from workbench.workload import Workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from _space import exhaustive_space
 
 
 class Net(nn.Module):

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint as _checkpoint
+from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader
 
 from .knobs import Knobs
+from .knobs import settings as knob_settings
 from .workload import LoaderSpec
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -67,11 +67,13 @@ def grad_scaler(knobs: Knobs, device: torch.device) -> torch.amp.GradScaler | No
     return torch.amp.GradScaler(device.type)
 
 
-def apply_checkpointing(model: nn.Module, names: tuple[str, ...], available: dict[str, int]) -> None:
+def apply_checkpointing(model: nn.Module, names: tuple[str, ...], available: dict[str, int],
+                        **options: Any) -> None:
     """Wrap exactly the named blocks' forward in torch.utils.checkpoint (use_reentrant=False).
 
     Their activations are dropped after forward and recomputed during backward: less memory,
-    more compute. The module tree and parameter names stay unchanged.
+    more compute. The module tree and parameter names stay unchanged. `options` are further
+    keywords for checkpoint (e.g. a context_fn for selective checkpointing).
     """
     for name in names:
         if name not in available:
@@ -86,7 +88,7 @@ def apply_checkpointing(model: nn.Module, names: tuple[str, ...], available: dic
         def forward(*args: Any, __original=original, **kwargs: Any) -> Any:
             if not torch.is_grad_enabled():
                 return __original(*args, **kwargs)
-            return _checkpoint(__original, *args, use_reentrant=False, **kwargs)
+            return checkpoint(__original, *args, use_reentrant=False, **options, **kwargs)
 
         block.forward = forward  # instance attribute shadows the class method
 
@@ -109,16 +111,7 @@ def compile_model(model: nn.Module, knobs: Knobs, device: torch.device) -> nn.Mo
     return torch.compile(model, mode=None if mode == "default" else mode)
 
 
-@contextlib.contextmanager
-def process_settings(knobs: Knobs) -> Iterator[None]:
-    """Apply thread count and matmul precision for the trial, restoring the caller's afterwards."""
-    threads = torch.get_num_threads()
-    precision = torch.get_float32_matmul_precision()
-    try:
-        if knobs.cpu_threads is not None:
-            torch.set_num_threads(knobs.cpu_threads)
-        torch.set_float32_matmul_precision(knobs.matmul_precision)
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        torch.set_float32_matmul_precision(precision)
+def process_settings(knobs: Knobs) -> contextlib.AbstractContextManager:
+    """Hold the knobs' process-wide settings (threads, matmul precision...) for the trial,
+    restoring the caller's afterwards; each knob declares its own in knobs.py."""
+    return knob_settings(knobs)

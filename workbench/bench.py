@@ -209,7 +209,7 @@ class Workbench:
 
     def fit_memory(self, budget_bytes: int, effective_batch: int, **kwargs: Any) -> Any:
         """A configuration within `budget_bytes` at `effective_batch` samples per optimizer step."""
-        from .tune import fit_memory
+        from .fit import fit_memory
 
         return fit_memory(self, budget_bytes=budget_bytes, effective_batch=effective_batch, **kwargs)
 

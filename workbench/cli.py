@@ -1,12 +1,11 @@
 """The terminal face of the workbench: `python -m workbench run|diagnose|tune --demo NAME [knobs]`.
 
-Knob flags are generated from the Knobs dataclass, so the CLI always offers every knob.
+Knob flags come from the knob declarations (knobs.KNOBS), so the CLI always offers every knob.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -15,28 +14,46 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .knobs import AMP_MODES, COMM_HOOKS, COMPILE_MODES, DATA_MODES, MATMUL_PRECISIONS, Knobs
-
-CHOICES = {"amp": AMP_MODES, "compile": COMPILE_MODES, "data": DATA_MODES, "matmul_precision": MATMUL_PRECISIONS,
-           "ddp_comm_hook": COMM_HOOKS}
-FLOATS = ("ddp_bucket_cap_mb",)
+from .knobs import KNOBS
 
 
-def _knob_help() -> dict[str, str]:
-    """Each knob's trailing comment in knobs.py is its help text (one source of truth)."""
-    import inspect
+def _optional_int(text: str) -> int | None:
+    """argparse type of an optional int knob: an int, or 'default'/'none' for torch's default."""
+    if text.lower() in ("default", "none"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or 'default', got {text!r}") from None
 
-    from . import knobs as knobs_module
 
-    text = inspect.getsource(knobs_module.Knobs)
-    names = {f.name for f in dataclasses.fields(Knobs)}
-    out = {}
-    for line in text.splitlines():
-        line = line.strip()
-        name = line.split(":", 1)[0]
-        if name in names and "#" in line:
-            out[name] = line.split("#", 1)[1].strip()
-    return out
+def add_knob_arguments(parser: argparse.ArgumentParser | Any) -> None:
+    """One flag per declared knob (knobs.KNOBS): type, choices and help come from its declaration."""
+    for name, spec in KNOBS.items():
+        h = spec.help
+        if spec.kind == "bool":
+            parser.add_argument(spec.flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=h)
+        elif spec.kind == "blocks":
+            parser.add_argument(spec.flag, dest=name, default=None, help=h + "; comma-separated, or 'all'")
+        elif spec.kind == "choice":
+            parser.add_argument(spec.flag, dest=name, choices=spec.choices, default=None, help=h)
+        elif spec.optional:
+            parser.add_argument(spec.flag, dest=name, type=_optional_int, default=None, metavar="N|default", help=h)
+        else:
+            parser.add_argument(spec.flag, dest=name, type=int, default=None, help=h)
+
+
+def knobs_from_args(args: argparse.Namespace, blocks: Sequence[str]) -> dict[str, Any]:
+    """The knob flags the user actually gave, as Knobs keyword arguments."""
+    changes = {}
+    for name, spec in KNOBS.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if spec.kind == "blocks":
+            value = tuple(blocks) if value == "all" else tuple(x for x in value.split(",") if x)
+        changes[name] = value
+    return changes
 
 
 def _demo_lines() -> str:
@@ -49,8 +66,7 @@ def _demo_lines() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree: run / diagnose / tune, each with --demo and every knob as a flag."""
-    helps = _knob_help()
-    knob_lines = "\n".join(f"  --{name.replace('_', '-'):<20} {text}" for name, text in helps.items())
+    knob_lines = "\n".join(f"  {spec.flag:<22} {spec.help}" for spec in KNOBS.values())
     epilog = ("demos:\n" + _demo_lines() + "\n\nknobs (flags of run, diagnose and tune):\n" + knob_lines
               + "\n\nexample:\n  python -m workbench run --demo jpeg --num-workers 2 --cpu-threads 1")
     parser = argparse.ArgumentParser(
@@ -81,34 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         if cmd == "tune":
             p.add_argument("--budget", type=int, default=12, help="maximum number of trials")
-        knobs = p.add_argument_group("knobs (defaults: the demo's own)")
-        for f in dataclasses.fields(Knobs):
-            flag = "--" + f.name.replace("_", "-")
-            h = helps.get(f.name, "")
-            if isinstance(f.default, bool):
-                knobs.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=h)
-            elif f.name == "checkpoint":
-                knobs.add_argument(flag, default=None, help=h + "; comma-separated, or 'all'")
-            elif f.name in CHOICES:
-                knobs.add_argument(flag, choices=CHOICES[f.name], default=None, help=h)
-            elif f.name in FLOATS:
-                knobs.add_argument(flag, type=float, default=None, help=h)
-            else:
-                knobs.add_argument(flag, type=int, default=None, help=h)
+        add_knob_arguments(p.add_argument_group("knobs (defaults: the demo's own)"))
     return parser
-
-
-def knob_changes(args: argparse.Namespace, blocks: Sequence[str]) -> dict[str, Any]:
-    """The knob flags the user actually gave, as Knobs keyword arguments."""
-    changes = {}
-    for f in dataclasses.fields(Knobs):
-        value = getattr(args, f.name, None)
-        if value is None:
-            continue
-        if f.name == "checkpoint":
-            value = tuple(blocks) if value == "all" else tuple(x for x in value.split(",") if x)
-        changes[f.name] = value
-    return changes
 
 
 class TextProgress:
@@ -203,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0")) if in_launched_job() else 0
     try:
         bench = build_workbench(args, rank=rank)
-        changes = knob_changes(args, bench.blocks)
+        changes = knobs_from_args(args, bench.blocks)
         if in_launched_job() and "world_size" not in changes:
             changes["world_size"] = job_world_size()
         progress = None if args.quiet or rank != 0 else TextProgress()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import textwrap
 
-from .knobs import Knobs
+from .knobs import Knobs, code_sections
 
 AMP_DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 
@@ -23,9 +23,6 @@ def _identifier(name: str, what: str) -> str:
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"{what} must be a Python identifier for the generated code, got {name!r}")
     return name
-
-
-COMM_HOOK_FN = {"fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook"}
 
 
 def torchrun_command(knobs: Knobs, script: str = "train_ddp.py", *, nnodes: int = 1) -> str:
@@ -79,10 +76,10 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     if ddp:
         out += ["import torch.distributed as dist", "from torch.nn.parallel import DistributedDataParallel as DDP",
                 "from torch.utils.data.distributed import DistributedSampler"]
-        if k.ddp_comm_hook != "none":
-            out.append("from torch.distributed.algorithms.ddp_comm_hooks import default_hooks")
     if k.checkpoint:
         out.append("from torch.utils.checkpoint import checkpoint")
+    extra = code_sections(k)  # what each knob's declaration adds (knobs.py)
+    out += extra["imports"]
     if ddp:
         out += ["", setup.rstrip() if setup else f"# ---- define {m}, {ds}, {lf} and {opt} here (or import them) ----"]
         out += [
@@ -99,10 +96,7 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
         out += ["", 'device = torch.device("cuda" if torch.cuda.is_available() else "cpu")']
     if seed is not None:
         out.append(f"torch.manual_seed({int(seed)})  # the workbench's seed: same data order as the trial")
-    if k.cpu_threads is not None:
-        out.append(f"torch.set_num_threads({k.cpu_threads})  # main-process compute threads")
-    if k.matmul_precision != "highest":
-        out.append(f'torch.set_float32_matmul_precision("{k.matmul_precision}")  # TF32/bf16 matmuls for float32')
+    out += extra["setup"]
 
     # ---- data -------------------------------------------------------------------------------
     if ddp:
@@ -129,7 +123,9 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     out += ["", f"{m} = {m}.to(device)"]
     if k.channels_last:
         out.append(f"{m} = {m}.to(memory_format=torch.channels_last)  # NHWC for convolutions")
+    out += extra["model"]
     if k.checkpoint:
+        ckpt_args = "".join(f"{a}, " for a in extra["checkpoint_args"])
         out += [
             "",
             "",
@@ -138,7 +134,7 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
             "    def run(*args, **kwargs):",
             "        if not torch.is_grad_enabled():",
             "            return forward(*args, **kwargs)",
-            "        return checkpoint(forward, *args, use_reentrant=False, **kwargs)",
+            f"        return checkpoint(forward, *args, use_reentrant=False, {ckpt_args}**kwargs)",
             "    return run",
             "",
             "",
@@ -148,20 +144,15 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
         ]
     wrapped = m
     if ddp:
-        ddp_args = ['device_ids=[local_rank] if device.type == "cuda" else None']
-        if k.ddp_bucket_cap_mb is not None:
-            ddp_args.append(f"bucket_cap_mb={k.ddp_bucket_cap_mb}")
-        for name in ("gradient_as_bucket_view", "static_graph", "find_unused_parameters"):
-            if getattr(k, f"ddp_{name}"):
-                ddp_args.append(f"{name}=True")
-        if not k.ddp_broadcast_buffers:
-            ddp_args.append("broadcast_buffers=False")
-        out.append(f"ddp_model = DDP({m}, {', '.join(ddp_args)})  # all-reduces gradients in buckets")
-        if k.ddp_comm_hook != "none":
-            out.append(f"ddp_model.register_comm_hook(None, default_hooks.{COMM_HOOK_FN[k.ddp_comm_hook]})"
-                       f"  # {k.ddp_comm_hook} on the wire")
+        out += ["# all-reduces gradients in buckets during backward", "ddp_model = DDP(", f"    {m},",
+                '    device_ids=[local_rank] if device.type == "cuda" else None,']
+        for arg in extra["ddp_args"]:  # the ddp_* knobs' declared code (knobs.py)
+            code, _, comment = arg.partition("  #")
+            out.append(f"    {code},  #{comment}" if comment else f"    {code},")
+        out += [")"] + extra["ddp_model"]
         wrapped = "ddp_model"
     out.append(f"optimizer = {opt}({m}.parameters())")
+    out += extra["optimizer"]
     if k.compile != "off":
         mode = "" if k.compile == "default" else f', mode="{k.compile}"'
         out.append(f"step_model = torch.compile({wrapped}{mode})  # first steps compile (seconds to minutes)")

@@ -7,45 +7,410 @@ that need the workload and the device), so a bad combination fails before any wo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 AMP_MODES = ("off", "bf16", "fp16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 DATA_MODES = ("loader", "cached")
+# Panel groups in the seeds' teaching order: fix the data pipeline first, then precision/compile,
+# then memory. Knobs are read in this order, so a knob can depend on the ones before it.
+GROUPS = ("Data pipeline", "Precision & compile", "Memory", "CPU", "Distributed")
+# ddp_args: keywords of DistributedDataParallel(...); ddp_model: lines after it (comm hooks)
+CODE_SECTIONS = ("imports", "setup", "model", "checkpoint_args", "optimizer", "ddp_args", "ddp_model")
 COMM_HOOKS = ("none", "fp16", "bf16")
-DDP_KNOBS = ("ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view", "ddp_static_graph", "ddp_no_sync",
-             "ddp_comm_hook", "ddp_find_unused_parameters", "ddp_broadcast_buffers")
+
+
+@dataclass(frozen=True)
+class Fuzz:
+    """How the fuzz test draws a knob: `valid` values (a range, a tuple, or "blocks" for the
+    workload's block names) and `invalid` ones that must be rejected with a ValueError/TypeError."""
+
+    valid: Any
+    invalid: tuple = ()
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """Everything about one knob, declared once. The panel, the CLI, the fuzz test, the README
+    table, validation, the step and the generated code all read it from here.
+
+    Hooks (all optional; each receives the knob's value, or the whole Knobs where it says so):
+      settings(value) -> context manager: a process-wide setting held for the trial
+      on_optimizer(optimizer, value, notes) -> optimizer: rebuild or adjust the optimizer
+      checkpoint_kwargs(value) -> dict: extra keywords for torch.utils.checkpoint.checkpoint
+      note(knobs, device_type) -> str | None: "runs but does nothing here" sentences
+      code(knobs) -> {section: lines}: what the generated training loop adds (see CODE_SECTIONS)
+      ddp_kwargs(value) -> dict: keywords for DistributedDataParallel (world_size > 1)
+    """
+
+    default: Any
+    kind: str  # "int" | "bool" | "choice" | "blocks"
+    help: str  # one line: what it does (panel tooltip, CLI help, README table)
+    group: str  # one of GROUPS
+    widget: str  # "int" | "slider" | "checkbox" | "dropdown" | "blocks"
+    fuzz: Fuzz
+    choices: tuple = ()  # allowed values of a "choice" knob
+    minimum: int | None = None  # smallest allowed int
+    optional: bool = False  # None allowed, meaning torch's own default
+    options: Any = ()  # dropdown values of an optional int; "cores" = 1..os.cpu_count()
+    maximum: Any = None  # widget bound: an int, "dataset" (its length) or "workers" (2 x cores)
+    probe: Any = None  # a value that switches the knob on (the panel disables it when that is a no-op)
+    settings: Callable[[Any], contextlib.AbstractContextManager] | None = None
+    on_optimizer: Callable[[Any, Any, list[str]], Any] | None = None
+    checkpoint_kwargs: Callable[[Any], dict[str, Any]] | None = None
+    note: Callable[[Any, str], str | None] | None = None
+    code: Callable[[Any], dict[str, list[str]]] | None = None
+    ddp_kwargs: Callable[[Any], dict[str, Any]] | None = None
+    name: str = ""  # filled in from the field name
+
+    @property
+    def flag(self) -> str:
+        """The CLI flag: --name-with-dashes."""
+        return "--" + self.name.replace("_", "-")
+
+    def check(self, value: Any) -> None:
+        """Raise TypeError/ValueError naming the fix if `value` is not allowed for this knob."""
+        name = self.name
+        if value is None and self.optional:
+            return
+        if self.kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                extra = " or None (torch's default)" if self.optional else ""
+                raise TypeError(f"Knobs.{name} must be an int >= {self.minimum}{extra}, got {value!r}")
+            if self.minimum is not None and value < self.minimum:
+                raise ValueError(f"Knobs.{name} must be >= {self.minimum}, got {value}")
+        elif self.kind == "bool":
+            if not isinstance(value, bool):
+                raise TypeError(f"Knobs.{name} must be True or False, got {value!r}")
+        elif self.kind == "choice":
+            if value not in self.choices:
+                raise ValueError(f"Knobs.{name}={value!r} is not one of {', '.join(map(repr, self.choices))}")
+
+
+def knob(default: Any, **spec: Any) -> Any:
+    """A Knobs field whose metadata holds its KnobSpec (the one declaration of the knob)."""
+    return field(default=default, metadata={"spec": KnobSpec(default=default, **spec)})
+
+
+# ---- hooks of the knobs that apply as process settings -------------------------------------------
+@contextlib.contextmanager
+def _threads(value: int | None) -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        if value is not None:
+            torch.set_num_threads(value)
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def _matmul_precision(value: str) -> Iterator[None]:
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision(value)
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def _threads_code(k: Knobs) -> dict[str, list[str]]:
+    if k.cpu_threads is None:
+        return {}
+    return {"setup": [f"torch.set_num_threads({k.cpu_threads})  # main-process compute threads"]}
+
+
+def _matmul_code(k: Knobs) -> dict[str, list[str]]:
+    if k.matmul_precision == "highest":
+        return {}
+    return {"setup": [f'torch.set_float32_matmul_precision("{k.matmul_precision}")  # TF32/bf16 matmuls for float32']}
+
+
+OPTIMIZER_IMPLS = ("as-given", "foreach", "fused")
+_IMPL_FLAGS = {"foreach": {"foreach": True, "fused": None}, "fused": {"foreach": None, "fused": True}}
+
+
+def _rebuild_optimizer(optimizer: Any, value: str, notes: list[str]) -> Any:
+    """The user's optimizer rebuilt with foreach=/fused= (same class, param groups and
+    hyperparameters), or unchanged with a note when its class takes no such argument."""
+    if value == "as-given":
+        return optimizer
+    import inspect
+
+    cls = type(optimizer)
+    accepted = inspect.signature(cls.__init__).parameters
+    if value not in accepted:
+        notes.append(f"optimizer_impl={value!r}: {cls.__name__} takes no {value}= argument, so it ran as given")
+        return optimizer
+    flags = {k: v for k, v in _IMPL_FLAGS[value].items() if k in accepted}
+    groups = [{**group, **flags} for group in optimizer.param_groups]  # keeps per-group lr, betas...
+    try:
+        return cls(groups, **flags)
+    except (RuntimeError, ValueError, TypeError) as e:  # e.g. fused kernels missing for this device/dtype
+        notes.append(f"optimizer_impl={value!r}: {cls.__name__} refused it here ({e}); it ran as given")
+        return optimizer
+
+
+def _optimizer_code(k: Knobs) -> dict[str, list[str]]:
+    if k.optimizer_impl == "as-given":
+        return {}
+    flags = ", ".join(f"{a}={b}" for a, b in _IMPL_FLAGS[k.optimizer_impl].items())
+    return {"imports": ["import inspect"], "optimizer": [
+        f"# optimizer_impl={k.optimizer_impl!r}: the same optimizer rebuilt with {flags} (param groups kept)",
+        f'if "{k.optimizer_impl}" in inspect.signature(type(optimizer).__init__).parameters:',
+        f"    flags = dict({flags})",
+        "    optimizer = type(optimizer)([{**g, **flags} for g in optimizer.param_groups], **flags)",
+    ]}
+
+
+CHECKPOINT_MODES = ("full", "selective")
+# Selective checkpointing keeps the outputs of these (expensive) ops and recomputes the rest.
+SAVED_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention")
+
+
+def _selective(value: str) -> dict[str, Any]:
+    """checkpoint(...) keywords: selective = save matmul/conv/attention outputs, recompute cheap ops."""
+    if value == "full":
+        return {}
+    import functools
+
+    import torch
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    ops = [getattr(torch.ops.aten, n).default for n in SAVED_OPS if hasattr(torch.ops.aten, n)]
+    return {"context_fn": functools.partial(create_selective_checkpoint_contexts, ops)}
+
+
+def _selective_note(k: Knobs, device_type: str) -> str | None:
+    if k.checkpoint_mode == "selective" and not k.checkpoint:
+        return "checkpoint_mode='selective' is a no-op without checkpointed blocks (pick some in checkpoint)"
+    return None
+
+
+def _selective_code(k: Knobs) -> dict[str, list[str]]:
+    if k.checkpoint_mode == "full" or not k.checkpoint:
+        return {}
+    return {
+        "imports": ["import functools", "from torch.utils.checkpoint import create_selective_checkpoint_contexts"],
+        "setup": ["# selective checkpointing: keep matmul/conv/attention outputs, recompute the cheap ops",
+                  f"SAVED_OPS = [getattr(torch.ops.aten, n).default for n in {list(SAVED_OPS)!r} if hasattr(torch.ops.aten, n)]"],
+        "checkpoint_args": ["context_fn=functools.partial(create_selective_checkpoint_contexts, SAVED_OPS)"],
+    }
+
+
+@contextlib.contextmanager
+def _cudnn_benchmark(value: bool) -> Iterator[None]:
+    import torch
+
+    before = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = value  # autotune conv algorithms per input shape (CUDA only)
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def _cudnn_note(k: Knobs, device_type: str) -> str | None:
+    if k.cudnn_benchmark and device_type != "cuda":
+        return "cudnn_benchmark is a no-op without CUDA (cuDNN autotunes convolutions on NVIDIA GPUs only)"
+    return None
+
+
+def _cudnn_code(k: Knobs) -> dict[str, list[str]]:
+    if not k.cudnn_benchmark:
+        return {}
+    return {"setup": ["torch.backends.cudnn.benchmark = True  # autotune conv algorithms (fixed input shapes)"]}
+
+
+# ---- the distributed knobs (world_size > 1: workbench/distributed/) ------------------------------
+def _ddp_note(name: str) -> Callable[[Any, str], str | None]:
+    """A DDP knob changed while world_size == 1 is a note (and a disabled panel control), not an
+    error: scaling() runs the same knobs at world_size 1 and N, and the panel lets a user set them
+    before raising world_size."""
+
+    def note(k: Knobs, device_type: str) -> str | None:
+        if k.world_size == 1 and getattr(k, name) != KNOBS[name].default:
+            return f"{name} is a no-op with world_size=1 (one process runs without DDP)"
+        return None
+
+    return note
+
+
+def _ddp_arg(name: str, arg: str) -> tuple[Callable[[Any], dict[str, Any]], Callable[[Any], dict[str, list[str]]]]:
+    """(ddp_kwargs hook, code hook) passing the knob to DistributedDataParallel as `arg` when it
+    differs from DDP's own default (the knob's default)."""
+
+    def kwargs(value: Any) -> dict[str, Any]:
+        return {} if value is None or value == KNOBS[name].default else {arg: value}
+
+    def code(k: Knobs) -> dict[str, list[str]]:
+        value = getattr(k, name)
+        if k.world_size == 1 or value == KNOBS[name].default or value is None:
+            return {}
+        return {"ddp_args": [f"{arg}={value!r}"]}
+
+    return kwargs, code
+
+
+def _broadcast_buffers(value: bool) -> dict[str, Any]:
+    if value:
+        return {}
+    # torch >= 2.13 renames it forward_sync_buffers (for us the same: every rank starts from the
+    # same snapshot, so the one sync at construction that forward_sync_buffers keeps changes nothing)
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": False}
+
+
+def _broadcast_code(k: Knobs) -> dict[str, list[str]]:
+    if k.world_size == 1 or k.ddp_broadcast_buffers:
+        return {}
+    return {"ddp_args": ["broadcast_buffers=False  # forward_sync_buffers=False on torch >= 2.13"]}
+
+
+COMM_HOOK_FN = {"fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook"}
+
+
+def _comm_hook_code(k: Knobs) -> dict[str, list[str]]:
+    if k.world_size == 1 or k.ddp_comm_hook == "none":
+        return {}
+    return {"imports": ["from torch.distributed.algorithms.ddp_comm_hooks import default_hooks"],
+            "ddp_model": [f"ddp_model.register_comm_hook(None, default_hooks.{COMM_HOOK_FN[k.ddp_comm_hook]})"
+                          f"  # {k.ddp_comm_hook} on the wire"]}
+
+
+def _world_size_note(k: Knobs, device_type: str) -> str | None:
+    threads = (k.cpu_threads or 1) * k.world_size
+    if k.world_size > 1 and device_type == "cpu" and threads > (os.cpu_count() or 1):
+        return (f"world_size={k.world_size} x {k.cpu_threads or 1} thread(s) = {threads} threads on "
+                f"{os.cpu_count()} cores: the ranks compete for cores (oversubscription)")
+    return None
+
+
+def _no_sync_note(k: Knobs, device_type: str) -> str | None:
+    if k.world_size > 1 and k.ddp_no_sync and k.accum_steps == 1:
+        return "ddp_no_sync is a no-op with accum_steps=1 (every micro-batch ends an optimizer step)"
+    return _ddp_note("ddp_no_sync")(k, device_type)
+
+
+_BUCKET = _ddp_arg("ddp_bucket_cap_mb", "bucket_cap_mb")
+_VIEW = _ddp_arg("ddp_gradient_as_bucket_view", "gradient_as_bucket_view")
+_STATIC = _ddp_arg("ddp_static_graph", "static_graph")
+_UNUSED = _ddp_arg("ddp_find_unused_parameters", "find_unused_parameters")
 
 
 @dataclass(frozen=True)
 class Knobs:
-    """One configuration of the training step. Build with keywords; `replace()` to vary one."""
+    """One configuration of the training step. Build with keywords; `replace()` to vary one.
 
-    batch_size: int = 32  # samples per micro-batch (per optimizer step: batch_size * accum_steps)
-    num_workers: int = 0  # DataLoader worker processes; 0 = load in the main process
-    pin_memory: bool = False  # page-locked host buffers for faster async host->device copies
-    persistent_workers: bool = False  # keep workers alive across epochs (needs num_workers > 0)
-    prefetch_factor: int | None = None  # batches buffered per worker; None = torch's default (2)
-    amp: str = "off"  # autocast dtype: "off" | "bf16" | "fp16" (fp16 adds a GradScaler)
-    compile: str = "off"  # torch.compile mode: "off" | "default" | "reduce-overhead" | "max-autotune"
-    checkpoint: tuple[str, ...] = ()  # block names wrapped in torch.utils.checkpoint (recompute)
-    accum_steps: int = 1  # micro-batches per optimizer step (gradient accumulation)
-    channels_last: bool = False  # NHWC memory format for the model and 4-D inputs (convnets)
-    cpu_threads: int | None = None  # main-process intra-op threads; None = torch's default
-    matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: highest|high|medium
-    data: str = "loader"  # "loader" = real DataLoader; "cached" = one batch kept on the device
-    world_size: int = 1  # processes under DistributedDataParallel (one per GPU, or gloo CPU processes)
-    ddp_bucket_cap_mb: float | None = None  # DDP gradient bucket size in MB; None = torch's default (25)
-    ddp_gradient_as_bucket_view: bool = False  # gradients are views into the all-reduce buckets (no copy)
-    ddp_static_graph: bool = False  # DDP static_graph=True: the same parameters are used every step
-    ddp_no_sync: bool = False  # skip the all-reduce on all but the last accumulation micro-batch
-    ddp_comm_hook: str = "none"  # gradient compression before the all-reduce: "none" | "fp16" | "bf16"
-    ddp_find_unused_parameters: bool = False  # DDP searches the graph for parameters without gradients
-    ddp_broadcast_buffers: bool = True  # DDP broadcasts rank 0's buffers (BatchNorm stats) every forward
+    Each field is declared once with `knob(...)`: its type, default, help, panel group and widget,
+    fuzz range and hooks (see KnobSpec). Adding a knob = adding a field here (+ its tests).
+    """
+
+    batch_size: int = knob(32, kind="int", minimum=1, group="Data pipeline", widget="int", maximum="dataset",
+                           help="samples per micro-batch (per optimizer step: batch_size * accum_steps)",
+                           fuzz=Fuzz(range(1, 49), (-2, 0, 49, 10_000)))
+    data: str = knob("loader", kind="choice", choices=DATA_MODES, group="Data pipeline", widget="dropdown",
+                     help="loader = real DataLoader; cached = one batch kept on the device (much faster = data-bound)",
+                     fuzz=Fuzz(DATA_MODES, ("disk",)))
+    num_workers: int = knob(0, kind="int", minimum=0, group="Data pipeline", widget="slider", maximum="workers",
+                            probe=1, fuzz=Fuzz(range(0, 3), (-1,)),
+                            help="DataLoader worker processes; 0 = load in the main process (start near half the cores)")
+    pin_memory: bool = knob(False, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
+                            fuzz=Fuzz((False, True)),
+                            help="page-locked host buffers for faster async host->device copies")
+    persistent_workers: bool = knob(False, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
+                                    fuzz=Fuzz((False, True)),
+                                    help="keep workers alive across epochs (needs num_workers > 0)")
+    prefetch_factor: int | None = knob(None, kind="int", minimum=1, optional=True, group="Data pipeline",
+                                       widget="dropdown", options=(None, 1, 2, 4, 8), probe=4,
+                                       fuzz=Fuzz((None, 1, 2, 3, 4), (0,)),
+                                       help="batches buffered per worker; None = torch's default (2); costs host memory")
+    amp: str = knob("off", kind="choice", choices=AMP_MODES, group="Precision & compile", widget="dropdown",
+                    fuzz=Fuzz(AMP_MODES, ("fp8", "BF16", "")),
+                    help='autocast dtype: "off" | "bf16" | "fp16" (fp16 adds a GradScaler)')
+    compile: str = knob("off", kind="choice", choices=COMPILE_MODES, group="Precision & compile", widget="dropdown",
+                        # a cold compile costs 10-70 s per graph on a 2-core CPU: compiled trials have their own tests
+                        fuzz=Fuzz(("off",), ("fast", "inductor")),
+                        help="torch.compile mode; the first steps compile (seconds to minutes) and are not measured")
+    matmul_precision: str = knob("highest", kind="choice", choices=MATMUL_PRECISIONS, group="Precision & compile",
+                                 widget="dropdown", probe="high", settings=_matmul_precision, code=_matmul_code,
+                                 fuzz=Fuzz(MATMUL_PRECISIONS, ("low",)),
+                                 help="torch.set_float32_matmul_precision: allow TF32/bf16 for float32 matmuls")
+    channels_last: bool = knob(False, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
+                               fuzz=Fuzz((False, True)),
+                               help="NHWC memory format for the model and 4-D inputs (convnets, best with AMP)")
+    cudnn_benchmark: bool = knob(False, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
+                                 settings=_cudnn_benchmark, note=_cudnn_note, code=_cudnn_code,
+                                 fuzz=Fuzz((False, True)),
+                                 help="torch.backends.cudnn.benchmark: autotune conv algorithms for fixed shapes (GPU)")
+    accum_steps: int = knob(1, kind="int", minimum=1, group="Memory", widget="int", maximum=1024,
+                            fuzz=Fuzz(range(1, 4), (0,)),
+                            help="micro-batches per optimizer step (gradient accumulation): a large batch in small memory")
+    checkpoint: tuple[str, ...] = knob((), kind="blocks", group="Memory", widget="blocks",
+                                       fuzz=Fuzz("blocks", ("no.such.block", "")),
+                                       help="block names wrapped in torch.utils.checkpoint: recompute activations in backward")
+    optimizer_impl: str = knob("as-given", kind="choice", choices=OPTIMIZER_IMPLS, group="Precision & compile",
+                               widget="dropdown", on_optimizer=_rebuild_optimizer, code=_optimizer_code,
+                               fuzz=Fuzz(OPTIMIZER_IMPLS, ("apex", "")),
+                               help="optimizer kernels: as given, or rebuilt with foreach=True / fused=True "
+                                    "(multi-tensor or fused update)")
+    checkpoint_mode: str = knob("full", kind="choice", choices=CHECKPOINT_MODES, group="Memory", widget="dropdown",
+                                probe="selective", checkpoint_kwargs=_selective, note=_selective_note,
+                                code=_selective_code, fuzz=Fuzz(CHECKPOINT_MODES, ("some",)),
+                                help="full = recompute everything in checkpointed blocks; selective = keep "
+                                     "matmul/conv outputs, recompute the cheap ops")
+    cpu_threads: int | None = knob(None, kind="int", minimum=1, optional=True, group="CPU", widget="dropdown",
+                                   options="cores", settings=_threads, code=_threads_code,
+                                   fuzz=Fuzz((None, 1, 2, 3), (0,)),
+                                   help="main-process intra-op threads; None = torch's default (with workers, fewer can be faster)")
+    world_size: int = knob(1, kind="int", minimum=1, group="Distributed", widget="dropdown", options=(1, 2, 4),
+                           note=_world_size_note, fuzz=Fuzz((1,), (0, -1)),  # multi-process trials: test_distributed
+                           help="processes under DistributedDataParallel: one per GPU (NCCL), or gloo CPU "
+                                "processes with 1 thread each unless cpu_threads says otherwise")
+    ddp_no_sync: bool = knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
+                             note=_no_sync_note, fuzz=Fuzz((False, True)),
+                             help="skip the gradient all-reduce on all but the last accumulation micro-batch")
+    ddp_bucket_cap_mb: int | None = knob(None, kind="int", minimum=1, optional=True, group="Distributed",
+                                         widget="dropdown", options=(None, 1, 5, 25, 100), probe=5,
+                                         note=_ddp_note("ddp_bucket_cap_mb"), ddp_kwargs=_BUCKET[0], code=_BUCKET[1],
+                                         fuzz=Fuzz((None, 1, 25), (0,)),
+                                         help="DDP gradient bucket size in MB; None = torch's 25 (the first bucket "
+                                              "is 1 MB); bigger = fewer all-reduces, later start")
+    ddp_comm_hook: str = knob("none", kind="choice", choices=COMM_HOOKS, group="Distributed", widget="dropdown",
+                              probe="fp16", note=_ddp_note("ddp_comm_hook"), code=_comm_hook_code,
+                              fuzz=Fuzz(COMM_HOOKS, ("int8",)),
+                              help='compress gradients before the all-reduce: "none" | "fp16" | "bf16" (NCCL only)')
+    ddp_gradient_as_bucket_view: bool = knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
+                                             note=_ddp_note("ddp_gradient_as_bucket_view"), ddp_kwargs=_VIEW[0],
+                                             code=_VIEW[1], fuzz=Fuzz((False, True)),
+                                             help="gradients are views into the all-reduce buckets: one copy less")
+    ddp_static_graph: bool = knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
+                                  note=_ddp_note("ddp_static_graph"), ddp_kwargs=_STATIC[0], code=_STATIC[1],
+                                  fuzz=Fuzz((False, True)),
+                                  help="DDP static_graph=True: the same parameters get gradients every step")
+    ddp_find_unused_parameters: bool = knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
+                                            note=_ddp_note("ddp_find_unused_parameters"), ddp_kwargs=_UNUSED[0],
+                                            code=_UNUSED[1], fuzz=Fuzz((False, True)),
+                                            help="DDP walks the graph each step for parameters without gradients")
+    ddp_broadcast_buffers: bool = knob(True, kind="bool", group="Distributed", widget="checkbox", probe=False,
+                                       note=_ddp_note("ddp_broadcast_buffers"), ddp_kwargs=_broadcast_buffers,
+                                       code=_broadcast_code, fuzz=Fuzz((True, False)),
+                                       help="DDP broadcasts rank 0's buffers (BatchNorm statistics) every forward")
 
     def __post_init__(self) -> None:
         # Normalise list -> tuple so Knobs stay hashable and compare by value.
@@ -58,29 +423,8 @@ class Knobs:
     # ---- validation that needs nothing but the values -------------------------------------
     def validate(self) -> None:
         """Raise ValueError/TypeError naming the fix if a value or combination cannot work."""
-        _int(self, "batch_size", minimum=1)
-        _int(self, "num_workers", minimum=0)
-        _int(self, "accum_steps", minimum=1)
-        _int(self, "world_size", minimum=1)
-        for name in ("pin_memory", "persistent_workers", "channels_last", "ddp_gradient_as_bucket_view",
-                     "ddp_static_graph", "ddp_no_sync", "ddp_find_unused_parameters", "ddp_broadcast_buffers"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"Knobs.{name} must be True or False, got {getattr(self, name)!r}")
-        if self.prefetch_factor is not None:
-            _int(self, "prefetch_factor", minimum=1)
-        if self.cpu_threads is not None:
-            _int(self, "cpu_threads", minimum=1)
-        _choice(self, "amp", AMP_MODES)
-        _choice(self, "compile", COMPILE_MODES)
-        _choice(self, "matmul_precision", MATMUL_PRECISIONS)
-        _choice(self, "data", DATA_MODES)
-        _choice(self, "ddp_comm_hook", COMM_HOOKS)
-        cap = self.ddp_bucket_cap_mb
-        if cap is not None:
-            if isinstance(cap, bool) or not isinstance(cap, (int, float)):
-                raise TypeError(f"Knobs.ddp_bucket_cap_mb must be a number of MB or None, got {cap!r}")
-            if not cap > 0 or cap != cap or cap == float("inf"):
-                raise ValueError(f"Knobs.ddp_bucket_cap_mb must be > 0 MB (None = torch's 25 MB), got {cap}")
+        for spec in KNOBS.values():
+            spec.check(getattr(self, spec.name))
         for name in self.checkpoint:
             if not isinstance(name, str) or not name:
                 raise TypeError(
@@ -99,10 +443,9 @@ class Knobs:
                 "data='cached' reuses one batch already on the device, so there is nothing for "
                 "workers to load: set num_workers=0 (or data='loader')"
             )
-
         if self.ddp_static_graph and self.ddp_no_sync and self.accum_steps > 1 and self.world_size > 1:
-            # DDP's reducer fails an internal assert on the first no_sync backward with a static graph
-            # (checked on torch 2.13, gloo): refuse it before any process starts
+            # DDP's reducer fails an internal assert on the first no_sync backward with a static
+            # graph (checked on torch 2.13, gloo): refuse it before any process starts
             raise ValueError(
                 "ddp_static_graph=True cannot be combined with ddp_no_sync=True and accum_steps > 1 "
                 "(DDP's reducer asserts on the skipped all-reduce): set ddp_static_graph=False or "
@@ -160,28 +503,86 @@ class Knobs:
         return f"Knobs({inner})"
 
 
+KNOBS: dict[str, KnobSpec] = {f.name: dataclasses.replace(f.metadata["spec"], name=f.name) for f in fields(Knobs)}
+
+
 def knob_names() -> list[str]:
     """The public knob names, in declaration order."""
-    return [f.name for f in fields(Knobs)]
+    return list(KNOBS)
 
 
-def _int(k: Knobs, name: str, minimum: int) -> None:
-    v = getattr(k, name)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"Knobs.{name} must be an int >= {minimum}, got {v!r}")
-    if v < minimum:
-        raise ValueError(f"Knobs.{name} must be >= {minimum}, got {v}")
+def grouped() -> dict[str, list[str]]:
+    """{panel group: knob names}, groups in GROUPS order, knobs in declaration order."""
+    return {g: [n for n, s in KNOBS.items() if s.group == g] for g in GROUPS}
 
 
-def _choice(k: Knobs, name: str, choices: tuple[str, ...]) -> None:
-    v = getattr(k, name)
-    if v not in choices:
-        raise ValueError(f"Knobs.{name}={v!r} is not one of {', '.join(map(repr, choices))}")
+@contextlib.contextmanager
+def settings(knobs: Knobs) -> Iterator[None]:
+    """Hold every process-wide setting the knobs declare (threads, matmul precision...) for the
+    block; the caller's settings come back afterwards."""
+    with contextlib.ExitStack() as stack:
+        for spec in KNOBS.values():
+            if spec.settings is not None:
+                stack.enter_context(spec.settings(getattr(knobs, spec.name)))
+        yield
+
+
+def adjust_optimizer(optimizer: Any, knobs: Knobs, notes: list[str]) -> Any:
+    """Apply every knob's `on_optimizer` hook in turn (each may rebuild the optimizer)."""
+    for spec in KNOBS.values():
+        if spec.on_optimizer is not None:
+            optimizer = spec.on_optimizer(optimizer, getattr(knobs, spec.name), notes)
+    return optimizer
+
+
+def checkpoint_options(knobs: Knobs) -> dict[str, Any]:
+    """Extra keywords for torch.utils.checkpoint.checkpoint gathered from the knobs' hooks."""
+    out: dict[str, Any] = {}
+    for spec in KNOBS.values():
+        if spec.checkpoint_kwargs is not None:
+            out.update(spec.checkpoint_kwargs(getattr(knobs, spec.name)))
+    return out
+
+
+def ddp_options(knobs: Knobs) -> dict[str, Any]:
+    """Keywords for DistributedDataParallel gathered from the knobs' `ddp_kwargs` hooks."""
+    out: dict[str, Any] = {}
+    for spec in KNOBS.values():
+        if spec.ddp_kwargs is not None:
+            out.update(spec.ddp_kwargs(getattr(knobs, spec.name)))
+    return out
+
+
+def code_sections(knobs: Knobs) -> dict[str, list[str]]:
+    """{section: lines} the knobs' `code` hooks add to the generated training loop."""
+    out: dict[str, list[str]] = {s: [] for s in CODE_SECTIONS}
+    for spec in KNOBS.values():
+        if spec.code is not None:
+            for section, lines in spec.code(knobs).items():
+                out[section] += lines
+    return out
+
+
+def knob_table() -> str:
+    """The README's knob table (Markdown), generated from the declarations."""
+    rows = ["| knob | default | values | what it does |", "| --- | --- | --- | --- |"]
+    for name, s in KNOBS.items():
+        if s.kind == "choice":
+            values = " \\| ".join(f"`{c!r}`".replace("'", '"') for c in s.choices)
+        elif s.kind == "bool":
+            values = "`True` \\| `False`"
+        elif s.kind == "blocks":
+            values = "block names (`bench.blocks`)"
+        else:
+            values = f"int >= {s.minimum}" + (" or `None`" if s.optional else "")
+        default = f"`{s.default!r}`".replace("'", '"')
+        rows.append(f"| `{name}` | {default} | {values} | {s.help.replace('|', '/')} |")
+    return "\n".join(rows)
 
 
 def device_notes(knobs: Knobs, device_type: str, *, has_conv: bool = True) -> list[str]:
     """Knobs that run but do nothing (or hurt) on this device, each as one sentence for `notes`."""
-    notes = []
+    notes = [n for s in KNOBS.values() if s.note is not None and (n := s.note(knobs, device_type))]
     accel = device_type in ("cuda", "mps", "xpu")
     if knobs.pin_memory and not accel:
         notes.append("pin_memory is a no-op without an accelerator (nothing is copied to a device)")
@@ -210,20 +611,4 @@ def device_notes(knobs: Knobs, device_type: str, *, has_conv: bool = True) -> li
             f"cpu_threads={knobs.cpu_threads} is more than the {os.cpu_count()} cores here "
             "(oversubscription slows every thread)"
         )
-    if knobs.world_size == 1:
-        changed = [name for name in DDP_KNOBS if getattr(knobs, name) != getattr(DEFAULTS, name)]
-        if changed:
-            notes.append(f"{', '.join(changed)} only act with world_size > 1 (one process runs without DDP)")
-    else:
-        if knobs.ddp_no_sync and knobs.accum_steps == 1:
-            notes.append("ddp_no_sync is a no-op with accum_steps=1 (every micro-batch ends an optimizer step)")
-        threads = (knobs.cpu_threads or 1) * knobs.world_size
-        if device_type == "cpu" and threads > (os.cpu_count() or 1):
-            notes.append(
-                f"world_size={knobs.world_size} x {knobs.cpu_threads or 1} thread(s) = {threads} threads on "
-                f"{os.cpu_count()} cores: the ranks compete for cores (oversubscription)"
-            )
     return notes
-
-
-DEFAULTS = Knobs()

@@ -21,7 +21,7 @@ import torch
 from torch.profiler import record_function
 
 from . import apply, compat
-from .knobs import Knobs
+from .knobs import Knobs, adjust_optimizer, checkpoint_options
 from .workload import Workload, batch_size_of, move_to
 
 NoSync = Callable[[], contextlib.AbstractContextManager]  # e.g. DistributedDataParallel.no_sync
@@ -185,10 +185,10 @@ class TrainStep:
         model = workload.fresh_model()
         if knobs.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        apply.apply_checkpointing(model, knobs.checkpoint, workload.blocks)
+        apply.apply_checkpointing(model, knobs.checkpoint, workload.blocks, **checkpoint_options(knobs))
         self.model = model
         self.stage.name = "optimizer"
-        self.optimizer = workload.check_optimizer(model)
+        self.optimizer = adjust_optimizer(workload.check_optimizer(model), knobs, self.notes)
         model.train()
         # instrumenting a compiled step measures the compiler, so analyses pass compile=False
         self.step_model = apply.compile_model(model, knobs, self.device) if compile else model

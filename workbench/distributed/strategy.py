@@ -10,7 +10,6 @@ FSDP2 support has known bugs); the rank worker only talks to this interface.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -18,7 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ..knobs import Knobs
+from ..knobs import Knobs, ddp_options
 
 
 class CommCounter:
@@ -88,18 +87,7 @@ class DDPStrategy:
     def wrap(self, model: nn.Module, knobs: Knobs, device: torch.device) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        kwargs: dict[str, Any] = dict(
-            gradient_as_bucket_view=knobs.ddp_gradient_as_bucket_view,
-            static_graph=knobs.ddp_static_graph,
-            find_unused_parameters=knobs.ddp_find_unused_parameters,
-        )
-        if not knobs.ddp_broadcast_buffers:
-            # torch >= 2.13 renames it forward_sync_buffers (same effect for us: every rank starts
-            # from the same snapshot, so the one sync at construction changes nothing)
-            params = inspect.signature(DDP.__init__).parameters
-            kwargs["forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"] = False
-        if knobs.ddp_bucket_cap_mb is not None:
-            kwargs["bucket_cap_mb"] = knobs.ddp_bucket_cap_mb
+        kwargs = ddp_options(knobs)  # each ddp_* knob's declared ddp_kwargs hook (knobs.py)
         if device.type == "cuda":
             kwargs["device_ids"] = [device.index]
         self.module = DDP(model, **kwargs)  # broadcasts rank 0's parameters (all ranks hold the snapshot)

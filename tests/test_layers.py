@@ -1,0 +1,85 @@
+"""The layers hold: the measurement core imports nothing from the analyses or the faces above it
+(not even lazily), and no `_private` name is used outside the module that defines it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
+CORE = ("knobs", "workload", "step", "runner", "measure", "results", "apply", "progress", "compat")
+ABOVE_CORE = ("diagnose", "tune", "fit", "panel", "charts", "cli", "demos", "bench", "workshop", "trace")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(absolute module, imported names, line) for every import in the file, lazy ones included."""
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.append((mod, [a.name for a in node.names], node.lineno))
+    return out
+
+
+def files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_core_imports_nothing_above_it(name):
+    path = PACKAGE / f"{name}.py"
+    bad = []
+    for mod, names, line in imports(path):
+        targets = [mod] + [f"{mod}.{n}" for n in names] if mod == "workbench" else [mod]
+        for t in targets:
+            if any(t == f"workbench.{a}" or t.startswith(f"workbench.{a}.") for a in ABOVE_CORE):
+                bad.append(f"{path.name}:{line} imports {t}")
+    assert not bad, bad
+
+
+def test_no_private_name_crosses_a_module():
+    """`from workbench.x import _y` and `x._y` (x a workbench module) are only allowed inside x."""
+    modules = {module_name(p) for p in files()}
+    bad = []
+    for path in files():
+        here = module_name(path)
+        aliases: dict[str, str] = {}
+        for mod, names, line in imports(path):
+            if mod in modules:
+                bad += [f"{here}:{line} imports {mod}.{n}" for n in names
+                        if n.startswith("_") and not n.startswith("__") and mod != here]
+                for n in names:
+                    if f"{mod}.{n}" in modules:
+                        aliases[n] = f"{mod}.{n}"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                bad.append(f"{here}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
+    assert not bad, bad
+
+
+def test_the_layer_check_catches_a_violation(tmp_path, monkeypatch):
+    """The parser resolves relative imports, so a lazy `from .panel import Panel` in the core is seen."""
+    fake = PACKAGE / "knobs.py"
+    text = fake.read_text() + "\n\ndef _leak():\n    from .panel import Panel\n    return Panel\n"
+    target = tmp_path / "workbench" / "knobs.py"
+    target.parent.mkdir()
+    target.write_text(text)
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "workbench")
+    assert ("workbench.panel", ["Panel"]) in [(m, n) for m, n, _ in imports(target)]

@@ -1,0 +1,167 @@
+"""fit_memory: the first configuration, in the seeds' memory-rescue order, whose measured peak fits
+a budget at a fixed effective batch (AMP -> accumulation -> checkpointing the heaviest blocks)."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+
+from .diagnose.memory import block_activation_bytes
+from .knobs import Knobs
+from .measure import TrialResult, fmt_bytes
+
+
+@dataclass
+class FitResult:
+    """A configuration within the memory budget (or None), and what each rescue step cost."""
+
+    knobs: Knobs | None
+    result: TrialResult | None
+    budget_bytes: int
+    effective_batch: int
+    steps: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.knobs is not None
+
+    def to_code(self, **kwargs: Any) -> str:
+        if self.knobs is None:
+            raise ValueError("nothing fits the budget: raise budget_bytes or lower effective_batch")
+        return self.knobs.to_code(**kwargs)
+
+    def __str__(self) -> str:
+        head = (f"Fits {fmt_bytes(self.budget_bytes)} at effective batch {self.effective_batch}: {self.knobs}"
+                if self.fits else
+                f"Nothing tried fits {fmt_bytes(self.budget_bytes)} at effective batch {self.effective_batch}")
+        cols = ["step", "change", "trial", "status", "peak", "fits", "samples_per_s", "time_cost"]
+        with pd.option_context("display.width", 140, "display.max_colwidth", 50, "display.float_format", "{:,.2f}".format):
+            body = self.steps[cols].to_string(index=False) if len(self.steps) else "(no trials)"
+        return "\n".join([head, "", body, *self.notes])
+
+    def __repr__(self) -> str:
+        return f"<FitResult fits={self.fits} knobs={self.knobs}>"
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(str(self))}</pre>"
+
+
+
+def accum_options(effective_batch: int, min_micro_batch: int) -> Iterator[int]:
+    """Accumulation counts that divide the effective batch exactly: 2, 4, 8, ... (then any divisor)."""
+    seen = set()
+    a = 2
+    while effective_batch // a >= min_micro_batch and a <= effective_batch:
+        if effective_batch % a == 0:
+            seen.add(a)
+            yield a
+        a *= 2
+    for a in range(3, effective_batch + 1):
+        if a not in seen and effective_batch % a == 0 and effective_batch // a >= min_micro_batch:
+            yield a
+            return
+
+
+def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Knobs | None = None,
+               min_micro_batch: int | None = None, max_trials: int = 12) -> FitResult:
+    """The first configuration (in rescue order) whose measured peak fits `budget_bytes`.
+
+    Effective batch = batch_size x accum_steps stays `effective_batch` throughout. Order: as is →
+    AMP → accumulation (micro-batch down to `min_micro_batch`, default effective_batch // 8) →
+    checkpointing the blocks that save the most activations, one more block per trial. Each row
+    reports the time cost vs the first trial that ran (per-sample time ratio, 1.25 = 25% slower).
+    """
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) or budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be a positive number of bytes (e.g. 2 * 1024**3), got {budget_bytes!r}")
+    if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
+        raise ValueError(f"effective_batch must be an int >= 1 (samples per optimizer step), got {effective_batch!r}")
+    spec = bench.workload.spec
+    if not spec.iterable and effective_batch > len(spec) * 64:
+        raise ValueError(f"effective_batch={effective_batch} is far beyond the dataset ({len(spec)} samples)")
+    min_micro = min_micro_batch or max(1, effective_batch // 8)
+    k = (base or bench.defaults).replace(batch_size=effective_batch, accum_steps=1)
+    if not spec.iterable and k.batch_size > len(spec):
+        # accumulate from the start: the micro-batch cannot exceed the dataset
+        a = next((a for a in range(2, effective_batch + 1) if effective_batch % a == 0
+                  and effective_batch // a <= len(spec)), effective_batch)
+        k = k.replace(batch_size=effective_batch // a, accum_steps=a)
+    rows: list[dict[str, Any]] = []  # one per trial run
+    notes: list[str] = []
+    ref: list[TrialResult] = []  # the first ok trial: time costs are relative to it
+
+    def run(step: str, change: str, knobs: Knobs) -> TrialResult:
+        r = bench.run(knobs)
+        peak = r.peak_memory_bytes
+        fits = r.ok and peak is not None and peak <= budget_bytes
+        if r.ok and not ref:
+            ref.append(r)
+        cost = None
+        if r.ok and ref and r.samples_per_s:
+            cost = ref[0].samples_per_s / r.samples_per_s
+        rows.append({"step": step, "change": change, "trial": r.trial_id, "status": r.status,
+                     "batch_size": knobs.batch_size, "accum_steps": knobs.accum_steps, "amp": knobs.amp,
+                     "checkpoint": ",".join(knobs.checkpoint), "peak_bytes": peak, "peak": fmt_bytes(peak),
+                     "fits": fits, "samples_per_s": r.samples_per_s, "time_cost": cost})
+        return r
+
+    def fits(r: TrialResult) -> bool:
+        return r.ok and r.peak_memory_bytes is not None and r.peak_memory_bytes <= budget_bytes
+
+    def lower(r: TrialResult, than: TrialResult | None) -> bool:
+        """r is usable and uses less memory than `than` (a failed `than` counts as infinite)."""
+        if not r.ok or r.peak_memory_bytes is None:
+            return r.status == "ok"
+        return than is None or not than.ok or than.peak_memory_bytes is None or r.peak_memory_bytes < than.peak_memory_bytes
+
+    def done(r: TrialResult, knobs: Knobs) -> FitResult:
+        return FitResult(knobs, r, int(budget_bytes), effective_batch, pd.DataFrame(rows), notes)
+
+    cur = run("start", "as is", k)
+    if fits(cur):
+        return done(cur, k)
+
+    # 1. AMP: activations in half precision
+    if k.amp == "off" and len(rows) < max_trials:
+        amp = "fp16" if bench.device.type == "cuda" and not torch.cuda.is_bf16_supported() else "bf16"
+        r = run("amp", f"amp={amp!r}", k.replace(amp=amp))
+        if fits(r):
+            return done(r, k.replace(amp=amp))
+        if lower(r, cur):
+            k, cur = k.replace(amp=amp), r
+        else:
+            rows[-1]["step"] = "amp (no help, reverted)"
+            notes.append(f"amp={amp!r} did not lower the peak here (on CPU autocast keeps fp32 weights and "
+                         "often adds bf16 copies), so later steps run without it")
+
+    # 2. accumulation: smaller micro-batches, same effective batch
+    for a in accum_options(effective_batch, min_micro):
+        if len(rows) >= max_trials or a <= k.accum_steps:
+            continue
+        knobs = k.replace(batch_size=effective_batch // a, accum_steps=a)
+        r = run("accumulation", f"batch_size={knobs.batch_size} x accum_steps={a}", knobs)
+        if fits(r):
+            return done(r, knobs)
+        if lower(r, cur):
+            k, cur = knobs, r
+
+    # 3. checkpoint the blocks that save the most activations, one more per trial
+    if bench.workload.blocks and len(rows) < max_trials:
+        order = [n for n, v in block_activation_bytes(bench.workload, k).items() if v > 0]
+        for i in range(1, len(order) + 1):
+            if len(rows) >= max_trials:
+                break
+            knobs = k.replace(checkpoint=tuple(order[:i]))
+            r = run("checkpoint", f"checkpoint {i} heaviest block(s): {', '.join(order[:i])}", knobs)
+            if fits(r):
+                return done(r, knobs)
+    if len(rows) >= max_trials:
+        notes.append(f"stopped after max_trials={max_trials}")
+    notes.append("nothing fits: raise the budget, lower effective_batch, or pass min_micro_batch=1 "
+                 "to accumulate over smaller micro-batches")
+    return FitResult(None, None, int(budget_bytes), effective_batch, pd.DataFrame(rows), notes)

@@ -1,0 +1,330 @@
+"""Panel: knob widgets + progress + live chart + results table, in one notebook output.
+
+    panel = bench.panel()     # every knob change runs a measured trial; the chart gains a point
+    panel                     # (display it: last line of a cell)
+    bench.run(amp="bf16")     # programmatic trials land in the same chart and table
+
+How it stays responsive: widget callbacks only record the wanted Knobs and wake one worker
+thread; the worker waits out the debounce, runs `bench.run(...)` (which holds the workbench's
+lock, so cell-driven and panel-driven trials never overlap), and the kernel's main thread is free
+the whole time. A change made during a trial replaces any queued one (latest wins). Stop sets the
+`cancel` event that `run_trial` checks at every step boundary. The chart and table redraw from
+`bench.results` whenever the ResultLog appends a trial, whoever ran it.
+
+ipywidgets and altair are imported inside `Panel` only; without a notebook front-end `panel()`
+prints how to use the workbench from code instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from ..knobs import Knobs
+from ..measure import TrialResult
+from ..progress import Poller, TrialProgress
+from ..results import compare
+from ..runner import check_knobs
+from .controls import GROUPS, KnobControls
+from .queue import DEBOUNCE_S, TrialQueue
+from .view import confirmed, pooled, repeat_html, result_line, status_html, table_html
+
+__all__ = ["GROUPS", "Panel", "has_frontend", "panel"]
+
+if TYPE_CHECKING:
+    from ..bench import Workbench
+
+PHASES = {
+    "loading data": "loading the first batch…",
+    "starting workers": "starting workers…",
+    "compiling": "compiling (torch.compile: seconds to minutes, not a hang)…",
+    "warming up": "warming up (not measured)…",
+    "measuring": "measuring…",
+    "done": "finishing…",
+}
+
+TERMINAL_HELP = """\
+bench.panel() needs a Jupyter notebook with ipywidgets; here, drive the workbench from code:
+    r = bench.run(num_workers=2, amp="bf16")   # one measured trial (blocks); returns a TrialResult
+    bench.results                                # every trial as a pandas DataFrame
+    bench.compare(1, 2)                          # is trial 2 faster than trial 1 beyond noise?
+    bench.chart().save("runs.html")              # the comparison chart as a web page (needs altair)
+"""
+
+_ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bench -> its live Panel
+
+
+def panel(bench: Workbench, **kwargs: Any) -> Panel | None:
+    """The panel for `bench` in a notebook; in a terminal, print how to work from code instead."""
+    if not has_frontend():
+        print(TERMINAL_HELP, end="")
+        return None
+    try:
+        return Panel(bench, **kwargs)
+    except ImportError as e:
+        print(f"bench.panel() needs ipywidgets and altair ({e}).\n{TERMINAL_HELP}", end="")
+        return None
+
+
+def has_frontend() -> bool:
+    """True inside a Jupyter kernel (where widgets can render), False in a terminal or script."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class Panel:
+    """The widgets, the worker thread that runs trials, and the redraw-on-append observer.
+
+    Drive it from code like a user would: set `panel.controls["num_workers"].value = 2`, then
+    `panel.wait()`; `panel.stop()` cancels the running trial; `panel.repeat(trial_id)` confirms.
+    """
+
+    def __init__(self, bench: Workbench, *, debounce_s: float = DEBOUNCE_S, repeat_rounds: int = 2) -> None:
+        import altair as alt
+        import ipywidgets as W
+
+        if debounce_s < 0 or repeat_rounds < 1:
+            raise ValueError(f"debounce_s must be >= 0 and repeat_rounds >= 1, got {debounce_s}, {repeat_rounds}")
+        alt.JupyterChart.enable_offline()  # bundle the Vega JS from vl-convert: no CDN needed
+        self.bench = bench
+        self.debounce_s = debounce_s
+        self.repeat_rounds = repeat_rounds
+        self.last_repeat: dict[str, Any] | None = None  # the latest "repeat to confirm" outcome
+        self._device = bench.device.type
+        self._has_conv = bench.workload.has_conv
+
+        # ---- controls: one widget per knob, description = knob name --------------------------
+        self.knob_controls = KnobControls(W, bench)
+        self.controls = self.knob_controls.controls
+        self.block_boxes = self.knob_controls.block_boxes
+        self.knob_controls.observe(self._on_change)
+        self.run_button = W.Button(description="Run", icon="play", tooltip="measure the current knobs now")
+        self.stop_button = W.Button(description="Stop", icon="stop", button_style="danger",
+                                    tooltip="cancel the running trial at the next step (recorded as interrupted)")
+        self.run_button.on_click(lambda _: self._on_change(force=True))
+        self.stop_button.on_click(lambda _: self.stop())
+
+        # ---- progress and status ---------------------------------------------------------------
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="trial",
+                                      layout=W.Layout(width="320px"))
+        self.rate = W.Label("")
+        self.status = W.HTML(status_html("idle", "Change a knob to run a measured trial, or press Run."))
+
+        # ---- chart and table -------------------------------------------------------------------
+        from ..charts import comparison_chart
+
+        self._comparison_chart = comparison_chart
+        self.chart = alt.JupyterChart(comparison_chart(bench.results), embed_options={"renderer": "svg"})
+        self.trial_pick = W.Dropdown(description="trial", options=[], layout=W.Layout(width="360px"))
+        self.baseline_button = W.Button(description="set as baseline", icon="flag")
+        self.repeat_button = W.Button(description="repeat to confirm", icon="refresh",
+                                      tooltip=f"re-run this trial and the baseline in {repeat_rounds} alternating rounds")
+        self.baseline_button.on_click(lambda _: self._set_baseline())
+        self.repeat_button.on_click(lambda _: self.repeat(self.trial_pick.value))
+        self.verdict = W.HTML("")
+        self.table = W.HTML("")
+        self.widget = W.VBox([
+            W.HTML(f"<b>Tuning Workbench</b> · {bench.name} on {bench.device} · each change runs "
+                   f"{bench.warmup_steps} warm-up + {bench.steps} measured steps"),
+            self.knob_controls.layout(),
+            W.HBox([self.run_button, self.stop_button, self.progress, self.rate]),
+            self.status,
+            self.chart,
+            W.HBox([self.trial_pick, self.baseline_button, self.repeat_button]),
+            self.verdict,
+            self.table,
+        ])
+        self.widget.add_class("wb-panel")
+        self.run_button.add_class("wb-run")
+        self.stop_button.add_class("wb-stop")
+        self.chart.add_class("wb-chart")
+
+        # ---- the trial queue (its own thread) and the observer -------------------------------
+        self.queue = TrialQueue(self._handle, debounce_s=debounce_s,
+                                on_error=lambda e: self._set_status("error", f"{type(e).__name__}: {e}"))
+        self.trial_progress = TrialProgress()  # stored into by the trial thread, read by a Poller
+        self._last_knobs: Knobs | None = None  # knobs of the panel's latest trial (skip no-op re-runs)
+        self._measure_start: tuple[float, int] | None = None
+        self._draw_lock = threading.Lock()
+        self.knobs()  # set the initial disabled states and tooltips
+        self.redraw()
+        previous = _ACTIVE.get(bench)
+        if previous is not None:
+            previous.detach()  # a re-run cell replaces the old panel's thread and observer
+        _ACTIVE[bench] = self
+        bench.log.observe(self._on_trial)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    # ---- reading the controls ----------------------------------------------------------------
+    def knobs(self) -> Knobs:
+        """The Knobs the controls describe; knobs that cannot apply here are disabled and left off."""
+        return self.knob_controls.knobs()
+
+    def _on_change(self, change: Any = None, *, force: bool = False) -> None:
+        """A control changed (debounced trial) or Run was pressed (`force`: now, even if unchanged)."""
+        try:
+            k = self.knobs()
+            check_knobs(self.bench.workload, k)
+        except (ValueError, TypeError) as e:
+            self._set_status("error", f"not run: {e}")
+            return
+        self.submit(k, force=force, debounce=not force)
+
+    # ---- the job queue and the worker thread -----------------------------------------------
+    def submit(self, knobs: Knobs, *, force: bool = False, debounce: bool = True) -> None:
+        """Queue a trial of `knobs` (replacing any queued job); it starts after the debounce."""
+        self.queue.put(("knobs", knobs, force), debounce=debounce)
+        self._set_status("queued", f"queued: {knobs.label(self._base_knobs())}")
+
+    def repeat(self, trial_id: int | None) -> None:
+        """Queue "repeat to confirm": the trial's knobs and the baseline's, alternating rounds."""
+        if trial_id is None:
+            self._set_status("error", "pick a trial first")
+            return
+        self.queue.put(("repeat", trial_id, True), debounce=False)
+
+    def stop(self) -> None:
+        """Cancel the running trial at its next step boundary and drop any queued job."""
+        running = self.queue.stop()
+        self._set_status("stopping" if running else "idle", "stopping at the next step…" if running else "idle")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until no trial is queued or running; False if `timeout` seconds passed first."""
+        return self.queue.wait(timeout)
+
+    @property
+    def busy(self) -> bool:
+        """True while a trial (or a repeat) runs or waits in the queue."""
+        return self.queue.busy
+
+    def _handle(self, job: tuple[str, Any, bool]) -> None:
+        """The queue's handler (on its thread): one trial, or a repeat."""
+        kind, payload, force = job
+        if kind == "knobs":
+            if force or payload != self._last_knobs:
+                self._run_one(payload)
+            else:
+                self._set_status("idle", "no change: these knobs were just measured (press Run to re-measure)")
+        else:
+            self._repeat(payload)
+
+    def _run_one(self, knobs: Knobs, what: str = "") -> TrialResult | None:
+        """One trial through `bench.run` (blocking, in the worker thread)."""
+        self._last_knobs = knobs
+        self._measure_start = None
+        self.progress.value, self.progress.bar_style = 0, "info"
+        self.rate.value = ""
+        label = knobs.label(self._base_knobs())
+        self._set_status("starting", f"{what}starting: {label}")
+        try:
+            with Poller(self.trial_progress, self._progress):  # widgets set from the poller's thread
+                result = self.bench.run(knobs, progress=self.trial_progress, cancel=self.queue.cancel)
+        except (ValueError, TypeError) as e:  # knobs the workload cannot take (unknown block, batch too big)
+            self._set_status("error", f"not run: {e}")
+            return None
+        self.progress.bar_style = "success" if result.ok else "danger"
+        if result.ok:  # the poller may not have seen the last step before "done"
+            self.progress.value = self.progress.max
+        self._set_status(result.status, what + result_line(result, self.bench))
+        return result
+
+    def _progress(self, phase: str, done: int, total: int) -> None:
+        """`bench.run`'s progress callback: (phase, steps done, steps total); runs in the worker."""
+        now = time.monotonic()
+        if phase == "done":  # run_trial's final report, also after a failure: keep the bar where it stopped
+            self._set_status(phase, PHASES[phase])
+            return
+        self.progress.max, self.progress.value = max(1, total), done
+        if phase == "measuring":
+            if self._measure_start is None:
+                self._measure_start = (now, done)
+            t0, d0 = self._measure_start
+            if done > d0 and now > t0:
+                self.rate.value = f"{done}/{total} steps · {(done - d0) / (now - t0):.1f} steps/s"
+        else:
+            self.rate.value = f"{done}/{total} steps"
+        self._set_status(phase, PHASES.get(phase, phase))
+
+    def _repeat(self, trial_id: int) -> None:
+        """Re-run the trial's knobs and the baseline's in alternating rounds (A B, B A, ...); verdict."""
+        base, pick = self.bench.baseline, self.bench.log.get(trial_id)
+        if base is None or base.trial_id == pick.trial_id:
+            self._set_status("error", "repeat needs a baseline and a different trial: set a baseline first")
+            return
+        runs: dict[str, list[TrialResult]] = {"base": [], "pick": []}
+        for i in range(self.repeat_rounds):
+            order = [("base", base.knobs), ("pick", pick.knobs)]
+            for which, knobs in order if i % 2 == 0 else order[::-1]:
+                if self.queue.cancel.is_set():
+                    return
+                r = self._run_one(knobs, what=f"repeat {i + 1}/{self.repeat_rounds} ({which}): ")
+                if r is None or not r.ok:
+                    return
+                runs[which].append(r)
+        rounds = [self.bench.compare(a, b) for a, b in zip(runs["base"], runs["pick"])]
+        overall = compare(pooled(runs["base"], base.trial_id), pooled(runs["pick"], pick.trial_id))
+        self.last_repeat = {"trial_id": trial_id, "baseline_id": base.trial_id, "rounds": rounds, "pooled": overall,
+                            "confirmed": confirmed(rounds, overall)}
+        self.verdict.value = repeat_html(self.last_repeat)
+        self._set_status("ok", f"repeat done: {self.last_repeat['confirmed']}")
+
+    # ---- drawing -----------------------------------------------------------------------------
+    def _on_trial(self, result: TrialResult) -> None:
+        """ResultLog observer (new trial or new baseline): redraw; never break the caller's run."""
+        try:
+            self.redraw()
+        except Exception as e:
+            self._set_status("error", f"could not redraw the chart: {type(e).__name__}: {e}")
+
+    def redraw(self) -> None:
+        """Chart, table and trial picker from `bench.results` (what is in the log right now)."""
+        with self._draw_lock:
+            df = self.bench.results
+            self.chart.chart = self._comparison_chart(df)  # a new chart: the JupyterChart redraws
+            self.table.value = table_html(df)
+            picked = self.trial_pick.value
+            options = [(f"#{r.trial_id} {r.label} ({r.status})", int(r.trial_id)) for r in df.iloc[::-1].itertuples()]
+            self.trial_pick.options = options
+            ids = [v for _, v in options]
+            self.trial_pick.value = picked if picked in ids else (ids[0] if ids else None)
+
+    def _set_baseline(self) -> None:
+        try:
+            self.bench.set_baseline(self.trial_pick.value)
+        except (ValueError, TypeError) as e:
+            self._set_status("error", str(e))
+
+    def _set_status(self, phase: str, text: str) -> None:
+        self.status.value = status_html(phase, text)
+
+    def _base_knobs(self) -> Knobs | None:
+        base = self.bench.baseline
+        return base.knobs if base is not None else None
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def detach(self) -> None:
+        """Stop the worker thread and stop listening to the log (the widgets stay as they are)."""
+        self.bench.log.unobserve(self._on_trial)
+        self.queue.close()
+
+    def close(self) -> None:
+        """Detach and close every widget (removes the panel from the page)."""
+        self.detach()
+        stack = [self.widget]
+        while stack:  # close this panel's widgets only (Widget.close_all would close every widget)
+            w = stack.pop()
+            stack.extend(getattr(w, "children", ()))
+            w.close()
+
+    def __repr__(self) -> str:
+        return f"<Panel for {self.bench!r}{' (busy)' if self.busy else ''}>"
+
+
