@@ -264,3 +264,25 @@ def test_cli_joins_a_torchrun_job_of_two_simulated_nodes(tmp_path) -> None:
     assert rec["samples_per_step"] == 16 and rec["extra"]["distributed"]["world_size"] == 2
     log = (tmp_path / "log" / "two-nodes.jsonl").read_text().splitlines()
     assert len(log) == 1 and json.loads(log[0])["world_size"] == 2  # only rank 0 appended
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_rank_records_and_reraises(tmp_path) -> None:
+    import _thread
+    import threading
+
+    FAULT.update(kind="hang", at=3)
+    bench = make_bench(tmp_path, collective_timeout_s=60.0)
+    rss = psutil.Process().memory_info().rss
+    threading.Timer(3.0, _thread.interrupt_main).start()  # Ctrl-C in the caller's (main) thread
+    try:
+        with pytest.raises(wb.TrialInterrupted) as info:
+            bench.run(world_size=2)
+    finally:
+        FAULT["kind"] = None
+    assert info.value.result.status == "interrupted" and "all 2 ranks ended" in info.value.result.message
+    assert bench.trials[-1].status == "interrupted"  # recorded before re-raising
+    assert no_children()
+    assert bench.run(world_size=2).ok
+    # the ranks' memory went with their processes; the launcher itself keeps almost nothing
+    assert psutil.Process().memory_info().rss - rss < 64e6

@@ -81,7 +81,6 @@ def assemble(reports: dict[int, dict[str, Any]], knobs: Knobs, *, env: dict[str,
             "no_comm_step_s": probe_med,
             "allreduce_calls": rep["comm"]["allreduce_calls"],
             "allreduce_bytes": rep["comm"]["allreduce_bytes"],
-            "allreduce_s": rep["comm"]["allreduce_s"],
             "threads": rep.get("threads"),
         })
     compute = [p["no_comm_step_s"] for p in per_rank if p["no_comm_step_s"]]

@@ -10,7 +10,6 @@ FSDP2 support has known bugs); the rank worker only talks to this interface.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -23,9 +22,8 @@ from ..knobs import Knobs, ddp_options
 class CommCounter:
     """A DDP communication hook that forwards to torch's own hook for the knob and counts.
 
-    `calls` = bucket all-reduces launched, `bytes` = bytes sent into them (after compression),
-    `seconds` = time from the hook's call to its future's completion, summed over buckets (the
-    communication time, hidden behind backward or not).
+    `calls` = bucket all-reduces launched, `bytes` = bytes sent into them (after compression).
+    How much of the communication was hidden is measured separately (the no-comm probe, result.py).
     """
 
     def __init__(self, comm_hook: str) -> None:
@@ -39,7 +37,6 @@ class CommCounter:
     def reset(self) -> None:
         self.calls = 0
         self.bytes = 0
-        self.seconds = 0.0
 
     def hook(self) -> Callable:
         """The function to register: DDP inspects its name (bf16 needs a recent NCCL) and its
@@ -55,14 +52,7 @@ class CommCounter:
         self.calls += 1
         buffer = bucket.buffer()
         self.bytes += buffer.numel() * (self.compressed_bytes or buffer.element_size())
-        t0 = time.perf_counter()
-        fut = self.base(state, bucket)
-
-        def done(f: torch.futures.Future) -> Any:
-            self.seconds += time.perf_counter() - t0  # runs when the all-reduce has finished
-            return f.value()
-
-        return fut.then(done)
+        return self.base(state, bucket)  # no timing callback: it would add work to every bucket
 
 
 class Strategy(Protocol):

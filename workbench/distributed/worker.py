@@ -13,6 +13,7 @@ import contextlib
 import copy
 import ctypes
 import datetime
+import gc
 import os
 import signal
 import statistics
@@ -144,8 +145,7 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
             raw = measure_window(step, source, warmup_steps, steps, stage, progress, None,  # type: ignore[arg-type]
                                  measure_memory=measure_memory)
             own_cores = (time.process_time() - cpu0) / raw.wall_s
-            comm = {"allreduce_calls": counter.calls, "allreduce_bytes": counter.bytes,
-                    "allreduce_s": counter.seconds}
+            comm = {"allreduce_calls": counter.calls, "allreduce_bytes": counter.bytes}
             raw.startup_s = startup_s
             raw.warm_times_s, raw.warmup_wall_s, raw.probe_s = warm[0], warm[1], warm[2]
             if raw.peak_bytes is None:
@@ -205,6 +205,7 @@ def forked_rank(rank: int, workload: Workload, knobs: Knobs, port: int, backend:
     Forked, so it inherits the notebook's objects (lambdas, classes defined in cells) unpickled.
     """
     _die_with_parent()
+    gc.freeze()  # the kernel's objects, inherited: keep the collector from walking (and copying) them
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it stops every rank
     torch.set_num_threads(knobs.cpu_threads or 1)  # as torchrun: 1 intra-op thread per rank by default
     world_size = knobs.world_size
