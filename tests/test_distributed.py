@@ -33,7 +33,7 @@ class FaultyMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         kind = FAULT["kind"]
-        if kind and torch.distributed.is_initialized() and torch.distributed.get_rank() == FAULT["rank"] \
+        if kind and torch.distributed.is_initialized() and FAULT["rank"] in (torch.distributed.get_rank(), "all") \
                 and self.calls == FAULT["at"]:
             if kind == "raise":
                 raise RuntimeError("planted failure")
@@ -286,3 +286,19 @@ def test_ctrl_c_stops_every_rank_records_and_reraises(tmp_path) -> None:
     assert bench.run(world_size=2).ok
     # the ranks' memory went with their processes; the launcher itself keeps almost nothing
     assert psutil.Process().memory_info().rss - rss < 64e6
+
+
+@pytest.mark.slow
+def test_every_rank_hung_outside_a_collective_is_ended_by_the_watchdog(tmp_path, monkeypatch) -> None:
+    from workbench.distributed import launch
+
+    monkeypatch.setattr(launch, "HANG_GRACE_S", 1.0)  # the watchdog fires after timeout + 1 s of no progress
+    FAULT.update(kind="hang", rank="all", at=3)
+    bench = make_bench(tmp_path, collective_timeout_s=3.0)
+    try:
+        r = bench.run(world_size=2)
+    finally:
+        FAULT.update(kind=None, rank=1)
+    assert r.status == "error" and "no rank progressed for 4 s" in r.message
+    assert "rank 0 in the model's forward" in r.message and "rank 1 in the model's forward" in r.message
+    assert no_children()

@@ -35,6 +35,7 @@ from .result import assemble, failed_result
 from .worker import PROGRESS, SLOTS, describe, forked_rank
 
 HANG_GRACE_S = 30.0  # beyond the collective timeout, a launcher-side watchdog for ranks that never reach one
+COMPILE_GRACE_S = 600.0  # more for torch.compile: a cold compile changes no stage for minutes
 POLL_S = 0.05
 
 
@@ -123,6 +124,7 @@ def run_distributed(workload: Workload, knobs: Knobs, *, warmup_steps: int, step
             nprocs=ws, join=False, start_method="fork")
     procs = pctx.processes
     last_seen = (None, time.monotonic())
+    patience = collective_timeout_s + HANG_GRACE_S + (COMPILE_GRACE_S if knobs.compile != "off" else 0.0)
     try:
         while True:
             _drain(queue, reports)
@@ -142,7 +144,7 @@ def run_distributed(workload: Workload, knobs: Knobs, *, warmup_steps: int, step
             state = tuple(slots)
             if state != last_seen[0]:
                 last_seen = (state, time.monotonic())
-            elif time.monotonic() - last_seen[1] > collective_timeout_s + HANG_GRACE_S:
+            elif time.monotonic() - last_seen[1] > patience:
                 outcome = "hung"
                 break
     except KeyboardInterrupt:
@@ -161,7 +163,7 @@ def run_distributed(workload: Workload, knobs: Knobs, *, warmup_steps: int, step
         if outcome == "interrupted":
             raise TrialInterrupted(result) from None
         return result
-    return failed_result(knobs, *_blame(reports, exits, slots, ws, outcome, collective_timeout_s),
+    return failed_result(knobs, *_blame(reports, exits, slots, ws, outcome, patience),
                          env=env, started=started, notes=notes)
 
 
@@ -205,7 +207,7 @@ def _exit_text(code: int | None) -> str:
 
 
 def _blame(reports: dict[int, dict[str, Any]], exits: dict[int, str], slots: Any, ws: int, outcome: str,
-           timeout_s: float) -> tuple[str, str, str, str]:
+           patience_s: float) -> tuple[str, str, str, str]:
     """(status, message, where, traceback) of the root cause among the ranks' failures."""
     silent = sorted(r for r in range(ws) if r not in reports and exits.get(r, "").startswith("killed"))
     own = sorted(r for r, rep in reports.items() if rep["status"] != "ok" and not rep.get("peer_failure"))
@@ -226,7 +228,7 @@ def _blame(reports: dict[int, dict[str, Any]], exits: dict[int, str], slots: Any
         return rep["status"], rep["message"] + others, rep.get("where", ""), rep.get("traceback", "")
     if outcome == "hung":
         where = "; ".join(f"rank {r} {describe(slots, r)}" for r in range(ws))
-        return ("error", f"no rank progressed for {timeout_s + HANG_GRACE_S:.0f} s (hung outside a collective?): "
+        return ("error", f"no rank progressed for {patience_s:.0f} s (hung outside a collective?): "
                 f"{where}; all ranks were stopped", "hang", "")
     lost = ", ".join(f"rank {r} {exits.get(r, 'ended')}" for r in range(ws) if r not in reports) or "no rank reported"
     return "error", f"the ranks ended without a result ({lost})", "launch", ""
