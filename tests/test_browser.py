@@ -184,5 +184,5 @@ def test_quickstart_panel_in_a_real_browser(lab, tmp_path) -> None:
         finally:
             browser.close()
     print(f"\nbrowser test: run-all {run_all_s:.0f} s, total {time.monotonic() - started:.0f} s; "
-          f"knob change -> trial running {change_to_running_s:.2f} s (includes the 0.5 s debounce); "
+          f"knob change -> trial running {change_to_running_s:.2f} s (includes the panel's debounce, 0.2 s by default); "
           f"trial end -> chart mark {end_to_mark_s:.2f} s; screenshot {shot}")

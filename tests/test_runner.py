@@ -314,3 +314,20 @@ def test_trials_run_on_one_dedicated_thread(make_bench):
     bench.workload.step_fn = lambda m, b: (names.append(threading.current_thread().name), original(m, b))[1]
     bench.run()
     assert set(names) == {names[0]} and names[0].startswith("workbench-trial")
+
+
+def test_derive_is_a_pure_function_of_the_raw_samples():
+    from workbench.runner import RawTrial, derive
+
+    raw = RawTrial(warmup_steps=2, steps=4, startup_s=0.5, warm_times_s=[1.0, 0.2], warmup_wall_s=1.2, probe_s=0.0,
+                   step_times_s=[0.1, 0.1, 0.1, 0.3], waits_s=[0.05, 0.0, 0.0, 0.0], losses=[2.0, 1.5, float("nan"), 1.0],
+                   samples=32, wall_s=0.6, epochs=1, foreign_cores=0.9, peak_bytes=1000)
+    knobs = wb.Knobs(batch_size=8, num_workers=1)
+    fields, notes = derive(raw, knobs)
+    assert derive(raw, knobs) == (fields, notes)  # same input, same output
+    assert fields["status"] == "nan" and "measured step 3" in fields["message"]
+    assert fields["samples_per_s"] == pytest.approx(32 / 0.6) and fields["samples_per_step"] == 8
+    assert fields["step_time_s"] == pytest.approx(0.1) and fields["compile_s"] == pytest.approx(1.2 - 0.2)
+    assert fields["data_wait_share"] == pytest.approx(0.05 / 0.6)
+    assert any(n.startswith("disturbed") for n in notes) and any("re-forked" in n for n in notes)
+    assert any(n.startswith("noisy") for n in notes)

@@ -410,6 +410,9 @@ def failure_message(status: str, e: BaseException, stage: Stage, knobs: Knobs) -
     """One line: what failed, where (stage), when (phase and step), and what to try."""
     where = WHERE.get(stage.name, f"in {stage.name}")
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if stage.name == "data" and knobs.num_workers and isinstance(e, (ConnectionError, EOFError)):
+        # a worker killed mid-send: the pipe breaks before torch notices the dead process
+        text = f"a DataLoader worker exited while sending a batch ({text or type(e).__name__})"
     if status == "oom":
         hint = "try amp='bf16', a smaller batch_size with accum_steps, or checkpoint the largest blocks"
         return f"out of memory {where} {stage.when()}: {hint}"

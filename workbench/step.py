@@ -230,7 +230,9 @@ class TrainStep:
             tw = time.perf_counter()
             with self._label("data"):
                 batch = source.next()
-            wait += time.perf_counter() - tw  # host time blocked on the loader (seconds)
+            # host seconds in next(): the loader wait plus a blocking H2D copy; a non_blocking copy
+            # (pinned memory) is queued here and lands during compute, so it is not included
+            wait += time.perf_counter() - tw
             samples += batch_size_of(batch)
             skip_sync = self.no_sync is not None and micro < k - 1
             with self.no_sync() if skip_sync else contextlib.nullcontext():
