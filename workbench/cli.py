@@ -191,6 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: under torchrun only `run` joins the job (got `{args.command}`)", file=sys.stderr)
         return 2
     rank = int(os.environ.get("RANK", "0")) if in_launched_job() else 0
+    if in_launched_job():
+        import torch
+
+        if torch.cuda.is_available():  # one GPU per rank, before the Workbench probes on "auto"/"cuda"
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     try:
         bench = build_workbench(args, rank=rank)
         changes = knobs_from_args(args, bench.blocks)
