@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .. import apply
+from ..compat import CompileWatch
 from ..knobs import Knobs
 from ..measure import StepClock, environment, sync
 from ..runner import failure_message, first_batch, is_oom, measure_window, warm_up
@@ -135,16 +136,18 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
                 step.no_sync = wrapper.no_sync  # TrainStep enters it on all but the last micro-batch
             counter = wrapper.counter
             progress.set("starting workers" if knobs.num_workers else "loading data", 0, total)
-            startup_s = first_batch(source)
-            warm = warm_up(step, source, warmup_steps, stage, progress, total, None,  # type: ignore[arg-type]
-                           measure_memory=measure_memory)
-            stage.name = "comm"
-            dist.barrier()  # every rank starts the window together
-            counter.reset()
-            cpu0 = time.process_time()
-            raw = measure_window(step, source, warmup_steps, steps, stage, progress, None,  # type: ignore[arg-type]
-                                 measure_memory=measure_memory)
-            own_cores = (time.process_time() - cpu0) / raw.wall_s
+            with CompileWatch(enabled=knobs.compile != "off") as watch:
+                startup_s = first_batch(source)
+                warm = warm_up(step, source, warmup_steps, stage, progress, total, None,  # type: ignore[arg-type]
+                               measure_memory=measure_memory)
+                stage.name = "comm"
+                dist.barrier()  # every rank starts the window together
+                counter.reset()
+                cpu0 = time.process_time()
+                raw = measure_window(step, source, warmup_steps, steps, stage, progress, None,  # type: ignore[arg-type]
+                                     measure_memory=measure_memory)
+                own_cores = (time.process_time() - cpu0) / raw.wall_s
+            raw.compile_info = watch.info
             comm = {"allreduce_calls": counter.calls, "allreduce_bytes": counter.bytes}
             raw.startup_s = startup_s
             raw.warm_times_s, raw.warmup_wall_s, raw.probe_s = warm[0], warm[1], warm[2]
@@ -153,17 +156,21 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
             # The no-communication probe: the same step with every all-reduce skipped. Its median
             # against the window's median is the communication compute did not hide.
             probe = StepClock(device)
-            n_probe = min(PROBE_STEPS, steps)
             stage.name = "comm"
             dist.barrier()
-            probe.mark()
-            for i in range(n_probe):
-                stage.phase, stage.step = "no-comm probe", i + 1
-                with wrapper.no_sync():
-                    step(source)
+            probe_times: list[float] = []
+            try:  # after the window: a failure here costs the estimate, not the trial
                 probe.mark()
-            sync(device)
-            probe_times = probe.durations_s()
+                for i in range(min(PROBE_STEPS, steps)):
+                    stage.phase, stage.step = "no-comm probe", i + 1
+                    with wrapper.no_sync():
+                        step(source)
+                    probe.mark()
+                sync(device)
+                probe_times = probe.durations_s()
+            except Exception as e:
+                report["notes"].append(f"the no-communication probe failed ({type(e).__name__}: {e}); "
+                                       "exposed_comm_share is unknown for this trial")
             stage.name = "done"
             report.update(raw=asdict(raw), comm=comm, probe_times_s=probe_times, own_cores=own_cores,
                           notes=report["notes"] + source.notes + step.notes, threads=torch.get_num_threads())
