@@ -302,3 +302,20 @@ def test_every_rank_hung_outside_a_collective_is_ended_by_the_watchdog(tmp_path,
     assert r.status == "error" and "no rank progressed for 4 s" in r.message
     assert "rank 0 in the model's forward" in r.message and "rank 1 in the model's forward" in r.message
     assert no_children()
+
+
+def test_panel_distributed_group_enables_ddp_controls_only_above_one_process(tmp_path) -> None:
+    W = pytest.importorskip("ipywidgets")
+    from workbench.panel.controls import GROUPS, KnobControls
+
+    assert GROUPS["Distributed"][0] == "world_size" and all(n.startswith("ddp_") for n in GROUPS["Distributed"][1:])
+    controls = KnobControls(W, make_bench(tmp_path, log=None))
+    c = controls.controls
+    c["ddp_no_sync"].value = True
+    k = controls.knobs()
+    assert k.world_size == 1 and not k.ddp_no_sync  # disabled at world_size=1: left off
+    assert c["ddp_no_sync"].disabled and "world_size=1" in c["ddp_no_sync"].tooltip
+    c["world_size"].value = 2
+    c["accum_steps"].value = 2
+    k = controls.knobs()
+    assert k.world_size == 2 and k.ddp_no_sync and not c["ddp_bucket_cap_mb"].disabled
