@@ -155,3 +155,28 @@ def test_every_verb_offers_json():
     assert set(sub.choices) == set(VERBS)
     for verb, parser in sub.choices.items():
         assert "--json" in parser._option_string_actions, verb
+def test_model_factory_works_for_a_single_process_verb(tmp_path, monkeypatch, capsys) -> None:
+    import json
+
+    (tmp_path / "clifactory.py").write_text(
+        "import torch\nfrom torch import nn\nimport workbench as wb\n\n\n"
+        "def as_dict():\n"
+        "    ds = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))\n"
+        "    return {'model': nn.Linear(8, 3), 'data': ds, 'loss_fn': nn.CrossEntropyLoss(), 'name': 'fac'}\n\n\n"
+        "def as_bench():\n"
+        "    return wb.Workbench(log=None, device='cpu', **as_dict())\n\n\n"
+        "def wrong():\n    return 42\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from workbench.cli import main
+
+    assert main(["run", "--model", "clifactory:as_dict", "--device", "cpu", "--steps", "2", "--warmup-steps", "0",
+                 "--batch-size", "8", "--json", "--quiet", "--log-path", str(tmp_path / "runs")]) == 0
+    rec = json.loads(capsys.readouterr().out)["result"]  # the one --json document (README: JSON output)
+    assert rec["status"] == "ok" and rec["knobs"]["batch_size"] == 8 and rec["knobs"]["world_size"] == 1
+    assert (tmp_path / "runs" / "fac.jsonl").exists()
+    assert main(["run", "--model", "clifactory:as_bench", "--steps", "2", "--warmup-steps", "0", "--quiet"]) == 0
+    assert main(["run", "--model", "clifactory:wrong", "--quiet"]) == 2
+    assert "return a workbench.Workbench or a dict" in capsys.readouterr().err
+    assert main(["run", "--model", "no_such_module:f", "--quiet"]) == 2
+    assert "cannot import 'no_such_module'" in capsys.readouterr().err

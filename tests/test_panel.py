@@ -85,7 +85,7 @@ def phase(p: Panel) -> str:
 def test_controls_cover_every_knob_grouped_with_blocks(panel: Panel, bench: wb.Workbench) -> None:
     grouped = [name for names in GROUPS.values() for name in names]
     assert sorted(grouped) == sorted(knob_names())
-    assert list(GROUPS) == ["Data pipeline", "Precision & compile", "Memory", "CPU"]
+    assert list(GROUPS) == ["Data pipeline", "Precision & compile", "Memory", "CPU", "Distributed"]
     for name, widget in panel.controls.items():
         assert widget.description == name
     assert set(panel.controls) == set(knob_names()) - {"checkpoint"}

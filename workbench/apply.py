@@ -19,11 +19,13 @@ from .workload import LoaderSpec
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def build_loader(spec: LoaderSpec, knobs: Knobs, *, seed: int, device: torch.device, timeout_s: float = 0) -> DataLoader:
+def build_loader(spec: LoaderSpec, knobs: Knobs, *, seed: int, device: torch.device, timeout_s: float = 0,
+                 sampler: Any = None) -> DataLoader:
     """A DataLoader over the user's dataset with the knobs' settings and a seeded data order.
 
     The generator fixes both the shuffle order and the workers' base seeds, so every trial with
-    the same seed sees the same batches in the same order.
+    the same seed sees the same batches in the same order. `sampler` replaces the spec's sampler
+    and shuffle (a DistributedSampler: each rank reads its own shard).
     """
     generator = torch.Generator().manual_seed(seed)
     kwargs: dict[str, Any] = dict(
@@ -36,7 +38,9 @@ def build_loader(spec: LoaderSpec, knobs: Knobs, *, seed: int, device: torch.dev
         pin_memory=knobs.pin_memory and device.type in ("cuda", "xpu"),
     )
     if not spec.iterable:
-        if spec.sampler is not None:
+        if sampler is not None:
+            kwargs["sampler"] = sampler
+        elif spec.sampler is not None:
             kwargs["sampler"] = spec.sampler
         else:
             kwargs["shuffle"] = spec.shuffle

@@ -54,6 +54,7 @@ class Workbench:
         knobs: Knobs | None = None,
         loader_timeout_s: float = 120.0,
         participant: str | None = None,
+        collective_timeout_s: float = 120.0,
     ) -> None:
         if participant is not None and not isinstance(participant, str):
             raise TypeError(f"participant must be a name (str) such as 'ana', got {type(participant).__name__}")
@@ -67,6 +68,7 @@ class Workbench:
         self.warmup_steps = warmup_steps
         self.steps = steps
         self.loader_timeout_s = loader_timeout_s
+        self.collective_timeout_s = collective_timeout_s  # world_size > 1: a hung rank fails the trial after this
         spec = self.workload.spec
         self.defaults = knobs or Knobs(batch_size=min(spec.default_batch_size, len(spec)) if not spec.iterable else spec.default_batch_size,
                                        num_workers=spec.default_num_workers)
@@ -147,7 +149,7 @@ class Workbench:
             future = trial_thread().submit(run_trial, self.workload, k, warmup_steps=self.warmup_steps,
                                            steps=self.steps, progress=state, cancel=stop,
                                            loader_timeout_s=self.loader_timeout_s, trace=trace,
-                                           trace_dir=trace_dir)
+                                           trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s)
             try:
                 return self.log.append(_wait(future))
             except TrialInterrupted as e:  # KeyboardInterrupt raised inside the trial (a callback)
@@ -250,6 +252,21 @@ class Workbench:
         from .export import to_tensorboard
 
         return to_tensorboard(self.trials, logdir, name=self.name)
+
+    def scaling(self, world_sizes: tuple[int, ...] = (1, 2), *, progress: bool | None = None,
+                **knobs: Any) -> pd.DataFrame:
+        """One trial per world size with the same other knobs: world_size, samples_per_s,
+        per_rank_samples_per_s, efficiency (see distributed/scaling.py for what it means on CPUs)."""
+        from .distributed.scaling import scaling
+
+        with search(progress, "scaling", log=self.log, total=len(world_sizes)):
+            return scaling(self, world_sizes, **knobs)
+
+    def scaling_chart(self, frame: pd.DataFrame) -> Any:
+        """The chart of a `scaling()` frame: measured bars vs linear scaling, efficiency labels."""
+        from .charts import scaling_chart
+
+        return scaling_chart(frame)
 
     def __repr__(self) -> str:
         wl = self.workload

@@ -175,3 +175,19 @@ def on_trial_pick(jupyter_chart: Any, fn: Callable[[int | None], None]) -> Calla
             pass
 
     return detach
+def scaling_chart(scaling: pd.DataFrame, *, width: int = 360) -> alt.TopLevelMixin:
+    """Global samples/s per world size (bars) against ideal linear scaling from the first row
+    (dashed line), each bar labelled with its efficiency: the picture of `bench.scaling()`."""
+    df = scaling.copy()
+    base = df.iloc[0]
+    df["ideal"] = df["world_size"] / base["world_size"] * (base["samples_per_s"] or 0.0)
+    df["label"] = df["efficiency"].map(lambda e: "" if e is None or e != e else f"{e:.0%}")
+    x = alt.X("world_size:O", title="processes (world_size)")
+    bars = alt.Chart(df).mark_bar(color="#4c78a8").encode(
+        x=x, y=alt.Y("samples_per_s:Q", title="global samples/s"),
+        tooltip=["world_size", alt.Tooltip("samples_per_s:Q", format=",.0f"),
+                 alt.Tooltip("per_rank_samples_per_s:Q", format=",.0f"), alt.Tooltip("efficiency:Q", format=".0%"),
+                 "threads_per_rank", "status"])
+    ideal = alt.Chart(df).mark_line(strokeDash=[4, 4], color="#222222", point=True).encode(x=x, y="ideal:Q")
+    text = alt.Chart(df).mark_text(dy=-8).encode(x=x, y="samples_per_s:Q", text="label:N")
+    return (bars + ideal + text).properties(width=width, title="Scaling: measured (bars) vs linear (dashed)")

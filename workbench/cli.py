@@ -9,8 +9,10 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .knobs import KNOBS, Knobs
@@ -80,12 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
                       ("tune", "greedy search in the recommended order, keeping only wins beyond noise")):
         p = sub.add_parser(cmd, help=text, description=text, epilog=epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--demo", required=True, help="built-in workload (see the list below)")
+        source = p.add_mutually_exclusive_group(required=True)
+        source.add_argument("--demo", help="built-in workload (see the list below)")
+        source.add_argument("--model", metavar="PKG.MODULE:FACTORY",
+                            help="your workload: FACTORY() returns a Workbench or a dict of Workbench arguments; "
+                                 "under torchrun every rank joins the job and rank 0 reports")
         p.add_argument("--size", default="default", choices=("default", "tiny"), help="demo size (tiny: for quick checks)")
-        p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
-        p.add_argument("--steps", type=int, default=30, help="measured optimizer steps (default 30)")
-        p.add_argument("--warmup-steps", type=int, default=5, help="unmeasured warm-up steps (default 5)")
-        p.add_argument("--log", default="workbench-runs", help="results directory (JSONL); 'none' to keep nothing")
+        p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N | mps (default auto)")
+        p.add_argument("--steps", type=int, default=None, help="measured optimizer steps (default 30)")
+        p.add_argument("--warmup-steps", type=int, default=None, help="unmeasured warm-up steps (default 5)")
+        p.add_argument("--log", "--log-path", dest="log", default=None,
+                       help="results directory (JSONL; default workbench-runs); 'none' to keep nothing "
+                            "(under torchrun write --log-path: torchrun's own parser claims --log)")
         p.add_argument("--json", action="store_true",
                        help="print exactly one JSON document on stdout (shape: README, 'JSON output')")
         p.add_argument("--quiet", action="store_true", help="no progress bar (there is none unless stderr is a terminal)")
@@ -154,12 +162,69 @@ def document(command: str, *, result: Any = None, error: str | None = None, exit
             "exit_code": exit_code, "error": error, "result": jsonable(result)}
 
 
+def load_factory(spec: str) -> Any:
+    """`pkg.module:factory` -> factory(): the module is imported (the current directory is on the path)."""
+    import importlib
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr.isidentifier():
+        raise ValueError(f"--model takes PKG.MODULE:FACTORY, e.g. mytrain.bench:make, got {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"--model {spec}: cannot import {module_name!r} ({e}); run from the directory that "
+                         "holds it or put it on PYTHONPATH") from e
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"--model {spec}: {module_name} has no function {attr!r}")
+    return factory()
+
+
+def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
+    """The Workbench a CLI verb works on: a demo, or the user's factory (`--model`).
+
+    Flags given on the command line override the factory's settings; only rank 0 of a torchrun
+    job writes the log.
+    """
+    from . import demo
+    from .bench import Workbench
+    from .results import ResultLog
+
+    given = {"device": args.device, "steps": args.steps, "warmup_steps": args.warmup_steps}
+    given = {k: v for k, v in given.items() if v is not None}
+    log = args.log if args.log is not None else "workbench-runs"
+    log = None if log.lower() == "none" or rank != 0 else log
+    if args.demo is not None:
+        return demo(args.demo, size=args.size, **{"steps": 30, "warmup_steps": 5, "device": "auto", **given}, log=log)
+    made = load_factory(args.model)
+    if isinstance(made, dict):
+        kwargs = {**made, **given}
+        if args.log is not None or rank != 0 or "log" not in made:
+            kwargs["log"] = log
+        return Workbench(**kwargs)
+    if not isinstance(made, Workbench):
+        raise TypeError(f"--model {args.model}: the factory returned {type(made).__name__}; return a "
+                        "workbench.Workbench or a dict of its arguments (model, data, loss_fn, ...)")
+    if "device" in given and str(made.device) != given["device"]:
+        raise ValueError(f"--device {given['device']} differs from the factory's Workbench ({made.device}): "
+                         "set the device in the factory, or return a dict so the CLI builds the Workbench")
+    made.steps = given.get("steps", made.steps)
+    made.warmup_steps = given.get("warmup_steps", made.warmup_steps)
+    if rank != 0 or args.log is not None:
+        path = None if log is None else Path(log) if log.endswith(".jsonl") else Path(log) / f"{made.name}.jsonl"
+        made.log = ResultLog(path)
+    return made
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m workbench` and the `workbench` script; returns the exit code.
 
     With --json, stdout carries exactly one JSON document (`document()`), whatever happens;
     anything else the verb prints goes to stderr. Progress bars go to stderr, and only when
-    stderr is a terminal.
+    stderr is a terminal. Under torchrun (RANK/WORLD_SIZE set) every rank runs the verb with
+    world_size = the job's size; rank 0 prints (and writes the log), the other ranks print nothing.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     want_json = "--json" in argv
@@ -170,8 +235,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = next((a for a in argv if a in VERBS), "")
             _emit(document(command, error="invalid arguments (see stderr)", exit_code=2))
         raise
-    if not args.json:
-        return _run(args)
+    from .distributed.join import in_launched_job
+
+    rank = int(os.environ.get("RANK", "0")) if in_launched_job() else 0
+    if in_launched_job():
+        if args.command != "run":
+            error = f"under torchrun only `run` joins the job (got `{args.command}`)"
+            print(f"error: {error}", file=sys.stderr)
+            if args.json and rank == 0:
+                _emit(document(args.command, error=error, exit_code=2))
+            return 2
+        import torch
+
+        if torch.cuda.is_available():  # one GPU per rank, before the Workbench probes on "auto"/"cuda"
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not args.json or rank != 0:
+        return _run(args, rank=rank)
     out = sys.stdout
     code, result, error = 1, None, None
     with contextlib.redirect_stdout(sys.stderr):  # stray prints cannot break the document
@@ -196,20 +275,25 @@ def _emit(doc: dict[str, Any], stream: Any = None) -> None:
     stream.flush()
 
 
-def _run(args: argparse.Namespace, as_json: bool = False) -> Any:
+def _run(args: argparse.Namespace, as_json: bool = False, rank: int = 0) -> Any:
     """Do the verb. Text mode prints and returns the exit code; JSON mode returns (code, result)
-    and lets ValueError/TypeError/KeyboardInterrupt through to main()."""
-    from . import demo
+    and lets ValueError/TypeError/KeyboardInterrupt through to main(). Ranks other than 0 of a
+    torchrun job print nothing but their own failure."""
+    from .distributed.join import in_launched_job, job_world_size
 
-    log = None if args.log.lower() == "none" else args.log
-    progress = False if args.quiet else None  # None: a bar only when stderr is a terminal
+    progress = False if args.quiet or rank != 0 else None  # None: a bar only when stderr is a terminal
     try:
-        bench = demo(args.demo, size=args.size, device=args.device, steps=args.steps,
-                     warmup_steps=args.warmup_steps, log=log)
+        bench = build_workbench(args, rank=rank)
         changes = knobs_from_args(args, bench.blocks)
+        if in_launched_job() and "world_size" not in changes:
+            changes["world_size"] = job_world_size()
         if args.command == "run":
             result = bench.run(progress=progress, trace=args.trace, **changes)
             code = 0 if result.ok else 1
+            if rank != 0:
+                if not result.ok:
+                    print(f"rank {rank}: {result.message}", file=sys.stderr)
+                return code
             if as_json:
                 return code, result
             print(repr(result))

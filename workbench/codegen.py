@@ -1,5 +1,9 @@
 """Knobs -> a plain-PyTorch training loop that reproduces the configuration outside the workbench.
 
+With `world_size > 1` the code is a torchrun-ready DDP script (init_process_group, a
+DistributedSampler with set_epoch, DDP with the ddp_* knobs, no_sync during accumulation); its
+header and `torchrun_command()` give the exact command line.
+
 The snippet expects four names to exist where it runs (rename them with keyword arguments):
 `model` (nn.Module), `dataset` (a Dataset yielding (inputs..., target)), `loss_fn(output, target)`
 and `make_optimizer(params)`. Only the knobs that differ from PyTorch's defaults produce code, so
@@ -21,15 +25,27 @@ def _identifier(name: str, what: str) -> str:
     return name
 
 
+def torchrun_command(knobs: Knobs, script: str = "train_ddp.py", *, nnodes: int = 1) -> str:
+    """The torchrun line for the DDP script: `world_size` processes on one node (standalone
+    rendezvous), or per node of `nnodes` with a c10d rendezvous at HOST:29500."""
+    if nnodes == 1:
+        return f"torchrun --standalone --nproc-per-node={knobs.world_size} {script}"
+    per_node = max(1, knobs.world_size // nnodes)
+    return (f"torchrun --nnodes={nnodes} --nproc-per-node={per_node} --rdzv-backend=c10d "
+            f"--rdzv-endpoint=HOST:29500 {script}")
+
+
 def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset", loss_fn: str = "loss_fn",
                   optimizer: str = "make_optimizer", steps: int = 100, shuffle: bool = True,
-                  drop_last: bool = False, seed: int | None = None, warmup: int = 5) -> str:
+                  drop_last: bool = False, seed: int | None = None, warmup: int = 5, setup: str | None = None) -> str:
     """Python source of a training loop for `steps` optimizer steps under these knobs.
 
     With `seed`, the loop seeds torch and the loader's shuffle the way a trial does (same batches
     in the same order as `run_trial` with `Workbench(seed=...)`). It prints the samples/s of the
     steps after the first `warmup` (start-up and compilation are not timed), the figure a trial
-    reports, so the script can referee the workbench.
+    reports, so the script can referee the workbench. With `world_size > 1` it is a whole DDP
+    script for torchrun; `setup` is code placed after the imports that defines the four names
+    (otherwise a comment marks where they go).
     """
     if not isinstance(knobs, Knobs):
         raise TypeError(f"knobs_to_code takes a Knobs value, got {type(knobs).__name__}")
@@ -45,30 +61,59 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
         f"# Expects: {m} (nn.Module), {ds} (yields (inputs..., target)), {lf}(output, target),",
         f"# {opt}(params) -> torch.optim.Optimizer.",
     ]
+    ddp = k.world_size > 1
+    if ddp:
+        out += [f"# Run it on this machine:  {torchrun_command(k)}",
+                f"# Or on each of 2 nodes:   {torchrun_command(k, nnodes=2)} (plus --node-rank=0|1)",
+                f"# Global batch per optimizer step = {k.batch_size} x {k.world_size} ranks x {k.accum_steps} = "
+                f"{k.batch_size * k.world_size * k.accum_steps}; scale the learning rate with it."]
     if k.num_workers:
         out.append("# Worker processes: on Windows/macOS run this under `if __name__ == \"__main__\":`.")
     if k.data == "cached":
         out.append("# data='cached' was a measurement short-circuit (one repeated batch); this loop uses the real data.")
+    if ddp:
+        out += ["import contextlib", "import os", ""]
     out += [
         "import time",
         "",
         "import torch",
         "from torch.utils.data import DataLoader",
     ]
+    if ddp:
+        out += ["import torch.distributed as dist", "from torch.nn.parallel import DistributedDataParallel as DDP",
+                "from torch.utils.data.distributed import DistributedSampler"]
     if k.checkpoint:
         out.append("from torch.utils.checkpoint import checkpoint")
     extra = code_sections(k)  # what each knob's declaration adds (knobs.py)
     out += extra["imports"]
-    out += ["", 'device = torch.device("cuda" if torch.cuda.is_available() else "cpu")']
+    if ddp:
+        out += ["", setup.rstrip() if setup else f"# ---- define {m}, {ds}, {lf} and {opt} here (or import them) ----"]
+        out += [
+            "",
+            'dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")  # torchrun sets RANK, WORLD_SIZE',
+            'local_rank = int(os.environ.get("LOCAL_RANK", 0))',
+            "if torch.cuda.is_available():",
+            "    torch.cuda.set_device(local_rank)  # one GPU per process",
+            '    device = torch.device("cuda", local_rank)',
+            "else:",
+            '    device = torch.device("cpu")  # gloo: CPU processes (torchrun gives each 1 thread)',
+        ]
+    else:
+        out += ["", 'device = torch.device("cuda" if torch.cuda.is_available() else "cpu")']
     if seed is not None:
         out.append(f"torch.manual_seed({int(seed)})  # the workbench's seed: same data order as the trial")
     out += extra["setup"]
 
     # ---- data -------------------------------------------------------------------------------
-    loader_args = [ds, f"batch_size={k.batch_size}", f"shuffle={shuffle}"]
+    if ddp:
+        # each rank reads its own shard; set_epoch below reshuffles every epoch, alike on all ranks
+        out += ["", f"sampler = DistributedSampler({ds}, shuffle={shuffle}, seed={int(seed or 0)})"]
+        loader_args = [ds, f"batch_size={k.batch_size}", "sampler=sampler"]
+    else:
+        loader_args = [ds, f"batch_size={k.batch_size}", f"shuffle={shuffle}"]
     if drop_last:
         loader_args.append("drop_last=True")
-    if seed is not None:
+    if seed is not None and not ddp:
         loader_args.append(f"generator=torch.Generator().manual_seed({int(seed)})")
     if k.num_workers:
         loader_args.append(f"num_workers={k.num_workers}")
@@ -103,13 +148,22 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
             f"    block = {m}.get_submodule(name)",
             "    block.forward = checkpointed(block.forward)",
         ]
+    wrapped = m
+    if ddp:
+        out += ["# all-reduces gradients in buckets during backward", "ddp_model = DDP(", f"    {m},",
+                '    device_ids=[local_rank] if device.type == "cuda" else None,']
+        for arg in extra["ddp_args"]:  # the ddp_* knobs' declared code (knobs.py)
+            code, _, comment = arg.partition("  #")
+            out.append(f"    {code},  #{comment}" if comment else f"    {code},")
+        out += [")"] + extra["ddp_model"]
+        wrapped = "ddp_model"
     out.append(f"optimizer = {opt}({m}.parameters())")
     out += extra["optimizer"]
     if k.compile != "off":
         mode = "" if k.compile == "default" else f', mode="{k.compile}"'
-        out.append(f"step_model = torch.compile({m}{mode})  # first steps compile (seconds to minutes)")
+        out.append(f"step_model = torch.compile({wrapped}{mode})  # first steps compile (seconds to minutes)")
     else:
-        out.append(f"step_model = {m}")
+        out.append(f"step_model = {wrapped}")
     if k.amp == "fp16":
         out.append("scaler = torch.amp.GradScaler(device.type)  # fp16 gradients underflow without scaling")
     accum = k.accum_steps
@@ -121,13 +175,21 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     body = [f"*inputs, target = {move}", "seen += len(target)"]
     if k.channels_last:
         body.append("inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 and x.is_floating_point() else x for x in inputs]")
+    compute: list[str] = []
     if k.amp != "off":
-        body += [f"with torch.autocast(device.type, dtype={AMP_DTYPE[k.amp]}):",
-                 f"    loss = {lf}(step_model(*inputs), target)"]
+        compute += [f"with torch.autocast(device.type, dtype={AMP_DTYPE[k.amp]}):",
+                    f"    loss = {lf}(step_model(*inputs), target)"]
     else:
-        body.append(f"loss = {lf}(step_model(*inputs), target)")
+        compute.append(f"loss = {lf}(step_model(*inputs), target)")
     scaled = "loss / accum_steps" if accum > 1 else "loss"
-    body.append(f"scaler.scale({scaled}).backward()" if k.amp == "fp16" else f"({scaled}).backward()" if accum > 1 else "loss.backward()")
+    compute.append(f"scaler.scale({scaled}).backward()" if k.amp == "fp16" else f"({scaled}).backward()" if accum > 1 else "loss.backward()")
+    if ddp and k.ddp_no_sync and accum > 1:
+        body += ["last_micro = (micro + 1) % accum_steps == 0",
+                 "# no all-reduce until the last micro-batch of the optimizer step",
+                 "with contextlib.nullcontext() if last_micro else ddp_model.no_sync():"]
+        body += ["    " + line for line in compute]
+    else:
+        body += compute
     update = (["scaler.step(optimizer)", "scaler.update()"] if k.amp == "fp16" else ["optimizer.step()"])
     update += ["optimizer.zero_grad(set_to_none=True)", "step += 1", "if step == warmup_steps:  # the timed window starts",
                "    sync()", "    t0, seen0 = time.perf_counter(), seen", "if step == num_steps:", "    break"]
@@ -140,9 +202,20 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
             '    if device.type == "cuda":', "        torch.cuda.synchronize()", "", "",
             f"num_steps = {steps}", f"warmup_steps = {min(warmup, steps - 1)}  # not timed: start-up, compilation",
             "step = micro = seen = 0" if accum > 1 else "step = seen = 0",
-            "t0, seen0 = time.perf_counter(), 0", f"{m}.train()",
-            "while step < num_steps:", "    for batch in loader:"]
+            "t0, seen0 = time.perf_counter(), 0", f"{m}.train()"]
+    if ddp:
+        out += ["epoch = 0", "while step < num_steps:", "    sampler.set_epoch(epoch)  # a new shuffle each epoch",
+                "    epoch += 1", "    for batch in loader:"]
+    else:
+        out += ["while step < num_steps:", "    for batch in loader:"]
     out += [textwrap.indent(line, " " * 8) for line in body]
-    out += ["sync()", 'print(f"{(seen - seen0) / (time.perf_counter() - t0):.1f} samples/s '
-            'over {num_steps - warmup_steps} timed steps")']
+    out += ["sync()"]
+    if ddp:
+        out += ["rate = (seen - seen0) / (time.perf_counter() - t0) * dist.get_world_size()  # every rank: one shard",
+                "if dist.get_rank() == 0:",
+                '    print(f"{rate:.1f} samples/s (all ranks) over {num_steps - warmup_steps} timed steps")',
+                "", "dist.destroy_process_group()"]
+    else:
+        out += ['print(f"{(seen - seen0) / (time.perf_counter() - t0):.1f} samples/s '
+                'over {num_steps - warmup_steps} timed steps")']
     return "\n".join(out) + "\n"

@@ -21,8 +21,10 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")
 DATA_MODES = ("loader", "cached")
 # Panel groups in the seeds' teaching order: fix the data pipeline first, then precision/compile,
 # then memory. Knobs are read in this order, so a knob can depend on the ones before it.
-GROUPS = ("Data pipeline", "Precision & compile", "Memory", "CPU")
-CODE_SECTIONS = ("imports", "setup", "model", "checkpoint_args", "optimizer")
+GROUPS = ("Data pipeline", "Precision & compile", "Memory", "CPU", "Distributed")
+# ddp_args: keywords of DistributedDataParallel(...); ddp_model: lines after it (comm hooks)
+CODE_SECTIONS = ("imports", "setup", "model", "checkpoint_args", "optimizer", "ddp_args", "ddp_model")
+COMM_HOOKS = ("none", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class KnobSpec:
       checkpoint_kwargs(value) -> dict: extra keywords for torch.utils.checkpoint.checkpoint
       note(knobs, device_type) -> str | None: "runs but does nothing here" sentences
       code(knobs) -> {section: lines}: what the generated training loop adds (see CODE_SECTIONS)
+      ddp_kwargs(value) -> dict: keywords for DistributedDataParallel (world_size > 1)
     """
 
     default: Any
@@ -64,6 +67,7 @@ class KnobSpec:
     checkpoint_kwargs: Callable[[Any], dict[str, Any]] | None = None
     note: Callable[[Any, str], str | None] | None = None
     code: Callable[[Any], dict[str, list[str]]] | None = None
+    ddp_kwargs: Callable[[Any], dict[str, Any]] | None = None
     name: str = ""  # filled in from the field name
 
     @property
@@ -230,6 +234,87 @@ def _cudnn_code(k: Knobs) -> dict[str, list[str]]:
     return {"setup": ["torch.backends.cudnn.benchmark = True  # autotune conv algorithms (fixed input shapes)"]}
 
 
+# ---- the distributed knobs (world_size > 1: workbench/distributed/) ------------------------------
+def _ddp_note(name: str) -> Callable[[Any, str], str | None]:
+    """A DDP knob changed while world_size == 1 is a note (and a disabled panel control), not an
+    error: scaling() runs the same knobs at world_size 1 and N, and the panel lets a user set them
+    before raising world_size."""
+
+    def note(k: Knobs, device_type: str) -> str | None:
+        if k.world_size == 1 and getattr(k, name) != KNOBS[name].default:
+            return f"{name} is a no-op with world_size=1 (one process runs without DDP)"
+        return None
+
+    return note
+
+
+def _ddp_arg(name: str, arg: str) -> tuple[Callable[[Any], dict[str, Any]], Callable[[Any], dict[str, list[str]]]]:
+    """(ddp_kwargs hook, code hook) passing the knob to DistributedDataParallel as `arg` when it
+    differs from DDP's own default (the knob's default)."""
+
+    def kwargs(value: Any) -> dict[str, Any]:
+        return {} if value is None or value == KNOBS[name].default else {arg: value}
+
+    def code(k: Knobs) -> dict[str, list[str]]:
+        value = getattr(k, name)
+        if k.world_size == 1 or value == KNOBS[name].default or value is None:
+            return {}
+        return {"ddp_args": [f"{arg}={value!r}"]}
+
+    return kwargs, code
+
+
+def _broadcast_buffers(value: bool) -> dict[str, Any]:
+    if value:
+        return {}
+    # torch >= 2.13 renames it forward_sync_buffers (for us the same: every rank starts from the
+    # same snapshot, so the one sync at construction that forward_sync_buffers keeps changes nothing)
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": False}
+
+
+def _broadcast_code(k: Knobs) -> dict[str, list[str]]:
+    if k.world_size == 1 or k.ddp_broadcast_buffers:
+        return {}
+    return {"ddp_args": ["broadcast_buffers=False  # forward_sync_buffers=False on torch >= 2.13"]}
+
+
+COMM_HOOK_FN = {"fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook"}
+
+
+def _comm_hook_code(k: Knobs) -> dict[str, list[str]]:
+    if k.world_size == 1 or k.ddp_comm_hook == "none":
+        return {}
+    return {"imports": ["from torch.distributed.algorithms.ddp_comm_hooks import default_hooks"],
+            "ddp_model": [f"ddp_model.register_comm_hook(None, default_hooks.{COMM_HOOK_FN[k.ddp_comm_hook]})"
+                          f"  # {k.ddp_comm_hook} on the wire"]}
+
+
+def _world_size_note(k: Knobs, device_type: str) -> str | None:
+    threads = (k.cpu_threads or 1) * k.world_size
+    cores = usable_cores()  # affinity and container quota
+    if k.world_size > 1 and device_type == "cpu" and threads > cores:
+        return (f"world_size={k.world_size} x {k.cpu_threads or 1} thread(s) = {threads} threads on "
+                f"{cores} cores: the ranks compete for cores (oversubscription)")
+    return None
+
+
+def _no_sync_note(k: Knobs, device_type: str) -> str | None:
+    if k.world_size > 1 and k.ddp_no_sync and k.accum_steps == 1:
+        return "ddp_no_sync is a no-op with accum_steps=1 (every micro-batch ends an optimizer step)"
+    return _ddp_note("ddp_no_sync")(k, device_type)
+
+
+_BUCKET = _ddp_arg("ddp_bucket_cap_mb", "bucket_cap_mb")
+_VIEW = _ddp_arg("ddp_gradient_as_bucket_view", "gradient_as_bucket_view")
+_STATIC = _ddp_arg("ddp_static_graph", "static_graph")
+_UNUSED = _ddp_arg("ddp_find_unused_parameters", "find_unused_parameters")
+
+
 @dataclass(frozen=True)
 class Knobs:
     """One configuration of the training step. Build with keywords; `replace()` to vary one.
@@ -295,6 +380,39 @@ class Knobs:
                                    options="cores", settings=_threads, code=_threads_code,
                                    fuzz=Fuzz((None, 1, 2, 3), (0,)),
                                    help="main-process intra-op threads; None = torch's default (with workers, fewer can be faster)")
+    world_size: int = knob(1, kind="int", minimum=1, group="Distributed", widget="dropdown", options=(1, 2, 4),
+                           note=_world_size_note, fuzz=Fuzz((1,), (0, -1)),  # multi-process trials: test_distributed
+                           help="processes under DistributedDataParallel: one per GPU (NCCL), or gloo CPU "
+                                "processes with 1 thread each unless cpu_threads says otherwise")
+    ddp_no_sync: bool = knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
+                             note=_no_sync_note, fuzz=Fuzz((False, True)),
+                             help="skip the gradient all-reduce on all but the last accumulation micro-batch")
+    ddp_bucket_cap_mb: int | None = knob(None, kind="int", minimum=1, optional=True, group="Distributed",
+                                         widget="dropdown", options=(None, 1, 5, 25, 100), probe=5,
+                                         note=_ddp_note("ddp_bucket_cap_mb"), ddp_kwargs=_BUCKET[0], code=_BUCKET[1],
+                                         fuzz=Fuzz((None, 1, 25), (0,)),
+                                         help="DDP gradient bucket size in MB; None = torch's 25 (the first bucket "
+                                              "is 1 MB); bigger = fewer all-reduces, later start")
+    ddp_comm_hook: str = knob("none", kind="choice", choices=COMM_HOOKS, group="Distributed", widget="dropdown",
+                              probe="fp16", note=_ddp_note("ddp_comm_hook"), code=_comm_hook_code,
+                              fuzz=Fuzz(COMM_HOOKS, ("int8",)),
+                              help='compress gradients before the all-reduce: "none" | "fp16" | "bf16" (NCCL only)')
+    ddp_gradient_as_bucket_view: bool = knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
+                                             note=_ddp_note("ddp_gradient_as_bucket_view"), ddp_kwargs=_VIEW[0],
+                                             code=_VIEW[1], fuzz=Fuzz((False, True)),
+                                             help="gradients are views into the all-reduce buckets: one copy less")
+    ddp_static_graph: bool = knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
+                                  note=_ddp_note("ddp_static_graph"), ddp_kwargs=_STATIC[0], code=_STATIC[1],
+                                  fuzz=Fuzz((False, True)),
+                                  help="DDP static_graph=True: the same parameters get gradients every step")
+    ddp_find_unused_parameters: bool = knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
+                                            note=_ddp_note("ddp_find_unused_parameters"), ddp_kwargs=_UNUSED[0],
+                                            code=_UNUSED[1], fuzz=Fuzz((False, True)),
+                                            help="DDP walks the graph each step for parameters without gradients")
+    ddp_broadcast_buffers: bool = knob(True, kind="bool", group="Distributed", widget="checkbox", probe=False,
+                                       note=_ddp_note("ddp_broadcast_buffers"), ddp_kwargs=_broadcast_buffers,
+                                       code=_broadcast_code, fuzz=Fuzz((True, False)),
+                                       help="DDP broadcasts rank 0's buffers (BatchNorm statistics) every forward")
 
     def __post_init__(self) -> None:
         # Normalise list -> tuple so Knobs stay hashable and compare by value.
@@ -326,6 +444,14 @@ class Knobs:
             raise ValueError(
                 "data='cached' reuses one batch already on the device, so there is nothing for "
                 "workers to load: set num_workers=0 (or data='loader')"
+            )
+        if self.ddp_static_graph and self.ddp_no_sync and self.accum_steps > 1 and self.world_size > 1:
+            # DDP's reducer fails an internal assert on the first no_sync backward with a static
+            # graph (checked on torch 2.13, gloo): refuse it before any process starts
+            raise ValueError(
+                "ddp_static_graph=True cannot be combined with ddp_no_sync=True and accum_steps > 1 "
+                "(DDP's reducer asserts on the skipped all-reduce): set ddp_static_graph=False or "
+                "ddp_no_sync=False"
             )
 
     # ---- helpers ---------------------------------------------------------------------------
@@ -417,6 +543,15 @@ def checkpoint_options(knobs: Knobs) -> dict[str, Any]:
     for spec in KNOBS.values():
         if spec.checkpoint_kwargs is not None:
             out.update(spec.checkpoint_kwargs(getattr(knobs, spec.name)))
+    return out
+
+
+def ddp_options(knobs: Knobs) -> dict[str, Any]:
+    """Keywords for DistributedDataParallel gathered from the knobs' `ddp_kwargs` hooks."""
+    out: dict[str, Any] = {}
+    for spec in KNOBS.values():
+        if spec.ddp_kwargs is not None:
+            out.update(spec.ddp_kwargs(getattr(knobs, spec.name)))
     return out
 
 

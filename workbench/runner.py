@@ -103,6 +103,7 @@ def run_trial(
     loader_timeout_s: float = 120.0,
     trace: bool = False,
     trace_dir: str | os.PathLike | None = None,
+    collective_timeout_s: float = 120.0,
 ) -> TrialResult:
     """Run warm-up + `steps` measured optimizer steps; never raises for a failing trial.
 
@@ -112,10 +113,30 @@ def run_trial(
     Chrome-trace JSON in `trace_dir` (default: the temp dir) and sets `result.trace_path`.
     Raises ValueError for knobs that cannot apply to this workload (unknown block, batch larger
     than the dataset) and TrialInterrupted on KeyboardInterrupt (after recording the result).
+    With `knobs.world_size > 1` the trial runs on that many DDP ranks (workbench/distributed/), each
+    collective bounded by `collective_timeout_s`; inside a torchrun job it joins the job instead.
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"steps must be >= 1 and warmup_steps >= 0, got steps={steps}, warmup_steps={warmup_steps}")
     check_knobs(workload, knobs)
+    if knobs.world_size > 1:
+        if trace:
+            raise ValueError("trace=True profiles one process: trace with world_size=1, or add torch.profiler to "
+                             "the torchrun script from knobs.to_code() to trace every rank")
+        from .distributed.join import in_launched_job, run_joined
+
+        if in_launched_job():
+            return run_joined(workload, knobs, warmup_steps=warmup_steps, steps=steps, measure_memory=measure_memory,
+                              loader_timeout_s=loader_timeout_s, collective_timeout_s=collective_timeout_s)
+        from .distributed import run_distributed
+
+        dist_args = dict(warmup_steps=warmup_steps, steps=steps, cancel=cancel, measure_memory=measure_memory,
+                         loader_timeout_s=loader_timeout_s, collective_timeout_s=collective_timeout_s)
+        if progress is None or isinstance(progress, TrialProgress):
+            return run_distributed(workload, knobs, progress=progress or TrialProgress(), **dist_args)
+        state = TrialProgress()
+        with Poller(state, progress):
+            return run_distributed(workload, knobs, progress=state, **dist_args)
     if progress is None or isinstance(progress, TrialProgress):
         return _run(workload, knobs, warmup_steps, steps, progress or TrialProgress(), cancel, measure_memory,
                     loader_timeout_s, trace, trace_dir)
@@ -177,7 +198,7 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
         if "DataLoader worker" in str(e) or "DataLoader timed out" in str(e):
             stage.name = "data"  # raised asynchronously (SIGCHLD handler / timeout), wherever we were
         status = "oom" if is_oom(e) else "error"
-        return _failure(knobs, status, _message(status, e, stage, knobs), stage, e, notes, started, device)
+        return _failure(knobs, status, failure_message(status, e, stage, knobs), stage, e, notes, started, device)
     finally:
         if failed or knobs.compile != "off":
             gc.collect()  # tracebacks and compiled graphs hold cycles; plain trials free by refcount
@@ -402,6 +423,10 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
                 f"checkpoint names unknown block {name!r}; choose from bench.blocks: "
                 f"{', '.join(workload.blocks) or '(none found)'}"
             )
+    if knobs.world_size > 1:
+        from .distributed import check_launch
+
+        check_launch(workload, knobs)
     if not workload.spec.iterable and len(workload.spec) < knobs.batch_size:
         raise ValueError(
             f"the dataset has {len(workload.spec)} samples, fewer than batch_size={knobs.batch_size}: "
@@ -418,7 +443,7 @@ def is_oom(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and any(t in str(e) for t in _OOM_TEXT)
 
 
-_WHERE = {
+WHERE = {
     "setup": "while building the trial (model copy, wrappers)",
     "optimizer": "in the optimizer",
     "data": "in the data pipeline (Dataset.__getitem__, collate or a worker)",
@@ -426,11 +451,13 @@ _WHERE = {
     "loss": "in the loss function",
     "step_fn": "in step_fn",
     "backward": "in backward",
+    "comm": "in DDP set-up or a collective (all-reduce, barrier)",
 }
 
 
-def _message(status: str, e: BaseException, stage: Stage, knobs: Knobs) -> str:
-    where = _WHERE.get(stage.name, f"in {stage.name}")
+def failure_message(status: str, e: BaseException, stage: Stage, knobs: Knobs) -> str:
+    """One line: what failed, where (stage), when (phase and step), and what to try."""
+    where = WHERE.get(stage.name, f"in {stage.name}")
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
     if stage.name == "data" and knobs.num_workers and isinstance(e, (ConnectionError, EOFError)):
         # a worker killed mid-send: the pipe breaks before torch notices the dead process

@@ -54,18 +54,20 @@ class BatchSource:
     """Batches on the device, forever: the user's data through a DataLoader built from the knobs,
     restarted at each epoch end; with data='cached', the first batch again and again.
 
-    `epochs` counts the restarts (non-persistent workers are re-forked at each one).
+    `epochs` counts the restarts (non-persistent workers are re-forked at each one). `sampler`
+    replaces the workload's sampler (a DistributedSampler); a sampler with `set_epoch` is told
+    the epoch at every (re)start, so each epoch is shuffled differently and alike on every rank.
     """
 
     def __init__(self, workload: Workload, knobs: Knobs, *, timeout_s: float = 120.0,
-                 stage: Stage | None = None) -> None:
+                 stage: Stage | None = None, sampler: Any = None) -> None:
         self.device = workload.device
         self.knobs = knobs
         self.stage = stage or Stage()
         # pinned host buffers make the copy asynchronous; only then is non_blocking meaningful
         self.non_blocking = knobs.pin_memory and self.device.type == "cuda"
         self.loader = apply.build_loader(workload.spec, knobs, seed=workload.seed, device=self.device,
-                                         timeout_s=timeout_s if knobs.num_workers else 0)
+                                         timeout_s=timeout_s if knobs.num_workers else 0, sampler=sampler)
         self.iterator: Iterator | None = None
         self.epochs = 0
         self.notes: list[str] = []  # fallbacks taken (see compat)
@@ -73,6 +75,9 @@ class BatchSource:
         self._pending: list[Any] = []
 
     def _start(self) -> None:
+        sampler = getattr(self.loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self.epochs)  # DistributedSampler: a new shuffle per epoch, same on every rank
         self.iterator = iter(self.loader)
         note = compat.unregister_workers(self.iterator)
         if note and note not in self.notes:

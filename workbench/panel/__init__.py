@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 PHASES = {
     "loading data": "loading the first batch…",
     "starting workers": "starting workers…",
+    "starting ranks": "starting the DDP processes (world_size > 1)…",
     "compiling": "compiling (torch.compile: seconds to minutes, not a hang)…",
     "warming up": "warming up (not measured)…",
     "measuring": "measuring…",

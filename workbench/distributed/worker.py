@@ -1,0 +1,237 @@
+"""One rank of a distributed trial: the same BatchSource + TrainStep + runner phases as a
+single-process trial, with the model wrapped by a Strategy (DDP) and a DistributedSampler.
+
+Each rank measures itself and returns a plain-dict report; rank 0's launcher (or, under torchrun,
+`gather`) assembles the reports into one TrialResult (see result.py). A rank never raises for a
+failing trial: it reports the failure with its rank, stage and step, then exits non-zero so the
+launcher ends the other ranks at once instead of leaving them in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import ctypes
+import datetime
+import gc
+import os
+import signal
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import apply
+from ..compat import CompileWatch
+from ..knobs import Knobs
+from ..measure import StepClock, environment, sync
+from ..runner import failure_message, first_batch, is_oom, measure_window, warm_up
+from ..step import BatchSource, Stage, TrainStep, seeded
+from ..workload import Workload
+from .strategy import STRATEGIES
+
+# Shared-memory slots per rank (ints), written by the rank, read by the launcher's poll loop.
+SLOTS = 5  # stage name, phase, step within phase, progress phase, steps done
+STAGE_NAMES = ("setup", "data", "model", "loss", "step_fn", "backward", "optimizer", "comm", "done")
+PHASES = ("setup", "warm-up", "measured", "no-comm probe")
+PROGRESS = ("idle", "loading data", "starting workers", "compiling", "warming up", "measuring", "done")
+PROBE_STEPS = 5  # steps without gradient all-reduce, timed after the window (exposed-comm estimate)
+
+
+def _code(names: tuple[str, ...], value: str) -> int:
+    return names.index(value) if value in names else -1
+
+
+class SharedStage(Stage):
+    """A Stage that also writes where it is into shared memory, so the launcher can say where a
+    rank was when it died or hung (a killed process reports nothing itself)."""
+
+    def __init__(self, slots: Any, rank: int) -> None:
+        object.__setattr__(self, "slots", slots)
+        object.__setattr__(self, "base", rank * SLOTS)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        object.__setattr__(self, key, value)
+        if self.slots is None:
+            return
+        if key == "name":
+            self.slots[self.base] = _code(STAGE_NAMES, value)
+        elif key == "phase":
+            self.slots[self.base + 1] = _code(PHASES, value)
+        elif key == "step":
+            self.slots[self.base + 2] = value
+
+
+class SharedProgress:
+    """The TrialProgress interface (`set`) backed by shared memory (a rank's progress)."""
+
+    def __init__(self, slots: Any, rank: int) -> None:
+        self.slots, self.base = slots, rank * SLOTS
+
+    def set(self, phase: str, done: int, total: int) -> None:
+        if self.slots is not None:
+            self.slots[self.base + 3] = _code(PROGRESS, phase)
+            self.slots[self.base + 4] = done
+
+
+def describe(slots: Any, rank: int) -> str:
+    """'in backward at measured step 3': where a rank last said it was."""
+    base = rank * SLOTS
+    name = STAGE_NAMES[slots[base]] if 0 <= slots[base] < len(STAGE_NAMES) else "setup"
+    phase = PHASES[slots[base + 1]] if 0 <= slots[base + 1] < len(PHASES) else "setup"
+    from ..runner import WHERE
+
+    where = WHERE.get(name, f"in {name}")
+    when = "while setting up" if phase == "setup" else f"at {phase} step {slots[base + 2]}"
+    return f"{where} {when}"
+
+
+def rank_device(workload: Workload, local_rank: int) -> torch.device:
+    """One GPU per process on CUDA (cuda:local_rank); every rank shares the CPU otherwise."""
+    if workload.device.type == "cuda":
+        return torch.device("cuda", local_rank)
+    return workload.device
+
+
+def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, local_rank: int,
+               warmup_steps: int, steps: int, measure_memory: bool, loader_timeout_s: float,
+               slots: Any = None, strategy: str = "ddp") -> dict[str, Any]:
+    """Run this rank's part of the trial (the process group is already initialised); a report."""
+    stage = SharedStage(slots, rank)
+    progress = SharedProgress(slots, rank)
+    report: dict[str, Any] = {"rank": rank, "status": "ok", "message": "", "where": "", "traceback": "",
+                              "pid": os.getpid(), "notes": []}
+    device = rank_device(workload, local_rank)
+    total = warmup_steps + steps
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(apply.process_settings(knobs))
+            stack.enter_context(seeded(workload.seed))  # every rank: same seed, same snapshot
+            if device != workload.device:
+                workload = copy.copy(workload)
+                workload.device = device  # this rank's GPU (fresh_model copies the snapshot there)
+            report["env"] = environment(device)
+            sampler = None
+            if not workload.spec.iterable:
+                from torch.utils.data.distributed import DistributedSampler
+
+                # each rank reads its own shard; set_epoch per restart (BatchSource) reshuffles alike
+                sampler = DistributedSampler(workload.spec.dataset, num_replicas=world_size, rank=rank,
+                                             shuffle=workload.spec.shuffle, seed=workload.seed)
+                if workload.spec.sampler is not None:
+                    report["notes"].append("the dataset's own sampler is replaced by a DistributedSampler")
+            step = stack.enter_context(TrainStep(workload, knobs, stage=stage, compile=False))
+            source = stack.enter_context(BatchSource(workload, knobs, timeout_s=loader_timeout_s, stage=stage,
+                                                     sampler=sampler))
+            wrapper = STRATEGIES[strategy]()
+            stage.name = "comm"
+            module = wrapper.wrap(step.model, knobs, device)
+            step.step_model = apply.compile_model(module, knobs, device)
+            if knobs.ddp_no_sync and knobs.accum_steps > 1:
+                step.no_sync = wrapper.no_sync  # TrainStep enters it on all but the last micro-batch
+            counter = wrapper.counter
+            progress.set("starting workers" if knobs.num_workers else "loading data", 0, total)
+            with CompileWatch(enabled=knobs.compile != "off") as watch:
+                startup_s = first_batch(source)
+                warm = warm_up(step, source, warmup_steps, stage, progress, total, None,  # type: ignore[arg-type]
+                               measure_memory=measure_memory)
+                stage.name = "comm"
+                dist.barrier()  # every rank starts the window together
+                counter.reset()
+                cpu0 = time.process_time()
+                raw = measure_window(step, source, warmup_steps, steps, stage, progress, None,  # type: ignore[arg-type]
+                                     measure_memory=measure_memory)
+                own_cores = (time.process_time() - cpu0) / raw.wall_s
+            raw.compile_info = watch.info
+            comm = {"allreduce_calls": counter.calls, "allreduce_bytes": counter.bytes}
+            raw.startup_s = startup_s
+            raw.warm_times_s, raw.warmup_wall_s, raw.probe_s = warm[0], warm[1], warm[2]
+            if raw.peak_bytes is None:
+                raw.peak_bytes = warm[3]
+            # The no-communication probe: the same step with every all-reduce skipped. Its median
+            # against the window's median is the communication compute did not hide.
+            probe = StepClock(device)
+            stage.name = "comm"
+            dist.barrier()
+            probe_times: list[float] = []
+            try:  # after the window: a failure here costs the estimate, not the trial
+                probe.mark()
+                for i in range(min(PROBE_STEPS, steps)):
+                    stage.phase, stage.step = "no-comm probe", i + 1
+                    with wrapper.no_sync():
+                        step(source)
+                    probe.mark()
+                sync(device)
+                probe_times = probe.durations_s()
+            except Exception as e:
+                report["notes"].append(f"the no-communication probe failed ({type(e).__name__}: {e}); "
+                                       "exposed_comm_share is unknown for this trial")
+            stage.name = "done"
+            report.update(raw=asdict(raw), comm=comm, probe_times_s=probe_times, own_cores=own_cores,
+                          notes=report["notes"] + source.notes + step.notes, threads=torch.get_num_threads())
+    except Exception as e:  # a failing rank is a report, whatever raised
+        status = "oom" if is_oom(e) else "error"
+        if "DataLoader worker" in str(e) or "DataLoader timed out" in str(e):
+            stage.name = "data"
+        peer = _peer_failure(e)
+        report.update(status=status, message=f"rank {rank}: " + failure_message(status, e, stage, knobs),
+                      where=stage.name, traceback="".join(traceback.format_exception(e)), peer_failure=peer)
+    report["median_step_s"] = (statistics.median(report["raw"]["step_times_s"])
+                               if report.get("raw") and report["raw"]["step_times_s"] else None)
+    return report
+
+
+_PEER = ("Connection closed by peer", "Connection reset by peer", "Timed out", "timed out", "Broken pipe",
+         "DistBackendError", "connection", "ECONNRESET")
+
+
+def _peer_failure(e: BaseException) -> bool:
+    """Did this rank fail because a peer died or hung (the error surfaced in a collective)?"""
+    text = f"{type(e).__name__}: {e}"
+    return isinstance(e, getattr(dist, "DistBackendError", ())) or any(t in text for t in _PEER)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel sends SIGKILL to this process if the launcher thread dies (no orphans)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def forked_rank(rank: int, workload: Workload, knobs: Knobs, port: int, backend: str, timeout_s: float,
+                queue: Any, slots: Any, run_args: dict[str, Any]) -> None:
+    """Entry point of a forked rank (torch.multiprocessing.start_processes calls fn(rank, *args)).
+
+    Forked, so it inherits the notebook's objects (lambdas, classes defined in cells) unpickled.
+    """
+    _die_with_parent()
+    gc.freeze()  # the kernel's objects, inherited: keep the collector from walking (and copying) them
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it stops every rank
+    torch.set_num_threads(knobs.cpu_threads or 1)  # as torchrun: 1 intra-op thread per rank by default
+    world_size = knobs.world_size
+    try:
+        if workload.device.type == "cuda":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception as e:
+        queue.put({"rank": rank, "status": "error", "where": "setup", "peer_failure": False,
+                   "message": f"rank {rank}: could not join the process group ({type(e).__name__}: {e})",
+                   "traceback": "".join(traceback.format_exception(e)), "pid": os.getpid()})
+        os._exit(1)
+    report = rank_trial(workload, knobs, rank=rank, world_size=world_size, local_rank=rank, slots=slots, **run_args)
+    queue.put(report)  # synchronous: in the pipe before this returns
+    if report["status"] == "ok":
+        dist.destroy_process_group()
+    # A forked child skips the parent's exit machinery (its atexit hooks, thread-pool joins): the
+    # exit code alone tells the launcher, and a non-zero one makes it end the other ranks now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if report["status"] == "ok" else 1)
