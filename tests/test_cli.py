@@ -173,7 +173,7 @@ def test_model_factory_works_for_a_single_process_verb(tmp_path, monkeypatch, ca
     assert main(["run", "--model", "clifactory:as_dict", "--device", "cpu", "--steps", "2", "--warmup-steps", "0",
                  "--batch-size", "8", "--json", "--quiet", "--log-path", str(tmp_path / "runs")]) == 0
     rec = json.loads(capsys.readouterr().out)["result"]  # the one --json document (README: JSON output)
-    assert rec["status"] == "ok" and rec["knobs"]["batch_size"] == 8 and rec["knobs"]["world_size"] == 1
+    assert rec["status"] == "ok" and rec["batch_size"] == 8 and rec["world_size"] == 1
     assert (tmp_path / "runs" / "fac.jsonl").exists()
     assert main(["run", "--model", "clifactory:as_bench", "--steps", "2", "--warmup-steps", "0", "--quiet"]) == 0
     assert main(["run", "--model", "clifactory:wrong", "--quiet"]) == 2
