@@ -156,12 +156,12 @@ def profile_peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
                          "use device='cpu' or 'cuda' for a memory figure")
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with _quiet_stderr():  # kineto prints "USDT ... profiler_start/stop" lines on every start/stop
+    with quiet_stderr():  # kineto prints "USDT ... profiler_start/stop" lines on every start/stop
         prof.start()
     try:
         fn()
     finally:
-        with _quiet_stderr():
+        with quiet_stderr():
             prof.stop()
     try:
         events = sorted(compat.memory_events(prof, device.type))  # (time ns, +alloc / -free bytes)
@@ -177,7 +177,7 @@ def profile_peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
 
 
 @contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
+def quiet_stderr() -> Iterator[None]:
     """Silence file descriptor 2 for a moment (C++ log lines that no setting turns off)."""
     try:
         sys.stderr.flush()

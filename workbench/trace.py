@@ -14,15 +14,13 @@ Core module: imports only torch and the standard library.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import os
 import pickle
 import re
-import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from . import compat
+from .measure import quiet_stderr, sync
 
 PHASES = ("data", "forward", "backward", "optimizer")  # record_function names inside each step
 STEP_LABEL = "ProfilerStep#"  # torch.profiler's name for the range around step N ("ProfilerStep*" averaged)
@@ -85,16 +84,16 @@ def capture(step: Callable[[], Any], path: str | os.PathLike, *, device: torch.d
         # The schedule is what makes prof.step() label each step "ProfilerStep#N" in the trace.
         prof = profile(activities=activities, schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
                        on_trace_ready=ready)
-        with _quiet_stderr():  # kineto prints "profiler_start/stop" lines that no setting turns off
+        with quiet_stderr():  # kineto prints "profiler_start/stop" lines that no setting turns off
             prof.start()
         try:
             for _ in range(warmup + steps):
                 step()
-                _sync(device)  # the step's device work lands inside its ProfilerStep range
-                with _quiet_stderr():
+                sync(device)  # the step's device work lands inside its ProfilerStep range
+                with quiet_stderr():
                     prof.step()
         finally:
-            with _quiet_stderr():
+            with quiet_stderr():
                 prof.stop()
         if recording:
             snap = _memory_snapshot(notes)
@@ -108,32 +107,6 @@ def capture(step: Callable[[], Any], path: str | os.PathLike, *, device: torch.d
         snap_path, html_path = _write_memory_files(snap, path, notes)
     return TraceFiles(path=path, steps=steps, memory_snapshot=snap_path, memory_html=html_path,
                       notes=tuple(notes), averages=written.get("averages"))
-
-
-@contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """Silence file descriptor 2 for a moment (C++ log lines of the profiler's start and stop)."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 # ---- CUDA memory snapshot: the private torch calls live in compat.py, each with a fallback note ---
