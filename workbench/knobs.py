@@ -537,22 +537,24 @@ def adjust_optimizer(optimizer: Any, knobs: Knobs, notes: list[str]) -> Any:
     return optimizer
 
 
-def checkpoint_options(knobs: Knobs) -> dict[str, Any]:
-    """Extra keywords for torch.utils.checkpoint.checkpoint gathered from the knobs' hooks."""
+def _keywords(knobs: Knobs, hook: str) -> dict[str, Any]:
+    """The keywords every knob's `hook` (a KnobSpec field: value -> dict) contributes, merged."""
     out: dict[str, Any] = {}
     for spec in KNOBS.values():
-        if spec.checkpoint_kwargs is not None:
-            out.update(spec.checkpoint_kwargs(getattr(knobs, spec.name)))
+        fn = getattr(spec, hook)
+        if fn is not None:
+            out.update(fn(getattr(knobs, spec.name)))
     return out
+
+
+def checkpoint_options(knobs: Knobs) -> dict[str, Any]:
+    """Extra keywords for torch.utils.checkpoint.checkpoint gathered from the knobs' hooks."""
+    return _keywords(knobs, "checkpoint_kwargs")
 
 
 def ddp_options(knobs: Knobs) -> dict[str, Any]:
     """Keywords for DistributedDataParallel gathered from the knobs' `ddp_kwargs` hooks."""
-    out: dict[str, Any] = {}
-    for spec in KNOBS.values():
-        if spec.ddp_kwargs is not None:
-            out.update(spec.ddp_kwargs(getattr(knobs, spec.name)))
-    return out
+    return _keywords(knobs, "ddp_kwargs")
 
 
 def code_sections(knobs: Knobs) -> dict[str, list[str]]:

@@ -150,17 +150,12 @@ class ResultLog:
         complete = data[: data.rfind(b"\n") + 1]
         tail = data[len(complete):]
         lines = complete.decode("utf-8", errors="replace").splitlines()
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                if rec.get("event") == "baseline":
-                    self._baseline_id = rec["trial_id"]
-                else:
-                    self.trials.append(TrialResult.from_record(rec))
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
-                warnings.warn(f"{self.path}: skipped unreadable line {self._line_no(i)}: {e}", stacklevel=4)
+        trials, baseline_id, bad = read_records(lines)
+        self.trials += trials
+        if baseline_id is not None:
+            self._baseline_id = baseline_id
+        for i, e in bad:
+            warnings.warn(f"{self.path}: skipped unreadable line {self._line_no(i)}: {e}", stacklevel=4)
         self._offset += len(complete)
         if tail:
             # Writers hold the lock until their line ends, so an unterminated last line under the
@@ -349,6 +344,42 @@ def _padded(values: Sequence[float], n: int) -> list[float]:
     """`values` cut or NaN-padded to n entries (a failed trial may have fewer losses than step times)."""
     out = [float(v) for v in values[:n]]
     return out + [float("nan")] * (n - len(out))
+
+
+def parse_record(line: str) -> tuple[str, Any]:
+    """One JSONL line of a log: ("baseline", trial id) or ("trial", TrialResult).
+
+    Raises ValueError/KeyError/TypeError for anything else (a truncated line, another program's
+    record), so readers can skip it with a warning.
+    """
+    rec = json.loads(line)
+    if not isinstance(rec, dict):
+        raise TypeError(f"a JSON {type(rec).__name__}, not a trial record")
+    if rec.get("event") == "baseline":
+        return "baseline", int(rec["trial_id"])
+    if "status" not in rec or "trial_id" not in rec:
+        raise KeyError("no status/trial_id: not a workbench trial")
+    return "trial", TrialResult.from_record(rec)
+
+
+def read_records(lines: list[str]) -> tuple[list[TrialResult], int | None, list[tuple[int, Exception]]]:
+    """(trials, the last explicit baseline id, [(line index, error) of unreadable lines]) of log lines."""
+    trials: list[TrialResult] = []
+    baseline_id: int | None = None
+    bad: list[tuple[int, Exception]] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            kind, value = parse_record(line)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            bad.append((i, e))
+            continue
+        if kind == "baseline":
+            baseline_id = value
+        else:
+            trials.append(value)
+    return trials, baseline_id, bad
 
 
 def default_participant() -> str:

@@ -35,7 +35,7 @@ import pandas as pd
 
 from .knobs import Knobs
 from .measure import TrialResult
-from .results import compare, noise_of
+from .results import compare, noise_of, read_records
 
 # The columns an instructor reads first; knobs and details follow.
 RESULT_COLUMNS = [
@@ -71,28 +71,11 @@ def read_log(path: str | os.PathLike) -> tuple[list[TrialResult], int | None]:
     warning per file; a file with no readable trial raises ValueError (a foreign file).
     """
     path = Path(path)
-    trials: list[TrialResult] = []
-    baseline_id: int | None = None
-    bad: list[str] = []
     with open(path, "rb") as f:
-        data = f.read()
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise TypeError(f"a JSON {type(rec).__name__}, not a trial record")
-            if rec.get("event") == "baseline":
-                baseline_id = int(rec["trial_id"])
-            elif "status" in rec and "trial_id" in rec:
-                trials.append(TrialResult.from_record(rec))
-            else:
-                raise KeyError("no status/trial_id: not a workbench trial")
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            where = "last line" if i == len(lines) - 1 else f"line {i + 1}"
-            bad.append(f"{where} ({type(e).__name__}: {str(e)[:80]})")
+        lines = f.read().decode("utf-8", errors="replace").splitlines()
+    trials, baseline_id, errors = read_records(lines)
+    bad = [f"{'last line' if i == len(lines) - 1 else f'line {i + 1}'} ({type(e).__name__}: {str(e)[:80]})"
+           for i, e in errors]
     if not trials and (bad or baseline_id is not None):
         raise ValueError(f"no workbench trial in it; unreadable: {', '.join(bad[:3])}")
     if bad:
