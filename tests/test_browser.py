@@ -146,7 +146,9 @@ def test_quickstart_panel_in_a_real_browser(lab, tmp_path) -> None:
             rows = panel.locator("table.wb-results tbody tr")
             page.wait_for_function("() => document.querySelectorAll('.wb-panel .wb-chart svg').length > 0")
             n_marks, n_rows = marks.count(), rows.count()
-            assert n_marks == n_rows == 5, (n_marks, n_rows)  # the notebook's five trials
+            # the notebook's ten trials: baseline, cached, 2 confirmation rounds (4), the baseline again,
+            # workers, workers + cpu_threads=1, and the panel's own trial
+            assert n_marks == n_rows == 10, (n_marks, n_rows)
             assert panel.locator(".wb-knob-pin_memory input").is_disabled()  # a no-op on CPU
 
             # ---- change num_workers in the page: a trial runs, a mark and a row appear ---------
