@@ -310,9 +310,14 @@ def _no_sync_note(k: Knobs, device_type: str) -> str | None:
 
 
 _BUCKET = _ddp_arg("ddp_bucket_cap_mb", "bucket_cap_mb")
-_VIEW = _ddp_arg("ddp_gradient_as_bucket_view", "gradient_as_bucket_view")
-_STATIC = _ddp_arg("ddp_static_graph", "static_graph")
-_UNUSED = _ddp_arg("ddp_find_unused_parameters", "find_unused_parameters")
+
+
+def _ddp_flag(name: str, ddp_arg: str, *, help: str) -> Any:
+    """A DDP constructor flag as a knob (default False): a checkbox in "Distributed", passed as
+    DDP(..., ddp_arg=True), a note while world_size == 1."""
+    kwargs, code = _ddp_arg(name, ddp_arg)
+    return knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True, note=_ddp_note(name),
+                ddp_kwargs=kwargs, code=code, fuzz=Fuzz((False, True)), help=help)
 
 
 @dataclass(frozen=True)
@@ -397,18 +402,12 @@ class Knobs:
                               probe="fp16", note=_ddp_note("ddp_comm_hook"), code=_comm_hook_code,
                               fuzz=Fuzz(COMM_HOOKS, ("int8",)),
                               help='compress gradients before the all-reduce: "none" | "fp16" | "bf16" (NCCL only)')
-    ddp_gradient_as_bucket_view: bool = knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
-                                             note=_ddp_note("ddp_gradient_as_bucket_view"), ddp_kwargs=_VIEW[0],
-                                             code=_VIEW[1], fuzz=Fuzz((False, True)),
-                                             help="gradients are views into the all-reduce buckets: one copy less")
-    ddp_static_graph: bool = knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
-                                  note=_ddp_note("ddp_static_graph"), ddp_kwargs=_STATIC[0], code=_STATIC[1],
-                                  fuzz=Fuzz((False, True)),
-                                  help="DDP static_graph=True: the same parameters get gradients every step")
-    ddp_find_unused_parameters: bool = knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
-                                            note=_ddp_note("ddp_find_unused_parameters"), ddp_kwargs=_UNUSED[0],
-                                            code=_UNUSED[1], fuzz=Fuzz((False, True)),
-                                            help="DDP walks the graph each step for parameters without gradients")
+    ddp_gradient_as_bucket_view: bool = _ddp_flag("ddp_gradient_as_bucket_view", "gradient_as_bucket_view",
+                                                  help="gradients are views into the all-reduce buckets: one copy less")
+    ddp_static_graph: bool = _ddp_flag("ddp_static_graph", "static_graph",
+                                       help="DDP static_graph=True: the same parameters get gradients every step")
+    ddp_find_unused_parameters: bool = _ddp_flag("ddp_find_unused_parameters", "find_unused_parameters",
+                                                 help="DDP walks the graph each step for parameters without gradients")
     ddp_broadcast_buffers: bool = knob(True, kind="bool", group="Distributed", widget="checkbox", probe=False,
                                        note=_ddp_note("ddp_broadcast_buffers"), ddp_kwargs=_broadcast_buffers,
                                        code=_broadcast_code, fuzz=Fuzz((True, False)),
