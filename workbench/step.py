@@ -25,6 +25,7 @@ from .knobs import Knobs, adjust_optimizer, checkpoint_options
 from .workload import Workload, batch_size_of, move_to
 
 NoSync = Callable[[], contextlib.AbstractContextManager]  # e.g. DistributedDataParallel.no_sync
+_NO_CONTEXT = contextlib.nullcontext()  # reusable: the measured step allocates no context objects
 
 
 class Stage:
@@ -195,7 +196,7 @@ class TrainStep:
         self.scaler = apply.grad_scaler(knobs, self.device)
 
     def _label(self, name: str) -> contextlib.AbstractContextManager:
-        return record_function(name) if self.label_phases else contextlib.nullcontext()
+        return record_function(name) if self.label_phases else _NO_CONTEXT
 
     def forward_backward(self, batch: Any) -> torch.Tensor:
         """Forward + loss + backward of one micro-batch (loss / accum_steps); returns the loss."""
@@ -235,7 +236,7 @@ class TrainStep:
             wait += time.perf_counter() - tw
             samples += batch_size_of(batch)
             skip_sync = self.no_sync is not None and micro < k - 1
-            with self.no_sync() if skip_sync else contextlib.nullcontext():
+            with self.no_sync() if skip_sync else _NO_CONTEXT:
                 loss = self.forward_backward(batch)
             if losses is not None:
                 losses.add(index, loss)
