@@ -104,3 +104,36 @@ def test_memory_timeline_falls_back_with_a_note(monkeypatch):
     monkeypatch.setattr(_memory_viz, "trace_plot", broken)
     page, note = compat.memory_timeline_html({})
     assert page is None and "trace_plot" in note and "KeyError" in note
+
+
+def test_compile_watch_lists_each_distinct_graph_break_once_with_its_line_and_count():
+    import inspect
+
+    from workbench.diagnose.compile import break_lines
+
+    torch._dynamo.reset()
+
+    def f(x):
+        y = x * 2
+        torch._dynamo.graph_break()  # the user-code line the summary must name
+        return y + 1
+
+    fn = torch.compile(f, backend="eager", dynamic=False)  # dynamo only: fast, no inductor
+    line = inspect.getsourcelines(f)[1] + 2
+    with compat.CompileWatch(enabled=True) as w:
+        for n in (3, 5, 7):  # three static shapes: the same break, compiled three times
+            fn(torch.ones(n))
+    breaks = w.info["breaks"]
+    assert len(breaks) == 1, breaks
+    assert breaks[0]["count"] >= 2 and breaks[0]["where"].endswith(f"test_compat.py:{line} in f"), breaks
+    text = break_lines(w.info)
+    assert len(text) == 1 and f"×{breaks[0]['count']}" in text[0] and "test_compat.py" in text[0]
+
+
+def test_distinct_breaks_group_records_without_a_stack():
+    class Rec:
+        def __init__(self, reason):
+            self.reason, self.user_stack = reason, None
+
+    out = compat.distinct_breaks([Rec("a\nmore"), Rec("b"), Rec("a")])
+    assert out == [{"reason": "a", "where": "", "count": 2}, {"reason": "b", "where": "", "count": 1}]

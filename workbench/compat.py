@@ -25,6 +25,7 @@ PRIVATE: dict[str, tuple[str, str]] = {
     "kineto_results": ("torch.autograd.profiler", "profile.kineto_results"),
     "dynamo_counters": ("torch._dynamo.utils", "counters"),
     "dynamo_compilation_metrics": ("torch._dynamo.utils", "get_compilation_metrics"),
+    "dynamo_graph_break_reasons": ("torch._dynamo.utils", "graph_break_reasons"),
     "record_memory_history": ("torch.cuda.memory", "_record_memory_history"),
     "memory_snapshot": ("torch.cuda.memory", "_snapshot"),
     "memory_viz": ("torch.cuda._memory_viz", "trace_plot"),
@@ -149,6 +150,34 @@ def compilation_metrics_since(start_us: int) -> list[Any]:
     return [m for m in get_compilation_metrics() if (getattr(m, "start_time_us", None) or 0) >= start_us]
 
 
+def graph_break_records() -> list[Any]:
+    """Dynamo's process-wide list of graph-break records (reason + user stack); [] when it is gone."""
+    try:
+        from torch._dynamo.utils import graph_break_reasons
+    except Exception:
+        return []
+    return graph_break_reasons if isinstance(graph_break_reasons, list) else []
+
+
+def user_location(stack: Any) -> str:
+    """`file:line in function` of the innermost frame outside torch itself (the user's code), or ''."""
+    frames = [f for f in (stack or []) if getattr(f, "filename", None)]
+    user = [f for f in frames if "/torch/" not in f.filename.replace("\\", "/")] or frames
+    if not user:
+        return ""
+    f = user[-1]
+    return f"{f.filename}:{f.lineno} in {f.name}"
+
+
+def distinct_breaks(records: list[Any]) -> list[dict[str, Any]]:
+    """Graph-break records grouped by (reason, user-code location): each once, with its count."""
+    seen: dict[tuple[str, str], int] = {}
+    for rec in records:
+        key = (first_line(getattr(rec, "reason", rec)), user_location(getattr(rec, "user_stack", None)))
+        seen[key] = seen.get(key, 0) + 1
+    return [{"reason": r, "where": w, "count": n} for (r, w), n in sorted(seen.items(), key=lambda kv: -kv[1])]
+
+
 def first_line(text: Any) -> str:
     """The first non-empty line of `text`, at most 200 characters."""
     lines = [s.strip() for s in str(text).strip().splitlines() if s.strip()]
@@ -165,6 +194,7 @@ class CompileWatch:
 
     counters = staticmethod(dynamo_counters)  # replaceable in tests
     metrics_since = staticmethod(compilation_metrics_since)
+    break_records = staticmethod(graph_break_records)
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = bool(enabled)
@@ -172,11 +202,13 @@ class CompileWatch:
         self._before: dict[str, dict[str, int]] = {}
         self._start_us = 0
         self._t0 = 0.0
+        self._breaks_seen = 0
 
     def __enter__(self) -> CompileWatch:
         if self.enabled:
             try:
                 self._before = self.counters()
+                self._breaks_seen = len(self.break_records())
                 self._start_us = time.time_ns() // 1000
                 self._t0 = time.perf_counter()
             except Exception:  # never let diagnostics break the trial
@@ -205,10 +237,14 @@ class CompileWatch:
         recompile_reasons = [first_line(m.recompile_reason) for m in metrics if getattr(m, "recompile_reason", None)]
         failures = [f"{m.fail_type}: {first_line(m.fail_reason)}" for m in metrics if getattr(m, "fail_type", None)]
         frames = delta("frames")
+        records = self.break_records()
+        new_breaks = records[self._breaks_seen:] if len(records) >= self._breaks_seen else records  # reset: all
         info: dict[str, Any] = {
             "graph_count": int(delta("stats").get("unique_graphs", 0)),
             "graph_breaks": int(sum(breaks.values())),
             "break_reasons": [first_line(r) for r in list(breaks)[:MAX_REASONS]],
+            # each distinct break once: its reason, the user-code line, how often it happened
+            "breaks": distinct_breaks(new_breaks)[:MAX_REASONS],
             "recompiles": len(recompile_reasons),
             "recompile_reasons": recompile_reasons[:MAX_REASONS],
             "frames_compiled": int(frames.get("total", 0)),

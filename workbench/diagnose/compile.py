@@ -13,7 +13,7 @@ from typing import Any
 
 from ..compat import CompileWatch
 
-__all__ = ["CompileWatch", "explain_compile"]
+__all__ = ["CompileWatch", "break_lines", "explain_compile"]
 
 
 def explain_compile(info: dict[str, Any] | None, *, speedup: float | None = None, device_type: str = "cpu",
@@ -28,8 +28,7 @@ def explain_compile(info: dict[str, Any] | None, *, speedup: float | None = None
     if info:
         g, b, r = info.get("graph_count", 0), info.get("graph_breaks", 0), info.get("recompiles", 0)
         lines.append(f"{g} graph(s) compiled, {b} graph break(s), {r} recompile(s)")
-        for reason in info.get("break_reasons", [])[:3]:
-            lines.append(f"graph break: {reason}")
+        lines += break_lines(info)
         for reason in info.get("recompile_reasons", [])[:3]:
             lines.append(f"recompile: {reason} (varying shapes? a last short batch? drop_last=True helps)")
         for fail in info.get("fallback", [])[:3]:
@@ -49,4 +48,18 @@ def explain_compile(info: dict[str, Any] | None, *, speedup: float | None = None
         if not why:
             why.append("the step is dominated by large matmuls/convs that were already efficient")
         lines.append(f"compiled but no faster ({speedup:.2f}x): " + "; ".join(why))
+    return lines
+
+
+def break_lines(info: dict[str, Any] | None, limit: int = 5) -> list[str]:
+    """One line per distinct graph break: how often, why, and where in the user's code."""
+    if not info:
+        return []
+    breaks = info.get("breaks")
+    if breaks is None:  # a trial logged before locations were kept: reasons only
+        return [f"graph break: {reason}" for reason in info.get("break_reasons", [])[:limit]]
+    lines = [f"graph break ×{b['count']}: {b['reason']}" + (f" at {b['where']}" if b.get("where") else "")
+             for b in breaks[:limit]]
+    if len(breaks) > limit:
+        lines.append(f"… and {len(breaks) - limit} more distinct graph breaks")
     return lines
