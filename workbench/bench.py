@@ -230,6 +230,14 @@ class Workbench:
         with search(progress, "diagnose", log=self.log):
             return diagnose(self, **kwargs)
 
+    def explain(self, a: int | TrialResult | Knobs | None = None, b: int | TrialResult | Knobs | None = None, *,
+                progress: bool | None = None) -> Any:
+        """Why B is faster or slower than A (default A: the baseline), phase by phase and op by op,
+        from traced steps (see diagnose/explain.py); a trial without a trace gets a traced repeat."""
+        from .diagnose.explain import explain
+
+        return explain(self, a, b, progress=progress)
+
     def tune(self, budget: int = 12, *, progress: bool | None = None, **kwargs: Any) -> Any:
         """Greedy search in the seeds' order, keeping a change only when it wins beyond noise."""
         from .tune import tune

@@ -191,3 +191,17 @@ def scaling_chart(scaling: pd.DataFrame, *, width: int = 360) -> alt.TopLevelMix
     ideal = alt.Chart(df).mark_line(strokeDash=[4, 4], color="#222222", point=True).encode(x=x, y="ideal:Q")
     text = alt.Chart(df).mark_text(dy=-8).encode(x=x, y="samples_per_s:Q", text="label:N")
     return (bars + ideal + text).properties(width=width, title="Scaling: measured (bars) vs linear (dashed)")
+
+
+def explanation_chart(phases: pd.DataFrame, ops: pd.DataFrame, *, width: int = 420) -> alt.TopLevelMixin:
+    """Why B differs from A: the phase deltas beside the top op deltas (ms per traced step; < 0 = B saves)."""
+    def bars(df: pd.DataFrame, y: str, title: str) -> alt.Chart:
+        data = df.assign(direction=df["delta_ms"].map(lambda d: "B saves" if d < 0 else "B costs"))
+        return alt.Chart(data, title=title).mark_bar().encode(
+            x=alt.X("delta_ms:Q", title="B − A, ms per step"),
+            y=alt.Y(f"{y}:N", sort=None, title=None),
+            color=alt.Color("direction:N", scale=alt.Scale(domain=["B saves", "B costs"], range=["#2e7d32", "#c62828"])),
+            tooltip=[c for c in (y, "a_ms", "b_ms", "delta_ms", "phase", "change") if c in df.columns],
+        ).properties(width=width)
+
+    return alt.vconcat(bars(phases, "phase", "by phase"), bars(ops, "op", "top ops"))

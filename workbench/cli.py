@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for cmd, text in (("run", "run one measured trial and print its result"),
                       ("diagnose", "find the bottleneck: short-circuit test, profiler, memory, FLOPs, verdict"),
-                      ("tune", "greedy search in the recommended order, keeping only wins beyond noise")):
+                      ("tune", "greedy search in the recommended order, keeping only wins beyond noise"),
+                      ("explain", "why B is faster than A (the defaults): traced steps compared by phase and op")):
         p = sub.add_parser(cmd, help=text, description=text, epilog=epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         source = p.add_mutually_exclusive_group(required=True)
@@ -102,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="profile 3 steps after the measured window into a Chrome-trace JSON next to the log")
         if cmd == "tune":
             p.add_argument("--budget", type=int, default=12, help="maximum number of trials")
+        if cmd == "explain":
+            add_explain_arguments(p)
         add_knob_arguments(p.add_argument_group("knobs (defaults: the demo's own)"))
     return parser
 
@@ -266,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-VERBS = ("run", "diagnose", "tune")
+VERBS = ("run", "diagnose", "tune", "explain")
 
 
 def _emit(doc: dict[str, Any], stream: Any = None) -> None:
@@ -304,6 +307,8 @@ def _run(args: argparse.Namespace, as_json: bool = False, rank: int = 0) -> Any:
             return code
         if changes:
             bench.defaults = bench.knobs(**changes)
+        if args.command == "explain":
+            return run_explain(bench, args, progress, as_json)
         if args.command == "diagnose":
             out = bench.diagnose(progress=progress)
         else:
@@ -322,3 +327,52 @@ def _run(args: argparse.Namespace, as_json: bool = False, rank: int = 0) -> Any:
             raise
         print("\ninterrupted (the trial was recorded as 'interrupted')", file=sys.stderr)
         return 130
+
+
+# ---- explain: B's knobs named by --b, A is the defaults ---------------------------------------------
+def add_explain_arguments(p: argparse.ArgumentParser) -> None:
+    """`--b KNOB[=VALUE] ...`: the knobs of B (a bare name turns a bool knob on)."""
+    p.add_argument("--b", dest="b_knobs", nargs="+", action="extend", required=True, metavar="KNOB[=VALUE]",
+                   help="B's knob changes against the defaults, e.g. --b channels_last amp=bf16")
+
+
+def b_changes(specs: Sequence[str], blocks: Sequence[str]) -> dict[str, Any]:
+    """Knobs keyword arguments from `--b` specs, parsed by the knob flags' own types and choices."""
+    argv: list[str] = []
+    for spec in specs:
+        name, eq, value = spec.partition("=")
+        name = name.strip().replace("-", "_")
+        if name not in KNOBS:
+            raise ValueError(f"--b {spec}: unknown knob {name!r}; the knobs are listed by `python -m workbench explain -h`")
+        if KNOBS[name].kind == "bool" and (not eq or value.lower() in ("1", "true", "yes", "on")):
+            argv.append(KNOBS[name].flag)
+        elif KNOBS[name].kind == "bool" and value.lower() in ("0", "false", "no", "off"):
+            argv.append("--no-" + KNOBS[name].flag[2:])
+        elif not eq:
+            raise ValueError(f"--b {spec}: {name} needs a value, e.g. --b {name}=VALUE")
+        else:
+            argv += [KNOBS[name].flag, value]
+    parser = argparse.ArgumentParser(prog="--b", exit_on_error=False, add_help=False)
+    add_knob_arguments(parser)
+    try:
+        parsed = parser.parse_args(argv)
+    except (argparse.ArgumentError, SystemExit) as e:
+        raise ValueError(f"--b {' '.join(specs)}: {e}") from None
+    return knobs_from_args(parsed, blocks)
+
+
+def run_explain(bench: Any, args: argparse.Namespace, progress: Any, as_json: bool) -> Any:
+    """Run A (the defaults) and B with traces, then print the explanation (or return it for --json)."""
+    knobs_b = bench.knobs(**b_changes(args.b_knobs, bench.blocks))
+    if knobs_b == bench.defaults:
+        print("note: B's knobs equal the defaults; the explanation compares two runs of the same knobs", file=sys.stderr)
+    explanation = bench.explain(bench.defaults, knobs_b, progress=progress)
+    if as_json:
+        return 0, {**explanation.to_dict(), "comparison": jsonable(explanation.comparison)}
+    print(str(explanation))
+    import pandas as pd
+
+    with pd.option_context("display.width", 140, "display.max_colwidth", 60, "display.float_format", "{:,.3f}".format):
+        print("\nphases (ms per traced step):\n" + explanation.phases.to_string(index=False))
+        print("\ntop ops:\n" + explanation.ops.head(10).to_string(index=False))
+    return 0

@@ -6,12 +6,14 @@
     memory.py    parameters / gradients / optimizer state / activations; activations per block
     flops.py     FLOPs per step, peak FLOP/s, MFU
     compile.py   CompileWatch (graph breaks, recompiles, fallbacks) and explanations
+    explain.py   why B is faster than A: two trials' traced steps, phase by phase and op by op
     verdict.py   the decision tree -> bottleneck + next knob
     report.py    Diagnosis (text + HTML) and diagnose()
 """
 
 from .compile import CompileWatch, explain_compile
+from .explain import Explanation, explain
 from .report import Diagnosis, diagnose
 from .verdict import Verdict
 
-__all__ = ["CompileWatch", "Diagnosis", "Verdict", "diagnose", "explain_compile"]
+__all__ = ["CompileWatch", "Diagnosis", "Explanation", "Verdict", "diagnose", "explain", "explain_compile"]
