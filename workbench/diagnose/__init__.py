@@ -12,8 +12,8 @@
 """
 
 from .compile import CompileWatch, explain_compile
-from .explain import Explanation, explain
+from .explain import Explanation
 from .report import Diagnosis, diagnose
 from .verdict import Verdict
 
-__all__ = ["CompileWatch", "Diagnosis", "Explanation", "Verdict", "diagnose", "explain", "explain_compile"]
+__all__ = ["CompileWatch", "Diagnosis", "Explanation", "Verdict", "diagnose", "explain_compile"]

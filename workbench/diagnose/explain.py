@@ -258,7 +258,7 @@ class Explanation:
         share = ph[top] / t
         ops = self.ops[(self.ops["phase"] == top) & (self.ops["delta_ms"] * sign > 0)]
         mostly = f", mostly {ops.iloc[0]['op']} ({ops.iloc[0]['delta_ms']:+.1f} ms)" if not ops.empty else ""
-        if share <= 1:
+        if share <= 1.05:  # (floating point and rounding: a few percent over is "all of it")
             text = f"{share:.0%} of the traced change is in {top}{mostly}"
         else:  # phases moved both ways: name the biggest mover, not a share above 100%
             text = (f"{top} moves {ph[top]:+.1f} ms{mostly}, more than the whole traced change ({t:+.1f} ms): "
@@ -276,9 +276,9 @@ class Explanation:
         saving = -self.measured_delta_ms if c.get("side") == "b" else self.measured_delta_ms
         if saving > 0:
             parts.append(f"at {saving:.1f} ms saved per step it pays back after "
-                         f"{math.ceil(c['compile_s'] * 1e3 / saving):,} steps")
+                         f"{math.ceil(round(c['compile_s'] * 1e3 / saving, 6)):,} steps")
         if c.get("breaks"):
-            parts.append(f"{len(c['breaks'])} distinct graph break(s): " + "; ".join(c["breaks"][:3]))
+            parts.append("distinct graph breaks: " + "; ".join(b.removeprefix("graph break ") for b in c["breaks"][:3]))
         return "; ".join(parts) + "."
 
     def __str__(self) -> str:
@@ -388,7 +388,7 @@ def traced_side(bench: Any, x: Any, progress: Any = None) -> list[TrialResult]:
     runs = [first]
     if first.ok and not has_trace(first):
         runs.append(bench.run(first.knobs, trace=True, progress=progress))
-    bad = [r for r in runs if not r.ok or not has_trace(r)]
+    bad = [r for r in runs if not r.ok] or ([] if has_trace(runs[-1]) else runs[-1:])
     if bad:
         r = bad[0]
         why = r.message or "no trace was written (see result.notes)"
