@@ -215,6 +215,16 @@ def test_decide_other_branches():
     assert compute.bottleneck == "compute" and compute.next_knobs == {"channels_last": True}
 
 
+def test_verdict_cites_the_phase_split():
+    import pandas as pd
+
+    fast = check_data(fake_result(1, 0.1, wait=0.01), fake_result(2, 0.1), None)
+    stages = pd.DataFrame({"stage": ["data", "forward", "backward", "optimizer"], "ms_per_step": [1.0, 3.0, 5.0, 1.0]})
+    stages["share"] = stages["ms_per_step"] / 10
+    v = decide(wb.Knobs(amp="bf16"), fast, THREADS, device=torch.device("cpu"), stages=stages)
+    assert "the profiled step splits into data 10%, forward 30%, backward 50%, optimizer 10%" in str(v)
+
+
 def test_data_bound_needs_wait_or_a_cached_speedup_confirmed_in_rounds():
     import dataclasses
 

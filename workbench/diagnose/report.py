@@ -209,7 +209,7 @@ def diagnose(bench: Any, knobs: Knobs | None = None, *, reuse: bool = True, prof
         v = flop_df.set_index("figure")["value"].get("MFU")
         mfu = None if v is None or pd.isna(v) else float(v)
     verdict = decide(knobs, data, threads, device=wl.device, ops=ops, mfu=mfu, has_conv=wl.has_conv,
-                     compile_info=compile_info)
+                     compile_info=compile_info, stages=stages)
     return Diagnosis(knobs=knobs, data=data, threads=threads, verdict=verdict, stages=stages, ops=ops,
                      memory=mem, block_activations=blocks, flops=flop_df, compile=compile_lines, problems=problems,
                      trace_path=trace_path)

@@ -40,9 +40,17 @@ class Verdict:
         return "\n".join(lines)
 
 
+def phase_split(stages: pd.DataFrame | None) -> str | None:
+    """'the profiled step splits into data 2%, forward 31%, ...' from the profiler's stage table."""
+    if stages is None or stages.empty or "share" not in stages:
+        return None
+    parts = ", ".join(f"{row.stage} {row.share:.0%}" for row in stages.itertuples())
+    return f"the profiled step splits into {parts} (eager, profiler ranges)"
+
+
 def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: torch.device,
            ops: pd.DataFrame | None = None, mfu: float | None = None, has_conv: bool = False,
-           compile_info: dict[str, Any] | None = None) -> Verdict:
+           compile_info: dict[str, Any] | None = None, stages: pd.DataFrame | None = None) -> Verdict:
     """Walk the decision tree: failure → compile fallback → data → threads → sync → memory → compute."""
     base: TrialResult = data.baseline
     cores = int(threads["cores"])
@@ -69,6 +77,9 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
         evidence.append(f"one cached batch runs at {c.speedup:.2f}x the real loader ({how})")
     evidence.append(f"data wait is {wait:.0%} of the step (rule: under {DATA_WAIT_LIMIT:.0%}; data-bound needs "
                     "that or a cached-batch speedup confirmed in rounds)")
+    split = phase_split(stages)
+    if split:
+        evidence.append(split)
     if data.loader_headroom is not None:
         evidence.append(f"the loader alone delivers {data.loader_samples_per_s:,.0f} samples/s = "
                         f"{data.loader_headroom:.2f}x what the step can consume")
