@@ -283,3 +283,17 @@ def _wait_for(cond, timeout: float = WAIT_S) -> bool:
             raise AssertionError("condition not reached in time")
         time.sleep(0.01)
     return True
+
+
+def test_a_chart_click_explains_the_trial_against_the_baseline(panel: Panel, bench: wb.Workbench) -> None:
+    bench.run(trace=True, progress=False)
+    bench.run(batch_size=16, progress=False)  # no trace: a click reads traces only, it runs nothing
+    panel._on_chart_pick(2)
+    assert panel.trial_pick.value == 2 and "no trace" in panel.explanation.value and len(bench.trials) == 2
+    panel.explain_button.click()  # the button may trace a repeat of #2
+    assert panel.wait(WAIT_S)
+    assert len(bench.trials) == 3 and bench.trials[-1].trace_path
+    assert "#2 explained against baseline #1" in panel.explanation.value
+    assert "backward" in panel.explanation.value and "aten::" in panel.explanation.value
+    panel._on_chart_pick(3)  # both traced now: explained on the spot
+    assert "#3 explained against baseline #1" in panel.explanation.value and len(bench.trials) == 3

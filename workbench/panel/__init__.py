@@ -28,7 +28,7 @@ from ..progress import Poller, TrialProgress
 from ..runner import check_knobs
 from .controls import GROUPS, KnobControls
 from .queue import DEBOUNCE_S, TrialQueue
-from .view import noise_html, result_line, status_html, table_html, trace_html
+from .view import explanation_html, noise_html, result_line, status_html, table_html, trace_html
 
 __all__ = ["GROUPS", "Panel", "has_frontend", "panel"]
 
@@ -126,6 +126,11 @@ class Panel:
         self.baseline_button = W.Button(description="set as baseline", icon="flag")
         self.repeat_button = W.Button(description="repeat to confirm", icon="refresh",
                                       tooltip=f"re-run this trial and the baseline in {repeat_rounds} alternating rounds")
+        self.explain_button = W.Button(description="explain vs baseline", icon="search",
+                                       tooltip="why this trial is faster or slower than the baseline, by phase "
+                                               "and op (traces a repeat of a trial that has no trace)")
+        self.explain_button.on_click(lambda _: self.explain(self.trial_pick.value, trace=True))
+        self.explanation = W.HTML("")  # the picked trial explained against the baseline
         self.baseline_button.on_click(lambda _: self._set_baseline())
         self.repeat_button.on_click(lambda _: self.repeat(self.trial_pick.value))
         self.verdict = W.HTML("")
@@ -138,8 +143,9 @@ class Panel:
             self.status,
             self.trace_line,
             self.chart,
-            W.HBox([self.trial_pick, self.baseline_button, self.repeat_button]),
+            W.HBox([self.trial_pick, self.baseline_button, self.repeat_button, self.explain_button]),
             self.verdict,
+            self.explanation,
             self.table,
         ])
         self.widget.add_class("wb-panel")
@@ -194,6 +200,17 @@ class Panel:
             return
         self.queue.put(("repeat", trial_id, True), debounce=False)
 
+    def explain(self, trial_id: int | None, *, trace: bool = False) -> None:
+        """Show this trial explained against the baseline (`bench.explain`). Without `trace` (a chart
+        click) it only reads traces both already have, at once; with it, it queues like a trial
+        and traces a repeat of a side without one."""
+        if trial_id is None:
+            return
+        if trace:
+            self.queue.put(("explain", trial_id, True), debounce=False)
+        else:
+            self._explain(trial_id, False)
+
     def stop(self) -> None:
         """Cancel the running trial at its next step boundary and drop any queued job."""
         running = self.queue.stop()
@@ -216,6 +233,8 @@ class Panel:
                 self._run_one(payload)
             else:
                 self._set_status("idle", "no change: these knobs were just measured (press Run to re-measure)")
+        elif kind == "explain":
+            self._explain(payload, force)
         else:
             self._repeat(payload)
 
@@ -285,6 +304,30 @@ class Panel:
         """A click on a chart point selects that trial in the picker (baseline / repeat act on it)."""
         if trial_id is not None and trial_id in [v for _, v in self.trial_pick.options]:
             self.trial_pick.value = trial_id
+            self.explain(trial_id)
+
+    def _explain(self, trial_id: int, trace: bool) -> None:
+        """The explanation of `trial_id` against the baseline into `self.explanation` (queue thread)."""
+        from ..diagnose.explain import has_trace
+
+        base, pick = self.bench.baseline, self.bench.log.get(trial_id)
+        if base is None or base.trial_id == trial_id or not pick.ok:
+            self.explanation.value = explanation_html(None, "pick an ok trial other than the baseline to explain it")
+            return
+        if not trace and not (has_trace(base) and has_trace(pick)):
+            self.explanation.value = explanation_html(None, f"#{trial_id} or the baseline has no trace: press "
+                                                      "'explain vs baseline' to trace a repeat of each")
+            return
+        if trace:
+            self._set_status("starting", f"explaining #{trial_id} against baseline #{base.trial_id}…")
+        try:
+            e = self.bench.explain(base, pick, progress=self.trial_progress)
+        except (ValueError, TypeError) as err:
+            self.explanation.value = explanation_html(None, f"could not explain #{trial_id}: {err}")
+            return
+        self.explanation.value = explanation_html(e)
+        if trace:
+            self._set_status("ok", f"explained #{trial_id} against baseline #{base.trial_id}")
 
     # ---- drawing -----------------------------------------------------------------------------
     def _on_trial(self, result: TrialResult) -> None:

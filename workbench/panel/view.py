@@ -72,3 +72,11 @@ def trace_html(trials: list[TrialResult]) -> str:
         return ""
     return (f'<span class="wb-trace" style="font-size:12px">trace of #{r.trial_id}: '
             f"<code>{html.escape(str(r.trace_path))}</code> (open in ui.perfetto.dev or chrome://tracing)</span>")
+
+
+def explanation_html(explanation: Any, message: str = "") -> str:
+    """The picked trial explained against the baseline (bench.explain), or why it is not."""
+    if explanation is None:
+        return f'<p class="wb-explanation" style="font-size:12px;color:#455a64">{html.escape(message)}</p>'
+    return (f"<details open><summary><b>#{explanation.b} explained against baseline #{explanation.a}</b>"
+            f"</summary>{explanation._repr_html_()}</details>")
