@@ -200,3 +200,12 @@ def test_cli_explain_json_prints_one_document_with_phases_and_ops(capsys):
     assert [p["phase"] for p in result["phases"]] == PHASE_ROWS
     assert result["ops"] and {"op", "calls_a", "calls_b", "a_ms", "b_ms", "delta_ms"} <= set(result["ops"][0])
     assert result["text"] and result["comparison"]["speedup"] > 0
+
+
+def test_explain_winner_is_none_when_the_start_won(make_bench):
+    bench = make_bench()
+    start = bench.run(trace=True, progress=False)
+    assert ex.explain_winner(bench, start, start) is None
+    other = bench.run(trace=True, progress=False, cpu_threads=1)
+    e = ex.explain_winner(bench, start, other)
+    assert e is not None and e.a == start.trial_id and e.b == other.trial_id and len(bench.trials) == 2

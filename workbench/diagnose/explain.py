@@ -401,3 +401,15 @@ def compare_sides(bench: Any, runs_a: list[TrialResult], runs_b: list[TrialResul
     from ..results import compare
 
     return compare(runs_a, runs_b, log=bench.log)
+
+
+def explain_winner(bench: Any, start: TrialResult, best: TrialResult, *, progress: Any = False) -> Explanation | None:
+    """`tune()`'s winner explained against its start (None when the start won or a side failed).
+
+    A side without a trace gets one traced repeat (two more trials at most, after the search)."""
+    if best.knobs == start.knobs or not (best.ok and start.ok):
+        return None
+    try:
+        return explain(bench, start, best, progress=progress)
+    except ValueError:  # a traced repeat failed: the tuning result stands without its explanation
+        return None
