@@ -221,7 +221,11 @@ def test_verdict_cites_the_phase_split():
     fast = check_data(fake_result(1, 0.1, wait=0.01), fake_result(2, 0.1), None)
     stages = pd.DataFrame({"stage": ["data", "forward", "backward", "optimizer"], "ms_per_step": [1.0, 3.0, 5.0, 1.0]})
     stages["share"] = stages["ms_per_step"] / 10
-    v = decide(wb.Knobs(amp="bf16"), fast, THREADS, device=torch.device("cpu"), stages=stages)
+    from workbench.diagnose.verdict import cite_phases
+
+    plain = decide(wb.Knobs(amp="bf16"), fast, THREADS, device=torch.device("cpu"))
+    v = cite_phases(plain, stages)
+    assert v.evidence[:-1] == plain.evidence and cite_phases(plain, None) == plain
     assert "the profiled step splits into data 10%, forward 30%, backward 50%, optimizer 10%" in str(v)
 
 

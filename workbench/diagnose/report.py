@@ -31,7 +31,7 @@ from .flops import flops_per_step, mfu_frame, peak_flops
 from .memory import block_activation_bytes, memory_breakdown
 from .profile import profile_step
 from .threads import thread_check, thread_frame
-from .verdict import Verdict, decide
+from .verdict import Verdict, cite_phases, decide
 
 
 @dataclass
@@ -208,8 +208,8 @@ def diagnose(bench: Any, knobs: Knobs | None = None, *, reuse: bool = True, prof
     if flop_df is not None:
         v = flop_df.set_index("figure")["value"].get("MFU")
         mfu = None if v is None or pd.isna(v) else float(v)
-    verdict = decide(knobs, data, threads, device=wl.device, ops=ops, mfu=mfu, has_conv=wl.has_conv,
-                     compile_info=compile_info, stages=stages)
+    verdict = cite_phases(decide(knobs, data, threads, device=wl.device, ops=ops, mfu=mfu, has_conv=wl.has_conv,
+                                 compile_info=compile_info), stages)  # the evidence cites the phase split
     return Diagnosis(knobs=knobs, data=data, threads=threads, verdict=verdict, stages=stages, ops=ops,
                      memory=mem, block_activations=blocks, flops=flop_df, compile=compile_lines, problems=problems,
                      trace_path=trace_path)

@@ -3,7 +3,7 @@ with the next knob to try and why. Real jobs stack bottlenecks: fix this one, di
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -40,6 +40,12 @@ class Verdict:
         return "\n".join(lines)
 
 
+def cite_phases(verdict: Verdict, stages: pd.DataFrame | None) -> Verdict:
+    """The verdict with the profiled phase split added to its evidence (unchanged without a profile)."""
+    split = phase_split(stages)
+    return replace(verdict, evidence=(*verdict.evidence, split)) if split else verdict
+
+
 def phase_split(stages: pd.DataFrame | None) -> str | None:
     """'the profiled step splits into data 2%, forward 31%, ...' from the profiler's stage table."""
     if stages is None or stages.empty or "share" not in stages:
@@ -50,7 +56,7 @@ def phase_split(stages: pd.DataFrame | None) -> str | None:
 
 def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: torch.device,
            ops: pd.DataFrame | None = None, mfu: float | None = None, has_conv: bool = False,
-           compile_info: dict[str, Any] | None = None, stages: pd.DataFrame | None = None) -> Verdict:
+           compile_info: dict[str, Any] | None = None) -> Verdict:
     """Walk the decision tree: failure → compile fallback → data → threads → sync → memory → compute."""
     base: TrialResult = data.baseline
     cores = int(threads["cores"])
@@ -77,9 +83,6 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
         evidence.append(f"one cached batch runs at {c.speedup:.2f}x the real loader ({how})")
     evidence.append(f"data wait is {wait:.0%} of the step (rule: under {DATA_WAIT_LIMIT:.0%}; data-bound needs "
                     "that or a cached-batch speedup confirmed in rounds)")
-    split = phase_split(stages)
-    if split:
-        evidence.append(split)
     if data.loader_headroom is not None:
         evidence.append(f"the loader alone delivers {data.loader_samples_per_s:,.0f} samples/s = "
                         f"{data.loader_headroom:.2f}x what the step can consume")

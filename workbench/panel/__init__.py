@@ -126,11 +126,7 @@ class Panel:
         self.baseline_button = W.Button(description="set as baseline", icon="flag")
         self.repeat_button = W.Button(description="repeat to confirm", icon="refresh",
                                       tooltip=f"re-run this trial and the baseline in {repeat_rounds} alternating rounds")
-        self.explain_button = W.Button(description="explain vs baseline", icon="search",
-                                       tooltip="why this trial is faster or slower than the baseline, by phase "
-                                               "and op (traces a repeat of a trial that has no trace)")
-        self.explain_button.on_click(lambda _: self.explain(self.trial_pick.value, trace=True))
-        self.explanation = W.HTML("")  # the picked trial explained against the baseline
+        self.explain_button, self.explanation = self._explain_widgets(W)
         self.baseline_button.on_click(lambda _: self._set_baseline())
         self.repeat_button.on_click(lambda _: self.repeat(self.trial_pick.value))
         self.verdict = W.HTML("")
@@ -199,6 +195,14 @@ class Panel:
             self._set_status("error", "pick a trial first")
             return
         self.queue.put(("repeat", trial_id, True), debounce=False)
+
+    def _explain_widgets(self, W: Any) -> tuple[Any, Any]:
+        """The 'explain vs baseline' button and the HTML the explanation goes into."""
+        button = W.Button(description="explain vs baseline", icon="search",
+                          tooltip="why this trial is faster or slower than the baseline, by phase and op "
+                                  "(traces a repeat of a trial that has no trace)")
+        button.on_click(lambda _: self.explain(self.trial_pick.value, trace=True))
+        return button, W.HTML("")
 
     def explain(self, trial_id: int | None, *, trace: bool = False) -> None:
         """Show this trial explained against the baseline (`bench.explain`). Without `trace` (a chart
