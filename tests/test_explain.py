@@ -108,6 +108,10 @@ def test_sentences_say_the_saving_the_share_and_where(tmp_path):
     assert "100% of the traced change is in forward, mostly aten::conv2d (-0.2 ms)" in text
     assert "data wait is unchanged" in text
     assert "<table" in e._repr_html_() and e.to_dict()["phases"][0]["phase"] == "data wait"
+    from workbench.cli import jsonable
+
+    doc = jsonable(e)  # e.g. inside a TuneResult's --json document
+    assert doc["text"] == e.sentences() and doc["phases"][0]["phase"] == "data wait" and doc["ops"]
 
 
 def test_within_noise_comes_first_and_disagreement_is_quantified(tmp_path):

@@ -220,6 +220,11 @@ class Explanation:
         m = self.measured_delta_ms
         return None if abs(m) < 1e-9 else self.traced_delta_ms / m
 
+    @property
+    def text(self) -> list[str]:
+        """The sentences (a property, so JSON documents of results that hold an Explanation carry them)."""
+        return self.sentences()
+
     def sentences(self) -> list[str]:
         """The explanation in plain words, the noise verdict first when it is within noise."""
         out = []
