@@ -23,13 +23,14 @@ def _x(name, cat, ts, dur, tid=1):
     return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
 
 
-def _trace(tmp_path: Path, name: str, conv_us: float, *, extra_op: str | None = None, gpu: bool = False) -> Path:
+def _trace(tmp_path: Path, name: str, conv_us: float, *, extra_op: str | None = None, gpu: bool = False,
+           kernel_us: float = 550) -> Path:
     """Two steps of 1000 us + conv_us: data 100, forward 200 + conv_us (a linear holding an addmm,
     and a conv), backward 500, optimizer 100; the rest is 'other'."""
     events = []
     t = 0.0
     for i in (1, 2):
-        step = 1000 + conv_us
+        step = 1000 + conv_us + (max(0.0, kernel_us - 550) if gpu else 0.0)  # a longer kernel: a longer step
         events.append(_x(f"ProfilerStep#{i}", "user_annotation", t, step))
         events.append(_x("data", "user_annotation", t + 10, 100))
         events.append(_x("forward", "user_annotation", t + 110, 200 + conv_us))
@@ -42,8 +43,8 @@ def _trace(tmp_path: Path, name: str, conv_us: float, *, extra_op: str | None = 
         events.append(_x("aten::mm", "cpu_op", t + 320 + conv_us, 400, tid=2))  # autograd thread: phase by time
         events.append(_x("optimizer", "user_annotation", t + 810 + conv_us, 100))
         if gpu:
-            events.append(_x("backward", "gpu_user_annotation", t + 330 + conv_us, 600, tid=7))
-            events.append(_x("sgemm_kernel", "kernel", t + 340 + conv_us, 550, tid=7))
+            events.append(_x("backward", "gpu_user_annotation", t + 330 + conv_us, kernel_us + 50, tid=7))
+            events.append(_x("sgemm_kernel", "kernel", t + 340 + conv_us, kernel_us, tid=7))
         t += step
     path = tmp_path / f"{name}.pt.trace.json"
     path.write_text(json.dumps({"traceEvents": [*events, {"ph": "M", "name": "process_name", "pid": 1}]}))
@@ -68,6 +69,11 @@ def test_gpu_traces_use_device_ranges_and_kernels(tmp_path):
     assert s.device and s.phases["backward"] == pytest.approx(0.6)  # the device-side range, not the host's 0.5
     k = s.ops[s.ops["kind"] == "kernel"].set_index("op")
     assert k.loc["sgemm_kernel", "ms"] == pytest.approx(0.55) and k.loc["sgemm_kernel", "phase"] == "backward"
+    slow = ex.read_trace(_trace(tmp_path, "h", 300, gpu=True, kernel_us=850))
+    a, b = _result(1, 1.6, tmp_path / "h.pt.trace.json"), _result(2, 1.3, tmp_path / "g.pt.trace.json")
+    e = ex.explain_traces([a], [b], decide([5000.0] * 3, [6150.0] * 3, QUIET, a_trials=[1], b_trials=[2]))
+    assert slow.phases["backward"] == pytest.approx(0.9) and e.phases.set_index("phase").loc["backward", "delta_ms"] < 0
+    assert "in backward, mostly sgemm_kernel (-0.3 ms)" in str(e)  # on a GPU the kernel, not a host op, explains it
 
 
 def test_a_trace_without_steps_is_refused(tmp_path):
@@ -213,3 +219,10 @@ def test_explain_winner_is_none_when_the_start_won(make_bench):
     other = bench.run(trace=True, progress=False, cpu_threads=1)
     e = ex.explain_winner(bench, start, other)
     assert e is not None and e.a == start.trial_id and e.b == other.trial_id and len(bench.trials) == 2
+
+
+def test_traces_that_barely_differ_say_so_instead_of_a_share(tmp_path):
+    a = _result(1, 1.3, _trace(tmp_path, "a", 300))
+    b = _result(2, 1.1, _trace(tmp_path, "b", 300))  # the same traced steps, a different measured step
+    e = ex.explain_traces([a], [b], decide([6000.0] * 3, [7300.0] * 3, QUIET, a_trials=[1], b_trials=[2]))
+    assert "barely differ (+0.00 ms vs measured -0.2 ms)" in str(e) and "%" not in e.sentences()[1]

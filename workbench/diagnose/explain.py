@@ -246,6 +246,9 @@ class Explanation:
         if share is None:
             return f"The traced steps differ by {t:+.1f} ms where the measured steps do not differ."
         m = self.measured_delta_ms
+        if abs(t) < 0.005 * max(self.traced_a_ms, self.traced_b_ms, 1e-9):
+            return (f"The traced steps barely differ ({t:+.2f} ms vs measured {m:+.1f} ms): profiler overhead and "
+                    "noise make them disagree, so the split below explains little of it.")
         if abs(share - 1) <= AGREE:
             return f"The traced steps account for {share:.0%} of it ({t:+.1f} ms of {m:+.1f} ms)."
         how = "point the other way" if share < 0 else f"account for {share:.0%} of it"
@@ -262,6 +265,8 @@ class Explanation:
         top = (ph * sign).idxmax()
         share = ph[top] / t
         ops = self.ops[(self.ops["phase"] == top) & (self.ops["delta_ms"] * sign > 0)]
+        if (ops["kind"] == "kernel").any() and top != "data wait":  # GPU phases are device time: kernels explain them
+            ops = ops[ops["kind"] == "kernel"]
         mostly = f", mostly {ops.iloc[0]['op']} ({ops.iloc[0]['delta_ms']:+.1f} ms)" if not ops.empty else ""
         if share <= 1.05:  # (floating point and rounding: a few percent over is "all of it")
             text = f"{share:.0%} of the traced change is in {top}{mostly}"
