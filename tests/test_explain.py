@@ -226,3 +226,16 @@ def test_traces_that_barely_differ_say_so_instead_of_a_share(tmp_path):
     b = _result(2, 1.1, _trace(tmp_path, "b", 300))  # the same traced steps, a different measured step
     e = ex.explain_traces([a], [b], decide([6000.0] * 3, [7300.0] * 3, QUIET, a_trials=[1], b_trials=[2]))
     assert "barely differ (+0.00 ms vs measured -0.2 ms)" in str(e) and "%" not in e.sentences()[1]
+
+
+def test_the_median_traced_step_ignores_one_disturbed_step(tmp_path):
+    path = _trace(tmp_path, "a", 300)
+    doc = json.loads(path.read_text())
+    doc["traceEvents"].append(_x("ProfilerStep#3", "user_annotation", 5000, 9000))  # a step stalled by another process
+    doc["traceEvents"].append(_x("aten::stall", "cpu_op", 5100, 8800))
+    path.write_text(json.dumps(doc))
+    s = ex.read_trace(path)
+    assert s.steps == 3 and s.step_ms == pytest.approx(1.3) and "aten::stall" not in set(s.ops["op"])
+    assert "the median of 3 traced steps" in s.used
+    mean = ex.read_trace(path, median=False)
+    assert mean.step_ms == pytest.approx((1.3 * 2 + 9.0) / 3) and "aten::stall" in set(mean.ops["op"])

@@ -52,17 +52,28 @@ class TraceSummary:
     phases: dict[str, float]
     ops: pd.DataFrame  # op, kind (op | kernel), phase, calls, ms  (per step)
     device: bool = False  # True when the trace holds device kernels (GPU)
+    used: str = ""  # which steps the figures come from ("ProfilerStep#2, the median of 3", "mean of 3 steps")
 
 
-def read_trace(path: str | Path) -> TraceSummary:
-    """Phases and ops per traced step from a trace the workbench wrote (run(trace=True), diagnose)."""
+def read_trace(path: str | Path, *, median: bool = True) -> TraceSummary:
+    """Phases and ops per traced step from a trace the workbench wrote (run(trace=True), diagnose).
+
+    `median`: the figures are those of the traced step of median length (the measured figure is a
+    median too), so one step disturbed by another process does not swing them; else the mean step.
+    """
     doc = json.loads(Path(path).read_text())
     events = [e for e in doc.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     steps = [e for e in events if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(STEP_LABEL)]
     if not steps:
         raise ValueError(f"{path} has no {STEP_LABEL}N ranges: pass a trace from bench.run(trace=True)")
     n = len(steps)
+    used = f"mean of {n} traced steps"
+    if median and n > 1:
+        mid = sorted(steps, key=lambda e: float(e["dur"]))[(n - 1) // 2]
+        steps, used = [mid], f"{mid['name']}, the median of {n} traced steps"
     spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in steps)
+    total = n
+    n = len(spans)
     inside = [e for e in events if any(lo <= float(e["ts"]) < hi for lo, hi in spans)]
     host = _ranges(inside, "user_annotation")
     device = _ranges(inside, "gpu_user_annotation")
@@ -75,7 +86,7 @@ def read_trace(path: str | Path) -> TraceSummary:
         phases[row] = sum(hi - lo for lo, hi in source.get(name, [])) / 1e3 / n
     phases["other"] = step_ms - sum(phases.values())
     rows = _op_rows(inside, host, device, n)
-    return TraceSummary(str(path), n, step_ms, phases, rows, device=bool(kernels))
+    return TraceSummary(str(path), total, step_ms, phases, rows, device=bool(kernels), used=used)
 
 
 def _ranges(events: list[dict[str, Any]], cat: str) -> dict[str, list[tuple[float, float]]]:
@@ -329,7 +340,8 @@ def explain_traces(runs_a: list[TrialResult], runs_b: list[TrialResult], compari
     ta, tb = read_trace(_trace_of(runs_a[-1])), read_trace(_trace_of(runs_b[-1]))
     ma = sum(r.step_time_s or 0.0 for r in runs_a) / len(runs_a) * 1e3
     mb = sum(r.step_time_s or 0.0 for r in runs_b) / len(runs_b) * 1e3
-    notes = []
+    notes = [f"traced figures: A from {ta.used}, B from {tb.used} (after each measured window); measured: "
+             "median step of each side's measured windows"]
     sa, sb = runs_a[-1].samples_per_step, runs_b[-1].samples_per_step
     if sa and sb and sa != sb:
         notes.append(f"the steps hold different samples ({sa} vs {sb}): per-step times are not per-sample; "
