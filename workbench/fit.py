@@ -15,6 +15,7 @@ from .diagnose.memory import block_activation_bytes
 from .knobs import Knobs
 from .measure import TrialResult, fmt_bytes
 
+DEFAULT_HEADROOM = 0.1  # stay 10% below the budget: a peak on the edge fails later (fragmentation, longer inputs)
 
 @dataclass
 class FitResult:
@@ -69,18 +70,23 @@ def accum_options(effective_batch: int, min_micro_batch: int) -> Iterator[int]:
 
 
 def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Knobs | None = None,
-               min_micro_batch: int | None = None, max_trials: int = 12) -> FitResult:
+               min_micro_batch: int | None = None, max_trials: int = 12, headroom: float = DEFAULT_HEADROOM) -> FitResult:
     """The first configuration (in rescue order) whose measured peak fits `budget_bytes`.
 
     Effective batch = batch_size x accum_steps stays `effective_batch` throughout. Order: as is →
     AMP → accumulation (micro-batch down to `min_micro_batch`, default effective_batch // 8) →
     checkpointing the blocks that save the most activations, one more block per trial. Each row
     reports the time cost vs the first trial that ran (per-sample time ratio, 1.25 = 25% slower).
+    A configuration fits when its peak stays `headroom` (a share, default 10%) below the budget,
+    so the answer does not sit on the OOM edge; headroom=0 fits up to the budget itself.
     """
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) or budget_bytes <= 0:
         raise ValueError(f"budget_bytes must be a positive number of bytes (e.g. 2 * 1024**3), got {budget_bytes!r}")
     if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
         raise ValueError(f"effective_batch must be an int >= 1 (samples per optimizer step), got {effective_batch!r}")
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
+        raise ValueError(f"headroom must be a share of the budget in [0, 1) (e.g. headroom=0.1), got {headroom!r}")
+    limit = budget_bytes * (1 - headroom)  # the peak a fitting configuration may reach
     spec = bench.workload.spec
     if not spec.iterable and effective_batch > len(spec) * 64:
         raise ValueError(f"effective_batch={effective_batch} is far beyond the dataset ({len(spec)} samples)")
@@ -98,7 +104,7 @@ def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Kno
     def run(step: str, change: str, knobs: Knobs) -> TrialResult:
         r = bench.run(knobs)
         peak = r.peak_memory_bytes
-        fits = r.ok and peak is not None and peak <= budget_bytes
+        fits = r.ok and peak is not None and peak <= limit
         if r.ok and not ref:
             ref.append(r)
         cost = None
@@ -111,7 +117,7 @@ def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Kno
         return r
 
     def fits(r: TrialResult) -> bool:
-        return r.ok and r.peak_memory_bytes is not None and r.peak_memory_bytes <= budget_bytes
+        return r.ok and r.peak_memory_bytes is not None and r.peak_memory_bytes <= limit
 
     def lower(r: TrialResult, than: TrialResult | None) -> bool:
         """r is usable and uses less memory than `than` (a failed `than` counts as infinite)."""
@@ -122,6 +128,8 @@ def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Kno
     def done(r: TrialResult, knobs: Knobs) -> FitResult:
         return FitResult(knobs, r, int(budget_bytes), effective_batch, pd.DataFrame(rows), notes)
 
+    if headroom:
+        notes.append(f"fits = a peak at most {fmt_bytes(limit)}: {headroom:.0%} headroom below the budget")
     cur = run("start", "as is", k)
     if fits(cur):
         return done(cur, k)
