@@ -16,28 +16,28 @@ from workbench.knobs import Knobs
 from workbench.tune import stage_axes
 
 
-def space_axes(bench: Any, start: Knobs, stages: tuple[str, ...], max_batch_size: int | None = None
-               ) -> dict[str, list[dict[str, Any]]]:
+def space_axes(bench: Any, start: Knobs, stages: tuple[str, ...], max_batch_size: int | None = None,
+               keep: tuple[str, ...] | None = None) -> dict[str, list[dict[str, Any]]]:
     """{axis name: its alternative changes} over `stages`, as the tuner builds them."""
     axes: dict[str, list[dict[str, Any]]] = {}
     for stage in stages:
-        for name, changes in stage_axes(bench, stage, start, max_batch_size):
+        for name, changes in stage_axes(bench, stage, start, max_batch_size, keep):
             axes[name] = changes
         if stage == "data":
             for w in axes.get("workers", []):  # options that need workers (prefetch)
-                for name, changes in stage_axes(bench, stage, start.replace(**w), max_batch_size):
+                for name, changes in stage_axes(bench, stage, start.replace(**w), max_batch_size, keep):
                     if name not in axes:
                         axes[name] = changes
     return axes
 
 
 def exhaustive_space(bench: Any, start: Knobs | None = None, stages: tuple[str, ...] = ("data", "precision", "batch"),
-                     max_batch_size: int | None = None) -> list[Knobs]:
+                     max_batch_size: int | None = None, axes: tuple[str, ...] | None = None) -> list[Knobs]:
     """Every valid combination of the tuner's axes (the start included), without duplicates."""
     k0 = start or bench.defaults
-    axes = space_axes(bench, k0, stages, max_batch_size)
+    found = space_axes(bench, k0, stages, max_batch_size, axes)
     out = []
-    for combo in itertools.product(*[[{}, *changes] for changes in axes.values()]):
+    for combo in itertools.product(*[[{}, *changes] for changes in found.values()]):
         change = dict(itertools.chain.from_iterable(c.items() for c in combo))
         try:
             out.append(k0.replace(**change))

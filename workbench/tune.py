@@ -15,6 +15,7 @@ through `bench.run`, so it lands in the results and the chart.
 
 from __future__ import annotations
 
+import functools
 import html
 import math
 import time
@@ -37,6 +38,7 @@ SAME_MARGIN = 0.05  # "same speed": the interval of the ratio lies within ±5%
 ANSWERS = ("faster", "slower", "same", "undecided")
 DEFAULT_TRIALS = 24  # the trial cap when neither budget nor budget_s is given
 MAX_ROUNDS = 4  # alternating rounds per race
+CONFIRM_ROUNDS = 4  # at most this many extra alternating rounds settle the winner against the start
 MAX_GENERATIONS = 3  # races: singles and pairs, then stacks on the leader (twice)
 BUCKET_SIZES_MB = (1, 5, 50, 100)  # DDP bucket sizes raced against torch's 25 MB default
 
@@ -91,14 +93,17 @@ def _batch_limit(bench: Any, max_batch_size: int | None) -> int | None:
 # Issue 17 adds a registry of user-defined knobs with choices. At merge, read it HERE: for each
 # registered knob, append `(axis name, [{name: choice} for choice in its choices])` to the stage
 # named by its group. The races, pairs, stacks and the sweep (benchmarks/_space.py) all follow.
-def stage_axes(bench: Any, stage: str, knobs: Knobs, max_batch_size: int | None = None) -> list[tuple[str, list[dict[str, Any]]]]:
+def stage_axes(bench: Any, stage: str, knobs: Knobs, max_batch_size: int | None = None,
+               axes: tuple[str, ...] | None = None) -> list[tuple[str, list[dict[str, Any]]]]:
     """A stage's axes: (name, alternative changes relative to `knobs`), in the seeds' order.
+
+    `axes` keeps only the named axes (e.g. ("workers", "layout", "batch")); None keeps all.
 
     Changes on one axis exclude each other; changes on different axes combine. Device-aware: no
     fp16 on CPU (a trap), bf16 only with native units, channels_last only with convolutions,
     pin_memory / matmul precision / CUDA-graph compile modes only on CUDA, buckets only under DDP.
     """
-    dev, cores, axes = bench.device, _cores(), []
+    dev, cores, keep, axes = bench.device, _cores(), axes, []
     if stage == "data" and knobs.data == "loader":
         workers = []
         for w in sorted({max(1, cores // 2), cores}):  # half the cores first, leaving workers their cores
@@ -134,7 +139,7 @@ def stage_axes(bench: Any, stage: str, knobs: Knobs, max_batch_size: int | None 
     out = []
     for name, changes in axes:
         valid = [c for c in changes if _valid(knobs, c)]
-        if valid:
+        if valid and (keep is None or name in keep):
             out.append((name, valid))
     return out
 
@@ -314,8 +319,20 @@ def _race(ctx: _Ctx, entries: list[_Entry], rounds: int = MAX_ROUNDS) -> _Entry:
         leader = max(ok, key=lambda e: e.mean)
         if _drop_round(ctx, ok, leader, log):
             break
+        _halve(ctx, [e for e in ok if e.alive], rnd)
     ok = [e for e in entries if e.alive and e.trials]
     return max(ok, key=lambda e: e.mean) if ok else entries[0]
+
+
+def _halve(ctx: _Ctx, alive: list[_Entry], rnd: int) -> None:
+    """Successive halving: after a round, only the faster half (by mean rate) races on; the start
+    always stays, as the reference the winner is confirmed against."""
+    keep = max(2, math.ceil(len(alive) / 2))
+    for e in sorted(alive, key=lambda e: e.mean, reverse=True)[keep:]:
+        if e is not ctx.start:
+            e.alive = False
+            ctx.rows.append({"stage": e.stage, "change": e.label, "trial": None, "samples_per_s": None,
+                             "speedup": None, "decision": f"out: in the slower half after round {rnd + 1}"})
 
 
 def _drop_round(ctx: _Ctx, ok: list[_Entry], leader: _Entry, log: Any) -> bool:
@@ -342,27 +359,29 @@ def _entry(stage: str, k0: Knobs, change: dict[str, Any]) -> _Entry:
     return _Entry(stage, _label(change), k0.replace(**change), dict(change))
 
 
-def _first_entries(bench: Any, k0: Knobs, stages: tuple[str, ...], max_batch_size: int | None) -> list[_Entry]:
-    """The first race's candidates: each stage's options in the seeds' order, then cross-stage pairs."""
-    axes: dict[str, list[dict[str, Any]]] = {}
-    out = []
+def _first_entries(axes_of: Callable[..., Any], k0: Knobs, stages: tuple[str, ...]) -> list[_Entry]:
+    """The first race's candidates in entry order: each axis's first (the seeds' preferred) option,
+    stage by stage; then cross-stage pairs, preferred options first; then the other alternatives."""
+    axes: dict[str, tuple[str, list[dict[str, Any]]]] = {}
     for stage in stages:
-        for name, changes in stage_axes(bench, stage, k0, max_batch_size):
-            axes[name] = changes
-            out += [_entry(stage, k0, c) for c in changes]
+        for name, changes in axes_of(stage, k0):
+            axes[name] = (stage, changes)
+    first = [_entry(stage, k0, changes[0]) for stage, changes in axes.values()]
+    pairs = []
     for x, y in PAIRS:
-        for cx in axes.get(x, []):
-            for cy in axes.get(y, []):
+        for i, cx in enumerate(axes.get(x, ("", []))[1]):
+            for j, cy in enumerate(axes.get(y, ("", []))[1]):
                 if _valid(k0, {**cx, **cy}):
-                    out.append(_entry(f"pair: {x} x {y}", k0, {**cx, **cy}))
-    return out
+                    pairs.append((i + j, _entry(f"pair: {x} x {y}", k0, {**cx, **cy})))
+    rest = [_entry(stage, k0, c) for stage, changes in axes.values() for c in changes[1:]]
+    return first + [e for _rank, e in sorted(pairs, key=lambda p: p[0])] + rest
 
 
 NEAR_MISSES = 6  # the best near-misses stacked pairwise on the leader
 
 
-def _stacks(bench: Any, k0: Knobs, leader: _Entry, near: list[_Entry], stages: tuple[str, ...],
-            max_batch_size: int | None) -> list[_Entry]:
+def _stacks(axes_of: Callable[..., Any], k0: Knobs, leader: _Entry, near: list[_Entry],
+            stages: tuple[str, ...]) -> list[_Entry]:
     """The next race's candidates: the leader with each near-miss, with pairs of them and with all of
     them; then options that only became possible on the leader (prefetch once there are workers)."""
     near = sorted(near, key=lambda e: e.mean, reverse=True)[:NEAR_MISSES]
@@ -377,7 +396,7 @@ def _stacks(bench: Any, k0: Knobs, leader: _Entry, near: list[_Entry], stages: t
     out = [_entry("stack", k0, c) for c in changes if _valid(k0, c)]
     for stage in stages:
         if stage in ("data", "batch"):
-            for _name, options in stage_axes(bench, stage, leader.knobs, max_batch_size):
+            for _name, options in axes_of(stage, leader.knobs):
                 out += [_entry(f"{stage}, on the leader", k0, {**leader.change, **c}) for c in options
                         if not _valid(k0, c) or stage == "batch"]
     return out
@@ -422,7 +441,7 @@ def _confirm(ctx: _Ctx, leader: _Entry, rivals: list[_Entry]) -> tuple[str, Comp
         return "undecided", None
     ans, c = _answer(start.trials, other.trials, log=log)
     if ans == "undecided" and ctx.affordable() >= 2:
-        ans, c = _answer(start.trials, other.trials, rounds=min(2, ctx.affordable() // 2), run=ctx.run, log=log)
+        ans, c = _answer(start.trials, other.trials, rounds=min(CONFIRM_ROUNDS, ctx.affordable() // 2), run=ctx.run, log=log)
     if leader is start or ans != "faster":
         what = {"same": "the same speed", "slower": "slower", "faster": "faster"}.get(ans, "not faster beyond noise")
         ctx.rows.append({"stage": "confirm", "change": other.label, "trial": c.b_trials[-1], "samples_per_s": None,
@@ -453,14 +472,14 @@ def _check(budget: int | None, budget_s: float | None, stages: tuple[str, ...], 
 
 def tune(bench: Any, budget: int | None = None, *, budget_s: float | None = None, start: Knobs | None = None,
          memory_budget: int | None = None, stages: tuple[str, ...] = STAGES, max_batch_size: int | None = None,
-         headroom: float = DEFAULT_HEADROOM, confirm: bool = True) -> TuneResult:
+         headroom: float = DEFAULT_HEADROOM, axes: tuple[str, ...] | None = None, confirm: bool = True) -> TuneResult:
     """Race candidates under noise within `budget_s` seconds (and `budget` trials); returns the best.
 
     The first race holds the start, each stage's options and cross-stage pairs; later races stack
     the leader with its near-misses. The winner is kept only when it is faster than the start
     beyond noise (`TuneResult.answer`). `memory_budget` (bytes) rejects configurations over it;
     `headroom` keeps every trial that share below the memory ceiling (no batch on the OOM edge).
-    `confirm=False` skips the extra confirmation rounds (the race's own rounds still decide).
+    `axes` narrows the space to named axes (see `stage_axes`). `confirm=False` skips the extra confirmation rounds (the race's own rounds still decide).
     """
     limit = _check(budget, budget_s, stages, memory_budget, headroom)
     ceiling = _memory_ceiling(bench, memory_budget)
@@ -473,7 +492,8 @@ def tune(bench: Any, budget: int | None = None, *, budget_s: float | None = None
         return TuneResult(k0, r, r, pd.DataFrame(ctx.rows), ctx.used, limit, "undecided", None, ctx.elapsed(), budget_s)
     first.trials.append(r)
     seen, leader = {k0}, first
-    cands = _first_entries(bench, k0, stages, max_batch_size)
+    axes_of = functools.partial(stage_axes, bench, max_batch_size=max_batch_size, axes=axes)
+    cands = _first_entries(axes_of, k0, stages)
     rivals: list[_Entry] = []
     for _gen in range(MAX_GENERATIONS):
         carried = [first] if leader is first else [first, leader]
@@ -483,7 +503,7 @@ def tune(bench: Any, budget: int | None = None, *, budget_s: float | None = None
         entries = carried + new
         leader = _race(ctx, entries)
         rivals = [e for e in entries if e.trials and e is not leader and e is not first]
-        cands = _stacks(bench, k0, leader, _near_misses(ctx, entries, leader), stages, max_batch_size)
+        cands = _stacks(axes_of, k0, leader, _near_misses(ctx, entries, leader), stages)
     rivals = [e for e in rivals if e is not first]
     if confirm:
         answer, c = _confirm(ctx, leader, rivals)
