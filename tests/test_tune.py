@@ -246,6 +246,19 @@ def test_fit_memory_follows_rescue_order_and_keeps_effective_batch():
         fit_memory(bench, budget_bytes=10, effective_batch=0)
 
 
+def test_fit_memory_keeps_headroom_below_the_budget():
+    def peak(k: wb.Knobs) -> float:
+        return 1000 * k.batch_size  # 64 -> 64 kB, 32 -> 32 kB
+
+    edge = FakeBench(lambda k: 1e-3, peak)
+    assert fit_memory(edge, budget_bytes=66_000, effective_batch=64, headroom=0.0).knobs.batch_size == 64
+    fit = fit_memory(FakeBench(lambda k: 1e-3, peak), budget_bytes=66_000, effective_batch=64)  # 10% by default
+    assert fit.fits and fit.result.peak_memory_bytes <= 0.9 * 66_000 and fit.knobs.accum_steps > 1
+    assert any("headroom" in n for n in fit.notes)
+    with pytest.raises(ValueError, match="headroom"):
+        fit_memory(edge, budget_bytes=66_000, effective_batch=64, headroom=1.0)
+
+
 class Wide(nn.Module):
     """Few parameters, wide activations: memory that accumulation and checkpointing can cut."""
 
@@ -279,3 +292,16 @@ def test_tune_real_bench_lands_every_trial_in_results():
     res = bench.tune(budget=4, stages=("data", "batch"))
     assert res.trials_used <= 4 and len(bench.results) == res.trials_used
     assert set(res.steps["trial"]) <= set(bench.results["trial_id"])
+
+
+@pytest.mark.slow
+def test_tune_races_ddp_bucket_sizes_on_two_gloo_ranks():
+    bench = wb.Workbench(Net(), data(), loss_fn=nn.CrossEntropyLoss(), log=None, steps=4, warmup_steps=1,
+                         knobs=wb.Knobs(batch_size=16, world_size=2), device="cpu", collective_timeout_s=30.0)
+    res = bench.tune(budget=14, stages=("ddp",))
+    assert all(r.knobs.world_size == 2 and r.ok for r in bench.log.trials), str(res)
+    raced = {r.knobs.ddp_bucket_cap_mb for r in bench.log.trials}
+    assert {None, 1, 5, 50, 100} <= raced  # torch's default and every candidate size ran on 2 ranks
+    assert res.answer in ("faster", "same", "undecided") and res.confirmation is not None
+    assert res.steps["stage"].iloc[-1] == "confirm" and res.confirmation.verdict in res.steps["decision"].iloc[-1]
+    assert f"answer: {res.answer}" in str(res)
