@@ -416,7 +416,7 @@ def _admit(ctx: _Ctx, cands: list[_Entry], seen: set[Knobs], carried: int) -> li
         if e.knobs not in seen:
             seen.add(e.knobs)
             fresh.append(e)
-    room = max(1, ctx.affordable() // 2 - carried)
+    room = ctx.affordable() // 2 - carried  # two rounds of the race, the carried entries included
     start = ctx.start
     for e in fresh:
         peak = start.trials[0].peak_memory_bytes if start and start.trials else None
@@ -430,6 +430,16 @@ def _admit(ctx: _Ctx, cands: list[_Entry], seen: set[Knobs], carried: int) -> li
         ctx.rows.append({"stage": "budget", "change": f"{len(fresh) - len(out)} candidate(s)", "trial": None,
                          "samples_per_s": None, "speedup": None, "decision": "not entered: no budget left for them"})
     return out
+
+
+def _settled(ctx: _Ctx, leader: _Entry, leaders: list[_Entry]) -> _Entry:
+    """The last race's leader, unless it is not yet faster than the start beyond noise and an
+    earlier race's leader already is (a late leader with one lucky trial does not undo a win)."""
+    start, log = ctx.start, getattr(ctx.bench, "log", None)
+    for e in [leader, *leaders[::-1]]:
+        if e is not start and start is not None and e.trials and _answer(start.trials, e.trials, log=log)[0] == "faster":
+            return e
+    return leader
 
 
 def _confirm(ctx: _Ctx, leader: _Entry, rivals: list[_Entry]) -> tuple[str, Comparison | None]:
@@ -495,6 +505,7 @@ def tune(bench: Any, budget: int | None = None, *, budget_s: float | None = None
     axes_of = functools.partial(stage_axes, bench, max_batch_size=max_batch_size, axes=axes)
     cands = _first_entries(axes_of, k0, stages)
     rivals: list[_Entry] = []
+    leaders: list[_Entry] = []
     for _gen in range(MAX_GENERATIONS):
         carried = [first] if leader is first else [first, leader]
         new = _admit(ctx, cands, seen, len(carried))
@@ -502,9 +513,11 @@ def tune(bench: Any, budget: int | None = None, *, budget_s: float | None = None
             break
         entries = carried + new
         leader = _race(ctx, entries)
+        leaders.append(leader)
         rivals = [e for e in entries if e.trials and e is not leader and e is not first]
         cands = _stacks(axes_of, k0, leader, _near_misses(ctx, entries, leader), stages)
     rivals = [e for e in rivals if e is not first]
+    leader = _settled(ctx, leader, leaders)
     if confirm:
         answer, c = _confirm(ctx, leader, rivals)
     else:
