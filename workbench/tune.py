@@ -295,7 +295,7 @@ class _Ctx:
 
 
 def _label(change: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in change.items()) or "(the start)"
+    return ", ".join(f"{k}={v!r}" for k, v in change.items()) or "the start"
 
 
 def _race(ctx: _Ctx, entries: list[_Entry], rounds: int = MAX_ROUNDS) -> _Entry:
@@ -495,7 +495,7 @@ def tune(bench: Any, budget: int | None = None, *, budget_s: float | None = None
     ceiling = _memory_ceiling(bench, memory_budget)
     ctx = _Ctx(bench, limit, budget_s, None if ceiling is None else ceiling * (1 - headroom), memory_budget)
     k0 = start or bench.defaults
-    ctx.start = first = _Entry("start", "(the start)", k0)
+    ctx.start = first = _Entry("start", "the start", k0)
     r = ctx.run(k0)
     ctx.row(first, r, "start" if r.ok else f"start failed: {r.status}")
     if not r.ok:
