@@ -303,7 +303,7 @@ def _race(ctx: _Ctx, entries: list[_Entry], rounds: int = MAX_ROUNDS) -> _Entry:
     log = getattr(ctx.bench, "log", None)
     for rnd in range(rounds):
         alive = [e for e in entries if e.alive]
-        if len(alive) <= 1 or ctx.affordable() < len(alive) + 2:  # keep one round for the confirmation
+        if len(alive) <= 1 or ctx.affordable() < len(alive) + (2 if rnd else 0):  # later rounds leave 2 to confirm
             break
         for e in alive if rnd % 2 == 0 else alive[::-1]:
             r = ctx.run(e.knobs)
@@ -409,7 +409,7 @@ def _near_misses(ctx: _Ctx, entries: list[_Entry], leader: _Entry) -> list[_Entr
             and _answer(start.trials, e.trials, log=log)[0] != "slower"]
 
 
-def _admit(ctx: _Ctx, cands: list[_Entry], seen: set[Knobs], carried: int) -> list[_Entry]:
+def _admit(ctx: _Ctx, cands: list[_Entry], seen: set[Knobs], carried: int, first_race: bool) -> list[_Entry]:
     """New candidates in entry order, as many as two rounds of the race can afford (and that fit memory)."""
     fresh, out = [], []
     for e in cands:
@@ -417,6 +417,8 @@ def _admit(ctx: _Ctx, cands: list[_Entry], seen: set[Knobs], carried: int) -> li
             seen.add(e.knobs)
             fresh.append(e)
     room = ctx.affordable() // 2 - carried  # two rounds of the race, the carried entries included
+    if first_race:  # a small budget still screens two candidates in one round
+        room = max(room, min(2, ctx.affordable() - carried))
     start = ctx.start
     for e in fresh:
         peak = start.trials[0].peak_memory_bytes if start and start.trials else None
@@ -508,7 +510,7 @@ def tune(bench: Any, budget: int | None = None, *, budget_s: float | None = None
     leaders: list[_Entry] = []
     for _gen in range(MAX_GENERATIONS):
         carried = [first] if leader is first else [first, leader]
-        new = _admit(ctx, cands, seen, len(carried))
+        new = _admit(ctx, cands, seen, len(carried), not leaders)
         if not new:
             break
         entries = carried + new
