@@ -1,16 +1,20 @@
-"""tune.py: the greedy search (against a deterministic fake bench) and fit_memory (fake and real)."""
+"""tune.py: the racing search (against a seeded fake bench), its budget, headroom and DDP stage; fit_memory."""
 
 from __future__ import annotations
 
+import math
+import random
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
 import workbench as wb
+from workbench import tune as tune_mod
 from workbench.fit import FitResult, fit_memory
 from workbench.measure import TrialResult
 from workbench.results import ResultLog
@@ -39,24 +43,30 @@ def data(n: int = 256) -> TensorDataset:
 
 
 class FakeBench:
-    """A bench whose trials are a pure function of the knobs: the search logic, without the noise.
+    """A bench whose trials are a pure function of the knobs (times a seeded log-normal noise).
 
     `speed(knobs)` gives seconds per sample, `peak(knobs)` bytes; a peak over `oom_at` is an OOM.
+    Each trial advances `clock` by one second, so budget_s can be tested without real time.
     """
 
-    def __init__(self, speed, peak, oom_at: float = float("inf"), defaults: wb.Knobs | None = None) -> None:
+    def __init__(self, speed, peak, oom_at: float = float("inf"), defaults: wb.Knobs | None = None,
+                 noise: float = 0.0, conv: bool = False, seed: int = 0) -> None:
         self.workload = Workload(Net(), data(), loss_fn=nn.CrossEntropyLoss(), device="cpu")
+        self.workload.has_conv = conv
         self.device = torch.device("cpu")
         self.defaults = defaults or wb.Knobs(batch_size=16)
         self.log = ResultLog(None)
         self.speed, self.peak, self.oom_at = speed, peak, oom_at
+        self.rng, self.noise, self.clock = random.Random(seed), noise, 0.0
 
     def run(self, knobs: wb.Knobs) -> TrialResult:
+        self.clock += 1.0
         peak = self.peak(knobs)
         if peak > self.oom_at:
             r = TrialResult(knobs=knobs, status="oom", message="out of memory")
         else:
-            step = self.speed(knobs) * knobs.batch_size * knobs.accum_steps
+            jitter = math.exp(self.rng.gauss(0, self.noise)) if self.noise else 1.0
+            step = self.speed(knobs) * knobs.batch_size * knobs.accum_steps * jitter
             times = tuple(step * (1 + 0.005 * ((i % 3) - 1)) for i in range(10))
             r = TrialResult(knobs=knobs, status="ok", samples_per_s=knobs.batch_size * knobs.accum_steps / step,
                             step_time_s=step, step_times_s=times, samples_per_step=knobs.batch_size * knobs.accum_steps,
@@ -68,8 +78,21 @@ class FakeBench:
         return self.log.trials
 
 
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """tune()'s clock reads the fake bench's clock (one second per trial)."""
+    holder = {}
+
+    def use(bench):
+        holder["bench"] = bench
+        return bench
+
+    monkeypatch.setattr(tune_mod.time, "perf_counter", lambda: holder["bench"].clock if holder else 0.0)
+    return use
+
+
 def speed_model(k: wb.Knobs) -> float:
-    """Workers help (1 best), prefetch does nothing, batch 32 helps, 64 helps less than noise would."""
+    """Workers help (1 best), prefetch does nothing, batch 32 helps, 64 helps no more."""
     s = 1.0
     if k.num_workers == 1:
         s *= 0.5
@@ -80,45 +103,110 @@ def speed_model(k: wb.Knobs) -> float:
     return s / 1000
 
 
-def test_tune_keeps_only_confirmed_wins_in_seed_order():
-    bench = FakeBench(speed_model, lambda k: 1000 * k.batch_size)
-    res = tune(bench, budget=20, stages=("data", "precision", "batch"))
+def interaction(k: wb.Knobs) -> float:
+    """channels_last alone and batch 32 alone do nothing; together 1.45x (the cnn case)."""
+    return 1e-3 / (1.45 if (k.channels_last and k.batch_size == 32) else 1.0)
+
+
+def test_tune_finds_an_interaction_of_two_knobs_neutral_alone():
+    bench = FakeBench(interaction, lambda k: 1000 * k.batch_size, conv=True, noise=0.03)
+    res = tune(bench, budget=60, stages=("data", "precision", "batch"))
     assert isinstance(res, TuneResult)
-    assert res.best_knobs.num_workers == 1 and res.best_knobs.persistent_workers
-    assert res.best_knobs.prefetch_factor is None  # no effect => not kept
-    assert res.best_knobs.batch_size == 32  # 64 gives nothing more => stays at 32
-    assert res.trials_used == len(bench.trials) <= 20
-    kept = res.steps[res.steps["decision"] == "kept"]
-    assert list(kept["stage"]) == ["data", "batch"]
-    assert (res.steps["decision"].str.startswith("confirmed")).sum() == 2
+    assert res.best_knobs.channels_last and res.best_knobs.batch_size == 32, str(res)
+    assert res.answer == "faster" and res.speedup == pytest.approx(1.45, rel=0.1)
+    assert res.trials_used == len(bench.trials) <= 60
+    assert "kept: faster than the start" in set(res.steps["decision"].str.split(" [(]").str[0])
     assert "Tuned in" in str(res) and "<table" in res._repr_html_()
-    assert res.speedup == pytest.approx(1 / (0.5 * 0.7), rel=0.02)
 
 
-def test_tune_respects_budget_and_memory():
+def stack_model(k: wb.Knobs) -> float:
+    """optimizer foreach alone and 1 thread alone are neutral, together 1.4x (not a listed pair)."""
+    return 1e-3 / (1.4 if (k.optimizer_impl == "foreach" and k.cpu_threads == 1) else 1.0)
+
+
+def test_tune_stacks_near_misses_beyond_the_listed_pairs():
+    bench = FakeBench(stack_model, lambda k: 1000.0, noise=0.02, seed=1)
+    res = tune(bench, budget=120, stages=("data", "kernels"))
+    assert res.answer == "faster"
+    assert res.best_knobs.optimizer_impl == "foreach" and res.best_knobs.cpu_threads == 1, str(res)
+    assert "stack" in set(res.steps["stage"])
+
+
+def test_tune_races_spend_trials_on_contenders_only():
+    bench = FakeBench(speed_model, lambda k: 1000 * k.batch_size, noise=0.02)
+    res = tune(bench, budget=60, stages=("data", "batch"))
+    assert res.best_knobs.num_workers == 1 and res.best_knobs.batch_size >= 32 and res.answer == "faster"
+    assert res.speedup == pytest.approx(1 / (0.5 * 0.7), rel=0.1)
+    per = pd.Series([r.knobs for r in bench.trials]).value_counts()
+    slow = wb.Knobs(batch_size=8)  # half the batch is no faster and twice as slow as the leader: dropped early
+    assert per[slow] < per[res.best_knobs]
+    assert res.steps["decision"].str.startswith("dropped").any()
+    # the seeds' order: data candidates enter before batch candidates
+    stages = [s for s in res.steps["stage"] if s in ("data", "batch")]
+    assert stages.index("batch") > stages.index("data")
+
+
+def test_nothing_beats_the_start_is_a_confirmed_same_speed():
+    bench = FakeBench(lambda k: 1e-3, lambda k: 1000.0, noise=0.01)
+    res = tune(bench, budget=60, stages=("data", "precision"))
+    assert res.best_knobs == bench.defaults and res.answer == "same", str(res)
+    assert res.steps["decision"].str.startswith("nothing beats the start").any()
+
+
+def test_tune_budget_in_seconds_and_trial_cap(fake_clock):
+    bench = fake_clock(FakeBench(speed_model, lambda k: 1000 * k.batch_size, noise=0.02))
+    res = tune(bench, budget_s=12, stages=("data", "precision", "batch"))
+    assert res.trials_used == len(bench.trials) <= 12 and res.budget_s == 12
+    assert res.best_knobs.num_workers == 1  # the seeds' order puts the best data change in the first race
     bench = FakeBench(speed_model, lambda k: 1000 * k.batch_size)
     res = tune(bench, budget=3, stages=("data",))
     assert res.trials_used <= 3 and len(bench.trials) <= 3
-    bench = FakeBench(speed_model, lambda k: 1000 * k.batch_size)
-    res = tune(bench, budget=12, stages=("batch",), memory_budget=20_000)
-    assert res.best_knobs.batch_size == 16
-    # the doubling is predicted (16 kB x 2 > 20 kB) not to fit: it is never run
-    assert all(r.knobs.batch_size <= 16 for r in bench.trials if r.knobs.batch_size != 8)
+
+
+def test_tune_batch_stage_keeps_headroom_below_memory():
+    bench = FakeBench(lambda k: 1e-3 / (1 + k.batch_size / 16), lambda k: 1000 * k.batch_size, noise=0.01)
+    res = tune(bench, budget=30, stages=("batch",), memory_budget=70_000)  # 64 x 1 kB = 64 kB > 90% of 70 kB
+    assert res.best_knobs.batch_size == 32, str(res)
+    assert all(r.knobs.batch_size <= 32 for r in bench.trials)  # predicted over the headroom: never run
+    assert res.steps["decision"].str.contains("headroom").any()
+    bench = FakeBench(lambda k: 1e-3 / (1 + k.batch_size / 16), lambda k: 1000 * k.batch_size, noise=0.01)
+    res = tune(bench, budget=30, stages=("batch",), memory_budget=70_000, headroom=0.0)
+    assert res.best_knobs.batch_size == 64
 
 
 def test_tune_batch_search_is_oom_safe():
     bench = FakeBench(lambda k: 1e-3 / (1 + k.batch_size / 16), lambda k: 1000 * k.batch_size, oom_at=40_000)
-    res = tune(bench, budget=12, stages=("batch",))
-    assert res.best_knobs.batch_size == 32  # 64 runs out of memory: the search stops there
-    assert [r.status for r in bench.trials].count("oom") == 1
+    res = tune(bench, budget=20, stages=("batch",))
+    assert res.best_knobs.batch_size == 32  # 64 runs out of memory: rejected
+    assert res.steps["decision"].str.startswith("rejected: oom").any()
 
 
 def test_tune_validates_inputs():
     bench = FakeBench(speed_model, lambda k: 1.0)
     with pytest.raises(ValueError, match="budget"):
         tune(bench, budget=1)
+    with pytest.raises(ValueError, match="budget_s"):
+        tune(bench, budget_s=0)
     with pytest.raises(ValueError, match="stage"):
         tune(bench, stages=("magic",))
+    with pytest.raises(ValueError, match="headroom"):
+        tune(bench, headroom=1.5)
+
+
+def test_answer_adapter_maps_comparisons_and_prefers_answer(monkeypatch):
+    bench = FakeBench(lambda k: 1e-3, lambda k: 1.0, noise=0.01)
+    a = [bench.run(bench.defaults) for _ in range(12)]
+    b = [bench.run(bench.defaults.replace(batch_size=32)) for _ in range(12)]
+    assert tune_mod._answer(a, b, log=bench.log)[0] == "same"
+    fast = FakeBench(lambda k: 1e-3 / (2 if k.batch_size == 32 else 1), lambda k: 1.0, noise=0.01)
+    a, b = [fast.run(fast.defaults) for _ in range(3)], [fast.run(fast.defaults.replace(batch_size=32)) for _ in range(3)]
+    assert tune_mod._answer(a, b, log=fast.log)[0] == "faster" and tune_mod._answer(b, a, log=fast.log)[0] == "slower"
+
+    class Decided:
+        answer = "undecided"
+
+    monkeypatch.setattr(tune_mod, "compare", lambda *a, **k: Decided())
+    assert tune_mod._answer(a, b)[0] == "undecided"  # issue 16's Comparison.answer wins once it exists
 
 
 def test_stage_options_prune_for_the_device():
@@ -128,8 +216,12 @@ def test_stage_options_prune_for_the_device():
     assert {"channels_last": True} not in precision  # no convolutions here
     data_opts = stage_options(bench, "data", bench.defaults)
     assert data_opts[0]["num_workers"] >= 1 and data_opts[0]["persistent_workers"]
-    space = exhaustive_space(bench, batch_sizes=(16, 32))
+    assert stage_options(bench, "ddp", bench.defaults) == []  # buckets only under DDP
+    buckets = stage_options(bench, "ddp", bench.defaults.replace(world_size=2))
+    assert [c["ddp_bucket_cap_mb"] for c in buckets] == [1, 5, 50, 100]
+    space = exhaustive_space(bench, stages=("data", "precision", "batch"))
     assert len(space) == len(set(space)) and bench.defaults in space
+    assert wb.Knobs(batch_size=32) in space and wb.Knobs(batch_size=64) in space
 
 
 def test_fit_memory_follows_rescue_order_and_keeps_effective_batch():
@@ -152,6 +244,19 @@ def test_fit_memory_follows_rescue_order_and_keeps_effective_batch():
         fit_memory(bench, budget_bytes=0, effective_batch=8)
     with pytest.raises(ValueError, match="effective_batch"):
         fit_memory(bench, budget_bytes=10, effective_batch=0)
+
+
+def test_fit_memory_keeps_headroom_below_the_budget():
+    def peak(k: wb.Knobs) -> float:
+        return 1000 * k.batch_size  # 64 -> 64 kB, 32 -> 32 kB
+
+    edge = FakeBench(lambda k: 1e-3, peak)
+    assert fit_memory(edge, budget_bytes=66_000, effective_batch=64, headroom=0.0).knobs.batch_size == 64
+    fit = fit_memory(FakeBench(lambda k: 1e-3, peak), budget_bytes=66_000, effective_batch=64)  # 10% by default
+    assert fit.fits and fit.result.peak_memory_bytes <= 0.9 * 66_000 and fit.knobs.accum_steps > 1
+    assert any("headroom" in n for n in fit.notes)
+    with pytest.raises(ValueError, match="headroom"):
+        fit_memory(edge, budget_bytes=66_000, effective_batch=64, headroom=1.0)
 
 
 class Wide(nn.Module):
@@ -186,4 +291,18 @@ def test_tune_real_bench_lands_every_trial_in_results():
                          knobs=wb.Knobs(batch_size=16), device="cpu")
     res = bench.tune(budget=4, stages=("data", "batch"))
     assert res.trials_used <= 4 and len(bench.results) == res.trials_used
-    assert set(res.steps["trial"]) <= set(bench.results["trial_id"])
+    ran = set(res.steps["trial"].dropna().astype(int))  # decision rows (dropped, not entered) name no trial
+    assert ran and ran <= set(bench.results["trial_id"])
+
+
+@pytest.mark.slow
+def test_tune_races_ddp_bucket_sizes_on_two_gloo_ranks():
+    bench = wb.Workbench(Net(), data(), loss_fn=nn.CrossEntropyLoss(), log=None, steps=4, warmup_steps=1,
+                         knobs=wb.Knobs(batch_size=16, world_size=2), device="cpu", collective_timeout_s=30.0)
+    res = bench.tune(budget=14, stages=("ddp",))
+    assert all(r.knobs.world_size == 2 and r.ok for r in bench.log.trials), str(res)
+    raced = {r.knobs.ddp_bucket_cap_mb for r in bench.log.trials}
+    assert {None, 1, 5, 50, 100} <= raced  # torch's default and every candidate size ran on 2 ranks
+    assert res.answer in ("faster", "same", "undecided") and res.confirmation is not None
+    assert res.steps["stage"].iloc[-1] == "confirm" and res.confirmation.verdict in res.steps["decision"].iloc[-1]
+    assert f"answer: {res.answer}" in str(res)

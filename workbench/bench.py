@@ -238,8 +238,8 @@ class Workbench:
 
         return explain(self, a, b, progress=progress)
 
-    def tune(self, budget: int = 12, *, progress: bool | None = None, **kwargs: Any) -> Any:
-        """Greedy search in the seeds' order, keeping a change only when it wins beyond noise."""
+    def tune(self, budget: int | None = None, *, progress: bool | None = None, **kwargs: Any) -> Any:
+        """Race candidates within `budget_s=` seconds (`budget` caps trials); keep a winner beyond noise."""
         from .tune import tune
 
         with search(progress, "tune", log=self.log, total=budget if isinstance(budget, int) else None):

@@ -15,6 +15,7 @@ from .diagnose.memory import block_activation_bytes
 from .knobs import Knobs
 from .measure import TrialResult, fmt_bytes
 
+DEFAULT_HEADROOM = 0.1  # stay 10% below the budget: a peak on the edge fails later (fragmentation, longer inputs)
 
 @dataclass
 class FitResult:
@@ -68,29 +69,57 @@ def accum_options(effective_batch: int, min_micro_batch: int) -> Iterator[int]:
             return
 
 
-def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Knobs | None = None,
-               min_micro_batch: int | None = None, max_trials: int = 12) -> FitResult:
-    """The first configuration (in rescue order) whose measured peak fits `budget_bytes`.
-
-    Effective batch = batch_size x accum_steps stays `effective_batch` throughout. Order: as is →
-    AMP → accumulation (micro-batch down to `min_micro_batch`, default effective_batch // 8) →
-    checkpointing the blocks that save the most activations, one more block per trial. Each row
-    reports the time cost vs the first trial that ran (per-sample time ratio, 1.25 = 25% slower).
-    """
+def _first_knobs(bench: Any, budget_bytes: float, effective_batch: int, headroom: float, base: Knobs | None) -> Knobs:
+    """Validate fit_memory's arguments; the first configuration: the whole batch at once, or
+    accumulated from the start when the batch exceeds the dataset."""
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) or budget_bytes <= 0:
         raise ValueError(f"budget_bytes must be a positive number of bytes (e.g. 2 * 1024**3), got {budget_bytes!r}")
     if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
         raise ValueError(f"effective_batch must be an int >= 1 (samples per optimizer step), got {effective_batch!r}")
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
+        raise ValueError(f"headroom must be a share of the budget in [0, 1) (e.g. headroom=0.1), got {headroom!r}")
     spec = bench.workload.spec
     if not spec.iterable and effective_batch > len(spec) * 64:
         raise ValueError(f"effective_batch={effective_batch} is far beyond the dataset ({len(spec)} samples)")
-    min_micro = min_micro_batch or max(1, effective_batch // 8)
     k = (base or bench.defaults).replace(batch_size=effective_batch, accum_steps=1)
     if not spec.iterable and k.batch_size > len(spec):
         # accumulate from the start: the micro-batch cannot exceed the dataset
         a = next((a for a in range(2, effective_batch + 1) if effective_batch % a == 0
                   and effective_batch // a <= len(spec)), effective_batch)
         k = k.replace(batch_size=effective_batch // a, accum_steps=a)
+    return k
+
+
+def _lower(r: TrialResult, than: TrialResult | None) -> bool:
+    """r is usable and uses less memory than `than` (a failed `than` counts as infinite)."""
+    if not r.ok or r.peak_memory_bytes is None:
+        return r.status == "ok"
+    return than is None or not than.ok or than.peak_memory_bytes is None or r.peak_memory_bytes < than.peak_memory_bytes
+
+
+def _checkpoint_steps(bench: Any, k: Knobs) -> Iterator[tuple[Knobs, str]]:
+    """Knobs checkpointing 1, 2, ... of the blocks that save the most activations, heaviest first."""
+    if not bench.workload.blocks:
+        return
+    order = [n for n, v in block_activation_bytes(bench.workload, k).items() if v > 0]
+    for i in range(1, len(order) + 1):
+        yield k.replace(checkpoint=tuple(order[:i])), f"checkpoint {i} heaviest block(s): {', '.join(order[:i])}"
+
+
+def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Knobs | None = None,
+               min_micro_batch: int | None = None, max_trials: int = 12, headroom: float = DEFAULT_HEADROOM) -> FitResult:
+    """The first configuration (in rescue order) whose measured peak fits `budget_bytes`.
+
+    Effective batch = batch_size x accum_steps stays `effective_batch` throughout. Order: as is →
+    AMP → accumulation (micro-batch down to `min_micro_batch`, default effective_batch // 8) →
+    checkpointing the blocks that save the most activations, one more block per trial. Each row
+    reports the time cost vs the first trial that ran (per-sample time ratio, 1.25 = 25% slower).
+    A configuration fits when its peak stays `headroom` (a share, default 10%) below the budget,
+    so the answer does not sit on the OOM edge; headroom=0 fits up to the budget itself.
+    """
+    k = _first_knobs(bench, budget_bytes, effective_batch, headroom, base)
+    limit = budget_bytes * (1 - headroom)  # the peak a fitting configuration may reach
+    min_micro = min_micro_batch or max(1, effective_batch // 8)
     rows: list[dict[str, Any]] = []  # one per trial run
     notes: list[str] = []
     ref: list[TrialResult] = []  # the first ok trial: time costs are relative to it
@@ -98,12 +127,10 @@ def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Kno
     def run(step: str, change: str, knobs: Knobs) -> TrialResult:
         r = bench.run(knobs)
         peak = r.peak_memory_bytes
-        fits = r.ok and peak is not None and peak <= budget_bytes
+        fits = r.ok and peak is not None and peak <= limit
         if r.ok and not ref:
             ref.append(r)
-        cost = None
-        if r.ok and ref and r.samples_per_s:
-            cost = ref[0].samples_per_s / r.samples_per_s
+        cost = ref[0].samples_per_s / r.samples_per_s if r.ok and ref and r.samples_per_s else None
         rows.append({"step": step, "change": change, "trial": r.trial_id, "status": r.status,
                      "batch_size": knobs.batch_size, "accum_steps": knobs.accum_steps, "amp": knobs.amp,
                      "checkpoint": ",".join(knobs.checkpoint), "peak_bytes": peak, "peak": fmt_bytes(peak),
@@ -111,17 +138,13 @@ def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Kno
         return r
 
     def fits(r: TrialResult) -> bool:
-        return r.ok and r.peak_memory_bytes is not None and r.peak_memory_bytes <= budget_bytes
-
-    def lower(r: TrialResult, than: TrialResult | None) -> bool:
-        """r is usable and uses less memory than `than` (a failed `than` counts as infinite)."""
-        if not r.ok or r.peak_memory_bytes is None:
-            return r.status == "ok"
-        return than is None or not than.ok or than.peak_memory_bytes is None or r.peak_memory_bytes < than.peak_memory_bytes
+        return r.ok and r.peak_memory_bytes is not None and r.peak_memory_bytes <= limit
 
     def done(r: TrialResult, knobs: Knobs) -> FitResult:
         return FitResult(knobs, r, int(budget_bytes), effective_batch, pd.DataFrame(rows), notes)
 
+    if headroom:
+        notes.append(f"fits = a peak at most {fmt_bytes(limit)}: {headroom:.0%} headroom below the budget")
     cur = run("start", "as is", k)
     if fits(cur):
         return done(cur, k)
@@ -132,7 +155,7 @@ def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Kno
         r = run("amp", f"amp={amp!r}", k.replace(amp=amp))
         if fits(r):
             return done(r, k.replace(amp=amp))
-        if lower(r, cur):
+        if _lower(r, cur):
             k, cur = k.replace(amp=amp), r
         else:
             rows[-1]["step"] = "amp (no help, reverted)"
@@ -147,19 +170,16 @@ def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Kno
         r = run("accumulation", f"batch_size={knobs.batch_size} x accum_steps={a}", knobs)
         if fits(r):
             return done(r, knobs)
-        if lower(r, cur):
+        if _lower(r, cur):
             k, cur = knobs, r
 
     # 3. checkpoint the blocks that save the most activations, one more per trial
-    if bench.workload.blocks and len(rows) < max_trials:
-        order = [n for n, v in block_activation_bytes(bench.workload, k).items() if v > 0]
-        for i in range(1, len(order) + 1):
-            if len(rows) >= max_trials:
-                break
-            knobs = k.replace(checkpoint=tuple(order[:i]))
-            r = run("checkpoint", f"checkpoint {i} heaviest block(s): {', '.join(order[:i])}", knobs)
-            if fits(r):
-                return done(r, knobs)
+    for knobs, change in _checkpoint_steps(bench, k):
+        if len(rows) >= max_trials:
+            break
+        r = run("checkpoint", change, knobs)
+        if fits(r):
+            return done(r, knobs)
     if len(rows) >= max_trials:
         notes.append(f"stopped after max_trials={max_trials}")
     notes.append("nothing fits: raise the budget, lower effective_batch, or pass min_micro_batch=1 "
