@@ -37,6 +37,7 @@ PRIOR_WEIGHT = 4.0  # the prior counts as this many degrees of freedom of eviden
 MIN_NOISE = 0.01  # never believe identical trials agree better than 1% (sd), however quiet the log
 MAX_ROUNDS_HINT = 20  # beyond this many rounds a gap is called too small to settle
 MARGIN = 0.05  # "same speed": the whole interval lies within ±MARGIN (symmetric in log: 1/1.05 … 1.05)
+ANSWER_WORDS = {"faster": "faster", "slower": "slower", "same": "same speed", "undecided": "undecided (within noise)"}
 PAIRED_PRIOR_SD = 0.10  # sd of log(B/A) between back-to-back trials assumed before any pair is measured
 PAIRED_PRIOR_DF = 2.0  # the paired prior counts as this many degrees of freedom (weak: data win by round 3)
 
@@ -361,6 +362,6 @@ def decide_sequential(a_rates: Sequence[float], b_rates: Sequence[float], noise:
                       note, margin, seconds, max_rounds if max_rounds is not None else looks)
 
 
-__all__ = ["CONFIDENCE", "MARGIN", "MIN_EFFECT", "PRIOR", "PRIOR_NOISE", "Comparison", "Noise", "adjacent_noise",
+__all__ = ["ANSWER_WORDS", "CONFIDENCE", "MARGIN", "MIN_EFFECT", "PRIOR", "PRIOR_NOISE", "Comparison", "Noise", "adjacent_noise",
            "critical", "decide", "decide_sequential", "estimate_noise", "look_alpha", "paired_interval", "t_cdf",
            "t_quantile"]
