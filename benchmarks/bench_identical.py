@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_identical.py [demo] [trials]
     PYTHONPATH=. .venv/bin/python benchmarks/bench_identical.py [demo] decide [reps] [knob=value ...]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_identical.py [demo] auto [pairs]
 
 The first form: N identical trials, their adjacent pairs and the table's verdict column (false
 alarms), the noise in words, then `compare(a, b, rounds=2)` for identical knobs and for a change.
@@ -10,6 +11,9 @@ alarms), the noise in words, then `compare(a, b, rounds=2)` for identical knobs 
 identical knobs (margin ±10%: does it say "same speed"?) and for the change (default
 batch_size=40). Before: the procedure integer rounds offered, `compare(rounds=N)` with the N the
 previous answer suggested, until beyond noise, no hint, or 8 rounds. Seconds, trials and answers.
+
+`auto`: the held-out check of rounds="auto": `pairs` fresh pairs of identical knobs, each
+`compare(a, b, rounds="auto", max_rounds=8, margin=0.10)`; how many say beyond noise, same speed.
 
 Measures and prints; asserts nothing (a loaded machine makes the noise, and the verdicts, wider).
 """
@@ -78,6 +82,20 @@ def decide(bench: wb.Workbench, reps: int, change: dict) -> None:
     print("noise:", bench.noise)
 
 
+def identical_auto(bench: wb.Workbench, pairs: int) -> None:
+    """Fresh pairs of identical knobs, each settled with rounds="auto" (margin ±10%)."""
+    answers = []
+    for i in range(pairs):
+        load, t = os.getloadavg()[0], time.perf_counter()
+        c = bench.compare(bench.run(), bench.run(), rounds="auto", max_rounds=8, margin=0.10)
+        answers.append(c.answer)
+        print(f"pair {i + 1}: {c.answer} {c.speedup:.2f}x ({c.low:.2f}…{c.high:.2f}), {c.rounds} rounds, "
+              f"{time.perf_counter() - t:.0f} s (load {load:.1f} → {os.getloadavg()[0]:.1f})", flush=True)
+    beyond = sum(a in ("faster", "slower") for a in answers)
+    print(f"beyond noise {beyond} of {pairs}; same speed {answers.count('same')} of {pairs}")
+    print("noise:", bench.noise)
+
+
 def main() -> None:
     demo = sys.argv[1] if len(sys.argv) > 1 else "cnn"
     t, load = time.perf_counter(), os.getloadavg()[0]
@@ -86,6 +104,8 @@ def main() -> None:
         reps = int(sys.argv[3]) if len(sys.argv) > 3 else 1
         pairs = [a.split("=", 1) for a in sys.argv[4:]]
         decide(bench, reps, {k: ast.literal_eval(v) for k, v in pairs} or {"batch_size": 40})
+    elif len(sys.argv) > 2 and sys.argv[2] == "auto":
+        identical_auto(bench, int(sys.argv[3]) if len(sys.argv) > 3 else 6)
     else:
         held_out(bench, int(sys.argv[2]) if len(sys.argv) > 2 else 8)
     print(f"load average {load:.2f} before, {os.getloadavg()[0]:.2f} after; {time.perf_counter() - t:.0f} s")

@@ -339,7 +339,9 @@ class ResultLog:
 
         `trial_id` is a column (the index is a plain 0..n-1 range): `df.set_index("trial_id")`
         looks trials up by id. `speedup` is samples/s over the baseline's; `verdict` is exactly
-        `compare(baseline, trial)`. `samples_per_s_low/high` bound where a repeat of the trial
+        `compare(a, b)` of every ok trial so far with the baseline's knobs against every ok trial so far
+        with this trial's knobs (just the two trials until repeats exist): "beyond noise", "same speed"
+        or "within noise". `samples_per_s_low/high` bound where a repeat of the trial
         would land (95%, from the between-trial noise); `df.attrs["noise"]` holds that noise.
         """
         base = self.baseline
@@ -370,7 +372,7 @@ class ResultLog:
                 if r.trial_id == base.trial_id:
                     row["speedup"], row["verdict"] = 1.0, "baseline"
                 else:
-                    c = compare(base, r, noise=noise)
+                    c = compare(*_sides(self.trials, base, r), noise=noise)
                     row["speedup"], row["verdict"] = c.speedup, c.verdict
             row.update(r.knobs.to_dict())
             row["checkpoint"] = ",".join(r.knobs.checkpoint)
@@ -412,6 +414,16 @@ class ResultLog:
                                  "step_time_s": pd.Series(dtype=float), "data_wait_s": pd.Series(dtype=float),
                                  "loss": pd.Series(dtype=float)})
         return pd.concat(parts, ignore_index=True)
+
+
+def _sides(trials: Sequence[TrialResult], base: TrialResult, r: TrialResult) -> tuple[Trials, Trials]:
+    """The table's evidence for trial r: the baseline's repeats and r's repeats up to r (r alone when it
+    repeats the baseline's knobs: a repeat is judged as one more identical trial)."""
+    if r.knobs == base.knobs:
+        return base, r
+    upto = [t for t in trials if _usable(t) and (t.trial_id or 0) <= max(r.trial_id or 0, base.trial_id or 0)]
+    return ([t for t in upto if t.knobs == base.knobs] or [base],
+            [t for t in upto if t.knobs == r.knobs and (t.trial_id or 0) <= (r.trial_id or 0)] or [r])
 
 
 def _padded(values: Sequence[float], n: int) -> list[float]:
