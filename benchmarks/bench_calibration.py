@@ -40,16 +40,24 @@ def one_look(n: int) -> None:
             adjacent += sum(compare(x, y, log=sim.log).beyond_noise for x, y in itertools.pairwise(t))
             first += sum(compare(t[0], y, log=sim.log).beyond_noise for y in t[1:])
             pairs += 7
-        fa3 = p13 = 0
+        fa3 = fa2 = p13 = p14 = single = 0
         for seed in range(n):
             s = SimBench(70_000 + seed, pattern)
             fa3 += compare(s.run(A), s.run(B), rounds=3, run=s.run, log=s.log).beyond_noise
+            s = SimBench(80_000 + seed, pattern)
+            fa2 += compare(s.run(A), s.run(B), rounds=2, run=s.run, log=s.log).beyond_noise
             s = SimBench(90_000 + seed, pattern, 1.3)
             c = compare(s.run(A), s.run(B), rounds=3, run=s.run, log=s.log)
             p13 += c.beyond_noise and c.speedup > 1
+            s = SimBench(95_000 + seed, pattern, 1.4)
+            c = compare(s.run(A), s.run(B), rounds=2, run=s.run, log=s.log)
+            p14 += c.beyond_noise and c.speedup > 1
+            s = SimBench(99_000 + seed, pattern, 1.3)
+            single += compare(s.run(A), s.run(B), log=s.log).beyond_noise
         print(f"{pattern}: false alarms, 7 adjacent identical pairs per session {rate(adjacent, pairs)}; "
-              f"verdict column (vs the first) {rate(first, pairs)}; rounds=3 {rate(fa3, n)} | "
-              f"power: 1.3x rounds=3 {rate(p13, n)}")
+              f"verdict column (vs the first) {rate(first, pairs)}; rounds=3 {rate(fa3, n)}; rounds=2 {rate(fa2, n)} | "
+              f"power: 1.3x rounds=3 {rate(p13, n)}; 1.4x rounds=2 {rate(p14, n)}; "
+              f"1.3x one pair, no repeats yet {rate(single, n)}", flush=True)
 
 
 def auto(n: int, max_rounds: int = 8) -> None:
