@@ -226,8 +226,8 @@ class Comparison:
         if self.max_rounds is not None:  # rounds="auto" ran out of rounds or budget
             n = self.rounds_needed
             if n is None:
-                return (f"more than {MAX_ROUNDS_HINT} more rounds would be needed; the gap, if any, is about the "
-                        f"size of ±{self.margin:.0%}: call it no difference that matters, or widen margin")
+                return (f"more than {MAX_ROUNDS_HINT} more rounds would be needed at this noise: a quieter machine "
+                        f"(close other programs), or a margin wider than ±{self.margin:.0%}, would settle it")
             return (f"about {n} more round{'s' if n != 1 else ''} would settle it "
                     f"(bench.compare({ids}, rounds='auto', max_rounds={self.rounds + n}))")
         if abs(self.speedup - 1) < MIN_EFFECT:
