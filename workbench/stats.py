@@ -13,7 +13,15 @@ is the trial: each trial contributes one number, log(samples/s), and
 repeats, the alternating rounds of `compare(..., rounds=N)`, a re-run baseline), pooled across
 configurations and blended with a conservative prior that dominates until evidence exists. A
 difference is "beyond noise" when a Student-t interval of the log-ratio of the two configurations'
-mean rates excludes zero *and* the ratio is at least MIN_EFFECT away from 1.
+mean rates excludes zero *and* the ratio is at least MIN_EFFECT away from 1; "same speed" when the
+interval lies within ±margin; otherwise undecided ("within noise"). That is the one-look rule of the
+table's verdicts and of `compare(..., rounds=N)`.
+
+Identical trials also drift: the level shifts for a while, then shifts back. `compare(...,
+rounds="auto")` therefore judges each B against the A run just before it (per-round log-ratios,
+where a shared level cancels; `paired_interval`) and looks after every round, spending the 5% error
+rate across at most 1 + max_rounds looks (`look_alpha`), so stopping when decided keeps the error
+rates (`decide_sequential`).
 
 Pure numbers only (numpy and math): no torch, no trials; `results.compare` runs the rounds.
 """
