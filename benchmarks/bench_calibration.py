@@ -1,11 +1,15 @@
 """False-alarm rate and power of `compare` on the synthetic trials of tests/test_stats.py, with
-more simulations than the test runs (the test asserts the bounds; this prints the figures).
+more simulations than the tests run (the tests assert the bounds; this prints the figures).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_calibration.py [sessions]
 
-Patterns: "jitter" (AR(1) step jitter + a per-trial level shift of up to ±10%) and "bursty" (the
-same plus a data pipeline that delivers batches in bursts). Pure arithmetic: machine load does not
-change these figures.
+Patterns: "jitter" (AR(1) step jitter + a per-trial level shift of up to ±10%), "bursty" (the
+same plus a data pipeline that delivers batches in bursts), "walk" (jitter plus a random-walk
+drift of the machine's level, 3% sd per trial) and "steps" (jitter plus sudden 5-15% level steps).
+Part 1: one-look `compare` and integer `rounds=N` (jitter, bursty). Part 2: `rounds="auto"`,
+max_rounds=8, a look after every round (all four patterns): false alarms under peeking, how often
+identical knobs come out "same speed", power and rounds to decide for 1.2x and 1.3x. Pure
+arithmetic: machine load does not change these figures.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import itertools
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_stats import A, B, SimBench  # the synthetic trials the test uses
+from test_stats import A, B, SimBench  # the synthetic trials the tests use
 
 from workbench.results import compare
 
@@ -24,8 +30,8 @@ def rate(hits: int, n: int) -> str:
     return f"{hits}/{n} = {hits / n:.1%}"
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 500
+def one_look(n: int) -> None:
+    """The single-comparison verdicts and integer rounds (unchanged by rounds='auto')."""
     for pattern in ("jitter", "bursty"):
         adjacent = first = pairs = 0
         for seed in range(n // 2):  # the held-out check: 8 identical trials, 7 adjacent pairs, 7 table verdicts
@@ -51,7 +57,35 @@ def main() -> None:
         print(f"{pattern}: false alarms, 7 adjacent identical pairs per session {rate(adjacent, pairs)}; "
               f"verdict column (vs the first) {rate(first, pairs)}; rounds=3 {rate(fa3, n)}; rounds=2 {rate(fa2, n)} | "
               f"power: 1.3x rounds=3 {rate(p13, n)}; 1.4x rounds=2 {rate(p14, n)}; "
-              f"1.3x one pair, no repeats yet {rate(single, n)}")
+              f"1.3x one pair, no repeats yet {rate(single, n)}", flush=True)
+
+
+def auto(n: int, max_rounds: int = 8) -> None:
+    """rounds='auto': error rates under peeking and drift, and rounds to a decision."""
+    for pattern in ("jitter", "bursty", "walk", "steps"):
+        line = [f"{pattern}, rounds='auto' max_rounds={max_rounds}:"]
+        for speedup, margin, what in ((1.0, 0.05, "identical ±5%"), (1.0, 0.10, "identical ±10%"),
+                                      (1.2, 0.05, "1.2x"), (1.3, 0.05, "1.3x")):
+            answers, rounds = {"faster": 0, "slower": 0, "same": 0, "undecided": 0}, []
+            for seed in range(n):
+                s = SimBench(200_000 + int(speedup * 1000) * 1000 + seed, pattern, speedup)
+                c = compare(s.run(A), s.run(B), rounds="auto", max_rounds=max_rounds, margin=margin, run=s.run,
+                            log=s.log)
+                answers[c.answer] += 1
+                rounds.append(c.rounds)
+            if speedup == 1.0:
+                line.append(f"{what}: false alarms {rate(answers['faster'] + answers['slower'], n)}, "
+                            f"same speed {rate(answers['same'], n)}, mean rounds {np.mean(rounds):.1f};")
+            else:
+                line.append(f"{what}: found {rate(answers['faster'], n)} (wrong way {answers['slower']}), "
+                            f"mean rounds {np.mean(rounds):.1f} (median {np.median(rounds):.0f});")
+        print(" ".join(line), flush=True)
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 500
+    one_look(n)
+    auto(n)
 
 
 if __name__ == "__main__":

@@ -93,9 +93,8 @@ def test_frame_types_verdicts_and_noise():
     assert pd.api.types.is_datetime64_any_dtype(df["started_at"]) and df["started_at"].iloc[3].hour == 12
     base = log.trials[0]
     for r, verdict, speedup in zip(log.trials[1:3], df["verdict"].iloc[1:3], df["speedup"].iloc[1:3]):
-        c = compare(base, r, log=log)
+        c = compare(base if r.knobs == base.knobs else log.trials[:2], r, log=log)  # the baseline's repeats
         assert (verdict, speedup) == (c.verdict, pytest.approx(c.speedup))  # the cell is exactly compare()
-        assert speedup == pytest.approx(r.samples_per_s / base.samples_per_s)
     assert df["verdict"].iloc[3] == "" and pd.isna(df["speedup"].iloc[3])
     assert df.attrs["noise"].repeats == 1
     assert (df["samples_per_s_low"] < df["samples_per_s"]).iloc[:3].all()
@@ -170,3 +169,23 @@ def test_observers_see_every_append():
 def test_empty_frame_has_the_summary_columns():
     df = ResultLog(None).frame()
     assert df.empty and "samples_per_s" in df.columns
+
+
+def test_verdict_column_has_three_answers():
+    """A quiet log: a 25% gap is beyond noise, a 1% gap is the same speed (within ±5%), and the
+    noise says how far apart back-to-back identical trials and trials minutes apart land."""
+    log = ResultLog(None)
+    for i in range(16):
+        log.append(fake(noisy(0.0100, 0.001, seed=i)))
+    same = log.append(fake(noisy(0.0099, 0.001, seed=20), num_workers=1))
+    log.append(fake(noisy(0.008, 0.001, seed=21), num_workers=2))
+    for i in range(15):  # repeats of the 1% slower configuration: now both sides have 16 trials
+        log.append(fake(noisy(0.0099, 0.001, seed=30 + i), num_workers=1))
+    c = compare(log.trials[:16], [t for t in log.trials if t.knobs == same.knobs], log=log)
+    assert c.answer == "same" and "same speed within ±5%" in str(c)
+    verdicts = log.frame().set_index("trial_id")["verdict"]
+    assert verdicts[same.trial_id] == "within noise" and verdicts[len(log.trials)] == "same speed"
+    assert verdicts[same.trial_id + 1] == "beyond noise"
+    words = str(log.noise)
+    assert "back-to-back trials of identical knobs typically land within" in words and "pairs" in words
+    assert "minutes apart" in words

@@ -4,7 +4,9 @@ Each synthetic trial is 30 step times with what real trials show here: autocorre
 (AR(1)), a per-trial level shift of up to ±10% (load, thread placement, allocator state), and in
 the bursty pattern a data pipeline that delivers batches in bursts (every k-th step waits).
 The checks are the issue's: identical configurations raise at most 5% false alarms, a real 1.3x
-effect is found with >= 90% power in 3 alternating rounds.
+effect is found with >= 90% power in 3 alternating rounds. Identical trials here also drift: the
+"walk" pattern adds a random walk to the level from trial to trial, "steps" sudden level shifts;
+`rounds="auto"` (paired, sequential) must keep its error rates under them and under peeking.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 import workbench as wb
 from workbench.measure import TrialResult
 from workbench.results import ResultLog, compare
-from workbench.stats import PRIOR, PRIOR_NOISE, decide, estimate_noise, t_quantile
+from workbench.stats import PRIOR, PRIOR_NOISE, decide, decide_sequential, estimate_noise, look_alpha, t_cdf, t_quantile
 
 BATCH = 32
 
@@ -48,9 +50,19 @@ class SimBench:
         self.rng = np.random.default_rng(seed)
         self.pattern, self.log = pattern, ResultLog(None)
         self.step_s = {16: 0.010, 17: 0.010 / speedup}  # batch_size 16 = A, 17 = B (same samples/step)
+        self.level = 0.0  # log of the machine's drifting speed level ("walk", "steps")
+
+    def drift(self) -> float:
+        """The machine's level for the next trial: a random walk, or rare sudden steps of 5-15%."""
+        if self.pattern == "walk":
+            self.level += self.rng.normal(0, 0.03)
+        elif self.pattern == "steps" and self.rng.random() < 0.15:
+            self.level += self.rng.choice([-1, 1]) * self.rng.uniform(0.05, 0.15)
+        return math.exp(self.level)
 
     def run(self, knobs: wb.Knobs) -> TrialResult:
-        t = tuple(float(x) for x in step_times(self.rng, self.step_s[knobs.batch_size], self.pattern))
+        step_s = self.step_s[knobs.batch_size] * self.drift()
+        t = tuple(float(x) for x in step_times(self.rng, step_s, self.pattern))
         r = TrialResult(knobs=knobs, status="ok", samples_per_s=BATCH * len(t) / sum(t), step_times_s=t, data_wait_share=0.0,
                         samples_per_step=BATCH)
         return self.log.append(r)
@@ -58,6 +70,7 @@ class SimBench:
 
 A, B = wb.Knobs(batch_size=16), wb.Knobs(batch_size=17)
 PATTERNS = ["jitter", "bursty"]
+DRIFTS = ["jitter", "bursty", "walk", "steps"]
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -159,9 +172,110 @@ def test_t_quantile_matches_tables():
 def test_compare_rejects_bad_input():
     sim = SimBench(0, "jitter")
     a, b = sim.run(A), sim.run(B)
-    with pytest.raises(ValueError, match="rounds must be an int"):
+    with pytest.raises(ValueError, match=r"rounds must be .auto. or an int"):
         compare(a, b, rounds=-1, run=sim.run)
     with pytest.raises(ValueError, match=r"pass run=bench\.run"):
         compare(a, b, rounds=2)
     with pytest.raises(ValueError, match="identical knobs"):
         compare([a, b], b)
+
+
+def auto(sim: SimBench, **kwargs) -> wb.Comparison:
+    """compare(rounds="auto") from a fresh log: one A B pair, then rounds until decided."""
+    return compare(sim.run(A), sim.run(B), rounds="auto", run=sim.run, log=sim.log, **kwargs)
+
+
+@pytest.mark.parametrize("pattern", DRIFTS)
+def test_auto_false_alarms_under_peeking_and_drift(pattern):
+    """Identical knobs, a look after every round up to 8: at most 5% say faster or slower."""
+    sims = 150
+    answers = [auto(SimBench(20_000 + seed, pattern), max_rounds=8).answer for seed in range(sims)]
+    alarms = sum(a in ("faster", "slower") for a in answers)
+    assert alarms / sims <= 0.05, f"{alarms}/{sims} false alarms with rounds='auto' ({pattern})"
+
+
+@pytest.mark.parametrize("pattern", DRIFTS)
+def test_auto_power_for_1_3x_within_8_rounds(pattern):
+    sims = 100
+    found = [auto(SimBench(30_000 + seed, pattern, speedup=1.3), max_rounds=8) for seed in range(sims)]
+    hits = sum(c.answer == "faster" for c in found)
+    assert hits / sims >= 0.90, f"power {hits}/{sims} for 1.3x within 8 rounds ({pattern})"
+    assert max(c.rounds for c in found) <= 8 and min(c.rounds for c in found) < 8  # it stops when decided
+
+
+def test_auto_says_same_speed_for_identical_knobs_on_a_quiet_machine():
+    """Little noise: identical knobs settle as "same speed within ±10%" well before max_rounds."""
+    rng = np.random.default_rng(5)
+    log = ResultLog(None)
+
+    def run(k):
+        t = tuple(0.010 * math.exp(rng.normal(0, 0.01)) for _ in range(30))
+        return log.append(TrialResult(knobs=k, status="ok", samples_per_s=BATCH * 30 / sum(t), step_times_s=t,
+                                      data_wait_share=0.0, samples_per_step=BATCH))
+
+    c = compare(run(A), run(B), rounds="auto", run=run, log=log, margin=0.10)
+    assert c.answer == "same" and c.verdict == "same speed" and c.rounds < 8
+    assert "same speed within ±10%" in str(c) and c.seconds is not None and "rounds" in str(c)
+    assert "back-to-back trials of identical knobs" in str(log.noise)  # the rounds hold adjacent repeats
+
+
+def test_paired_sequential_error_rates_in_pure_numbers():
+    """The rule on log-ratios directly, 9 looks: false alarms and false "same" claims stay under 5%,
+    while testing at 95% after every look (the rule it replaces) would not."""
+    rng = np.random.default_rng(0)
+    looks, sims = 9, 400
+    alarms = naive = false_same = 0
+    for _ in range(sims):
+        d = rng.normal(0, 0.08, looks)
+        e = rng.normal(math.log(1.15), 0.08, looks)  # a real 15% gap: never "same within ±10%"
+        for n in range(1, looks + 1):
+            c = decide_sequential(np.ones(n), np.exp(d[:n]), looks=looks, margin=0.10)
+            if c.answer != "undecided":
+                alarms += c.beyond_noise
+                break
+        false_same += any(decide_sequential(np.ones(n), np.exp(e[:n]), looks=looks, margin=0.10).answer == "same"
+                          for n in range(1, looks + 1))
+        x = d[:2]
+        naive += any(abs(d[:n].mean()) > t_quantile(0.975, n - 1) * d[:n].std(ddof=1) / math.sqrt(n)
+                     for n in range(2, looks + 1)) if len(x) else 0
+    assert alarms / sims <= 0.05 and false_same / sims <= 0.05
+    assert naive / sims > 0.10  # peeking with a fixed 95% test over-claims: the test above can fail
+
+
+def test_look_alpha_spends_exactly_five_percent():
+    assert sum(look_alpha(k, 9) for k in range(1, 10)) == pytest.approx(0.05)
+    assert look_alpha(9, 9) > look_alpha(1, 9)
+    with pytest.raises(ValueError, match="look must be between"):
+        look_alpha(10, 9)
+
+
+def test_auto_undecided_says_what_would_settle_it_and_respects_budget():
+    sim = SimBench(3, "walk", speedup=1.04)
+    c = auto(sim, max_rounds=2)
+    assert c.answer == "undecided" and c.rounds == 2 and "max_rounds=" in str(c) and "undecided" in str(c)
+    sim = SimBench(4, "jitter", speedup=1.04)
+    c = auto(sim, max_rounds=8, budget_s=1e-9)  # the first round always runs; no time for a second
+    assert c.rounds == 1 and "budget_s" in c.note
+
+
+def test_auto_rejects_bad_input():
+    sim = SimBench(0, "jitter")
+    a, b = sim.run(A), sim.run(B)
+    with pytest.raises(ValueError, match="max_rounds"):
+        compare(a, b, rounds="auto", max_rounds=0, run=sim.run)
+    with pytest.raises(ValueError, match="margin"):
+        compare(a, b, rounds="auto", margin=5, run=sim.run)
+    with pytest.raises(ValueError, match=r"pass run=bench\.run"):
+        compare(a, b, rounds="auto")
+
+
+def test_auto_pairs_only_back_to_back_trials():
+    sim = SimBench(0, "jitter")
+    a, _, b = sim.run(A), sim.run(A), sim.run(B)  # a and b did not run back to back
+    c = compare(a, b, rounds="auto", max_rounds=2, run=sim.run, log=sim.log)
+    assert a.trial_id not in c.a_trials and "did not run back to back" in c.note
+
+
+def test_t_distribution_tails():
+    assert t_quantile(0.9995, 5) == pytest.approx(6.869, rel=1e-3)
+    assert t_cdf(t_quantile(0.99, 3.5), 3.5) == pytest.approx(0.99, abs=1e-9)

@@ -157,6 +157,7 @@ def test_gather_summary_counts_machines_beyond_noise(tmp_path):
     row = s.iloc[0]
     assert row["knob"] == "num_workers=2" and row["machines"] == 3
     assert (row["helped"], row["no_change"], row["hurt"], row["failed"]) == (1, 1, 1, 0)
+    assert row["same_speed"] + row["undecided"] == row["no_change"]  # the three answers, per machine
     assert row["min_speedup"] < 1 < row["max_speedup"]
 
 

@@ -19,7 +19,7 @@ from .measure import TrialResult
 from .progress import TrialProgress, search, shown
 from .results import Comparison, ResultLog, compare
 from .runner import Progress, TrialInterrupted, check_knobs, run_trial, trial_thread
-from .stats import Noise
+from .stats import MARGIN, Noise
 from .workload import StepFn, Workload, move_to
 
 DEFAULT_LOG_DIR = "workbench-runs"
@@ -183,21 +183,26 @@ class Workbench:
         """Make a trial (id or result) the reference for speedups and verdicts."""
         self.log.set_baseline(trial.trial_id if isinstance(trial, TrialResult) else trial)
 
-    def compare(self, a: int | TrialResult, b: int | TrialResult, rounds: int = 0, *,
+    def compare(self, a: int | TrialResult, b: int | TrialResult, rounds: int | str = 0, *,
+                max_rounds: int = 8, margin: float = MARGIN, budget_s: float | None = None,
                 run: Callable[[Knobs], TrialResult | None] | None = None) -> Comparison:
-        """Is B faster than A beyond run-to-run noise? (trial ids or results)
+        """Is B faster than A, slower, the same speed (within ±margin), or undecided? (trial ids or results)
 
-        `rounds=N` first runs N more trials of each configuration in alternating order (B A, A B,
-        ...) and decides from all their samples/s; a gap within noise says how many rounds would
-        settle it. `run` replaces `self.run` for those trials (the panel passes its own runner).
+        `rounds="auto"` runs alternating rounds (B A, A B, ...) until decided, or until `max_rounds`
+        (or `budget_s` seconds) run out; `.answer` is "faster", "slower", "same" or "undecided", and
+        the result says the rounds and seconds it took. The error rates hold however many rounds it
+        looks at. `rounds=N` runs exactly N rounds of each and decides once. `run` replaces `self.run`
+        for those trials (the panel passes its own runner).
         """
         ra = a if isinstance(a, TrialResult) else self.log.get(a)
         rb = b if isinstance(b, TrialResult) else self.log.get(b)
-        return compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log)
+        return compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log, max_rounds=max_rounds,
+                       margin=margin, budget_s=budget_s)
 
     @property
     def noise(self) -> Noise:
-        """This machine's between-trial noise, learnt from repeats in the log (`str()` says it in words)."""
+        """This machine's noise, learnt from repeats in the log: `str()` says in words how far apart
+        back-to-back identical trials land, and how far apart identical trials minutes apart land."""
         return self.log.noise
 
     @property

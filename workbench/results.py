@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import itertools
 import json
 import math
 import os
 import platform
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -27,7 +29,7 @@ import pandas as pd
 
 from .knobs import Knobs
 from .measure import STATUSES, TrialResult
-from .stats import Comparison, Noise, critical, decide, estimate_noise
+from .stats import MARGIN, Comparison, Noise, adjacent_noise, critical, decide, decide_sequential, estimate_noise
 
 try:  # POSIX: appends from several processes are serialised by an OS file lock
     import fcntl
@@ -66,41 +68,47 @@ def _side(x: Trials) -> list[TrialResult]:
 
 
 def noise_of(trials: Iterable[TrialResult]) -> Noise:
-    """The between-trial noise these trials show: repeats of identical knobs, pooled (see stats.py)."""
+    """The between-trial noise these trials show: repeats of identical knobs, pooled (see stats.py),
+    and how far back-to-back identical trials land apart (consecutive trial ids, same knobs)."""
     groups: dict[Knobs, list[float]] = {}
-    for r in trials:
-        if _usable(r):
-            groups.setdefault(r.knobs, []).append(float(r.samples_per_s or 0.0))
-    return estimate_noise(list(groups.values()))
+    usable = [r for r in trials if _usable(r)]
+    for r in usable:
+        groups.setdefault(r.knobs, []).append(float(r.samples_per_s or 0.0))
+    ordered = sorted((r for r in usable if r.trial_id is not None), key=lambda r: r.trial_id or 0)
+    pairs = [(float(x.samples_per_s or 0.0), float(y.samples_per_s or 0.0)) for x, y in itertools.pairwise(ordered)
+             if y.trial_id == (x.trial_id or 0) + 1 and x.knobs == y.knobs]
+    noise = estimate_noise(list(groups.values()))
+    return replace(noise, adjacent=adjacent_noise(pairs), adjacent_pairs=len(pairs))
 
 
-def compare(a: Trials, b: Trials, *, rounds: int = 0, run: Callable[[Knobs], TrialResult | None] | None = None,
-            log: ResultLog | None = None, noise: Noise | None = None) -> Comparison:
-    """Is configuration B faster than A beyond run-to-run noise? Decided from per-trial samples/s.
+def compare(a: Trials, b: Trials, *, rounds: int | str = 0,
+            run: Callable[[Knobs], TrialResult | None] | None = None, log: ResultLog | None = None,
+            noise: Noise | None = None, max_rounds: int = 8, margin: float = MARGIN,
+            budget_s: float | None = None) -> Comparison:
+    """Is configuration B faster than A, slower, the same speed, or is it undecided? From per-trial samples/s.
 
-    `a`, `b`: a trial each (or lists of repeats). `rounds=N` first runs N more trials of each
-    through `run(knobs)` in alternating order (a and b ran A B; the rounds go B A, A B, ...: a
-    slow drift cancels), so the verdict rests on 1 + N trials a side. The noise comes from `noise`, else from `log`'s repeats
-    (re-read after the rounds, which are repeats themselves), else from these trials alone; until
-    repeats exist it is a conservative prior. The one comparison behind the results table's
-    verdicts, `bench.compare`, the panel's "repeat to confirm", `tune()` and `diagnose()`.
+    `a`, `b`: a trial each (or lists of repeats). `rounds="auto"` runs alternating rounds (B A, A B,
+    ...) through `run(knobs)` until the answer is faster/slower (beyond noise) or the same speed
+    (interval within ±`margin`), or `max_rounds` (or `budget_s` seconds) run out; each round's B is
+    judged against its back-to-back A, with an interval that stays valid however many rounds it
+    looks at (see stats.decide_sequential). `rounds=N` runs exactly N rounds and decides once from
+    all trials against the noise of `noise`, else `log`'s repeats (re-read after the rounds), else
+    these trials alone; until repeats exist it is a conservative prior. The one comparison behind
+    the results table's verdicts, `bench.compare`, the panel's "repeat to confirm", `tune()` and `diagnose()`.
     """
     runs_a, runs_b = _side(a), _side(b)
+    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not 0 < margin < 1:
+        raise ValueError(f"margin must be a fraction between 0 and 1 (0.05 = ±5%), got {margin!r}")
+    if rounds == "auto":
+        return _compare_auto(runs_a, runs_b, run=run, log=log, max_rounds=max_rounds, margin=margin,
+                             budget_s=budget_s)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
-        raise ValueError(f"rounds must be an int >= 0 (extra trials of each configuration), got {rounds!r}")
+        raise ValueError(f"rounds must be 'auto' or an int >= 0 (extra trials of each configuration), got {rounds!r}")
     if rounds and run is None:
         raise ValueError("rounds need a way to run trials: call bench.compare(a, b, rounds=N), or pass run=bench.run")
-    note, done = "", 0
+    note, done, t0 = "", 0, time.perf_counter()
     for i in range(rounds):
-        order = [(runs_a, runs_a[0].knobs), (runs_b, runs_b[0].knobs)]
-        pair: list[tuple[list[TrialResult], TrialResult]] = []
-        for side, knobs in order[::-1] if i % 2 == 0 else order:  # a and b ran A B: now B A, A B, ...
-            r = run(knobs)  # type: ignore[misc]
-            if r is None or not _usable(r):
-                what = "was stopped" if r is None else f"#{r.trial_id} ended {r.status}"
-                note = f"Round {i + 1} {what}; decided on {done} complete round{'s' if done != 1 else ''}."
-                break
-            pair.append((side, r))
+        pair, note = _one_round(run, runs_a, runs_b, i, done)  # type: ignore[arg-type]
         if note:
             break
         for side, r in pair:
@@ -112,7 +120,73 @@ def compare(a: Trials, b: Trials, *, rounds: int = 0, run: Callable[[Knobs], Tri
         noise = noise_of([*runs_a, *runs_b])
     return decide([r.samples_per_s or 0.0 for r in runs_a], [r.samples_per_s or 0.0 for r in runs_b], noise,
                   a_trials=[r.trial_id for r in runs_a], b_trials=[r.trial_id for r in runs_b], rounds=done,
-                  note=note)
+                  note=note, margin=margin, seconds=time.perf_counter() - t0 if rounds else None)
+
+
+def _one_round(run: Callable[[Knobs], TrialResult | None], runs_a: list[TrialResult], runs_b: list[TrialResult],
+               i: int, done: int, knobs: tuple[Knobs, Knobs] | None = None,
+               ) -> tuple[list[tuple[list[TrialResult], TrialResult]], str]:
+    """Round i (0-based) after a and b ran A B: B A, then A B, ... ([(side, trial)], a note if it failed).
+
+    `knobs`: (A's, B's) when a side holds no trial yet."""
+    ka, kb = knobs or (runs_a[0].knobs, runs_b[0].knobs)
+    order = [(runs_a, ka), (runs_b, kb)]
+    pair: list[tuple[list[TrialResult], TrialResult]] = []
+    for side, knobs in order[::-1] if i % 2 == 0 else order:
+        r = run(knobs)
+        if r is None or not _usable(r):
+            what = "was stopped" if r is None else f"#{r.trial_id} ended {r.status}"
+            return pair, f"Round {i + 1} {what}; decided on {done} complete round{'s' if done != 1 else ''}."
+        pair.append((side, r))
+    return pair, ""
+
+
+def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *,
+                  run: Callable[[Knobs], TrialResult | None] | None, log: ResultLog | None, max_rounds: int,
+                  margin: float, budget_s: float | None) -> Comparison:
+    """rounds="auto": alternating rounds until decided, judged on back-to-back pairs (decide_sequential)."""
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
+        raise ValueError(f"max_rounds must be an int >= 1, got {max_rounds!r}")
+    if budget_s is not None and not budget_s > 0:
+        raise ValueError(f"budget_s must be a number of seconds > 0 (or None for no limit), got {budget_s!r}")
+    if run is None:
+        raise ValueError("rounds='auto' needs a way to run trials: call bench.compare(a, b, rounds='auto'), "
+                         "or pass run=bench.run")
+    first_a, first_b = runs_a[-1], runs_b[-1]
+    # The given pair counts as the first round only when the two trials ran back to back.
+    paired = first_a.trial_id is not None and first_b.trial_id is not None and \
+        abs(first_a.trial_id - first_b.trial_id) == 1
+    pa, pb = ([first_a], [first_b]) if paired else ([], [])
+    looks = max_rounds + len(pa)
+    note, done, t0, c = "", 0, time.perf_counter(), None
+
+    def judge() -> Comparison:
+        return decide_sequential([r.samples_per_s or 0.0 for r in pa], [r.samples_per_s or 0.0 for r in pb],
+                                 log.noise if log is not None else noise_of([*pa, *pb]), looks=looks,
+                                 margin=margin, a_trials=[r.trial_id for r in pa],
+                                 b_trials=[r.trial_id for r in pb], rounds=done, note=note,
+                                 seconds=time.perf_counter() - t0, max_rounds=max_rounds)
+
+    if pa:
+        c = judge()
+    while (c is None or c.answer == "undecided") and done < max_rounds:
+        spent = time.perf_counter() - t0
+        if budget_s is not None and done and spent + spent / done > budget_s:
+            note = f"Stopped after {done} rounds: another round would pass budget_s={budget_s:g} s."
+            break
+        pair, note = _one_round(run, pa, pb, done + (0 if paired else 1), done, (first_a.knobs, first_b.knobs))
+        if note:
+            break
+        for side, r in pair:
+            side.append(r)
+        done += 1
+        c = judge()
+    if not pa:  # not one complete back-to-back pair: judge what exists once, unpaired
+        return replace(compare(runs_a, runs_b, log=log, margin=margin), note=note)
+    if not paired:
+        note = (f"{note} #{first_a.trial_id} and #{first_b.trial_id} did not run back to back, so the answer rests "
+                "on the new rounds.").strip()
+    return judge()
 
 
 class ResultLog:
@@ -265,7 +339,9 @@ class ResultLog:
 
         `trial_id` is a column (the index is a plain 0..n-1 range): `df.set_index("trial_id")`
         looks trials up by id. `speedup` is samples/s over the baseline's; `verdict` is exactly
-        `compare(baseline, trial)`. `samples_per_s_low/high` bound where a repeat of the trial
+        `compare(a, b)` of every ok trial so far with the baseline's knobs against every ok trial so far
+        with this trial's knobs (just the two trials until repeats exist): "beyond noise", "same speed"
+        or "within noise". `samples_per_s_low/high` bound where a repeat of the trial
         would land (95%, from the between-trial noise); `df.attrs["noise"]` holds that noise.
         """
         base = self.baseline
@@ -296,7 +372,7 @@ class ResultLog:
                 if r.trial_id == base.trial_id:
                     row["speedup"], row["verdict"] = 1.0, "baseline"
                 else:
-                    c = compare(base, r, noise=noise)
+                    c = compare(*_sides(self.trials, base, r), noise=noise)
                     row["speedup"], row["verdict"] = c.speedup, c.verdict
             row.update(r.knobs.to_dict())
             row["checkpoint"] = ",".join(r.knobs.checkpoint)
@@ -338,6 +414,16 @@ class ResultLog:
                                  "step_time_s": pd.Series(dtype=float), "data_wait_s": pd.Series(dtype=float),
                                  "loss": pd.Series(dtype=float)})
         return pd.concat(parts, ignore_index=True)
+
+
+def _sides(trials: Sequence[TrialResult], base: TrialResult, r: TrialResult) -> tuple[Trials, Trials]:
+    """The table's evidence for trial r: the baseline's repeats and r's repeats up to r (r alone when it
+    repeats the baseline's knobs: a repeat is judged as one more identical trial)."""
+    if r.knobs == base.knobs:
+        return base, r
+    upto = [t for t in trials if _usable(t) and (t.trial_id or 0) <= max(r.trial_id or 0, base.trial_id or 0)]
+    return ([t for t in upto if t.knobs == base.knobs] or [base],
+            [t for t in upto if t.knobs == r.knobs and (t.trial_id or 0) <= (r.trial_id or 0)] or [r])
 
 
 def _padded(values: Sequence[float], n: int) -> list[float]:

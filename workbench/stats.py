@@ -13,18 +13,28 @@ is the trial: each trial contributes one number, log(samples/s), and
 repeats, the alternating rounds of `compare(..., rounds=N)`, a re-run baseline), pooled across
 configurations and blended with a conservative prior that dominates until evidence exists. A
 difference is "beyond noise" when a Student-t interval of the log-ratio of the two configurations'
-mean rates excludes zero *and* the ratio is at least MIN_EFFECT away from 1.
+mean rates excludes zero *and* the ratio is at least MIN_EFFECT away from 1; "same speed" when the
+interval lies within ±margin; otherwise undecided ("within noise"). That is the one-look rule of the
+table's verdicts and of `compare(..., rounds=N)`.
+
+Identical trials also drift: the level shifts for a while, then shifts back. `compare(...,
+rounds="auto")` therefore judges each B against the A run just before it (per-round log-ratios,
+where a shared level cancels; `paired_interval`) and looks after every round, spending the 5% error
+rate across at most 1 + max_rounds looks (`look_alpha`), so stopping when decided keeps the error
+rates (`decide_sequential`).
 
 Pure numbers only (numpy and math): no torch, no trials; `results.compare` runs the rounds.
 """
 
 from __future__ import annotations
 
+import functools
 import html
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -34,16 +44,59 @@ PRIOR_NOISE = 0.10  # sd of log(samples/s) between identical trials assumed befo
 PRIOR_WEIGHT = 4.0  # the prior counts as this many degrees of freedom of evidence
 MIN_NOISE = 0.01  # never believe identical trials agree better than 1% (sd), however quiet the log
 MAX_ROUNDS_HINT = 20  # beyond this many rounds a gap is called too small to settle
+MARGIN = 0.05  # "same speed": the whole interval lies within ±MARGIN (symmetric in log: 1/1.05 … 1.05)
+ANSWER_WORDS = {"faster": "faster", "slower": "slower", "same": "same speed", "undecided": "undecided (within noise)"}
+PAIRED_PRIOR_SD = 0.10  # sd of log(B/A) between back-to-back trials assumed before any pair is measured
+PAIRED_PRIOR_DF = 2.0  # the paired prior counts as this many degrees of freedom (weak: data win by round 3)
 
 
 def t_quantile(p: float, df: float) -> float:
-    """Student-t quantile (Cornish-Fisher expansion around the normal; within 0.3% for df >= 3)."""
-    z = statistics.NormalDist().inv_cdf(p)
-    g1 = (z**3 + z) / 4
-    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
-    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
-    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
-    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
+    """Student-t quantile: bisection on the exact CDF (see `t_cdf`), accurate far into the tails."""
+    return _t_quantile(round(p, 12), round(df, 9))
+
+
+@functools.lru_cache(maxsize=4096)
+def _t_quantile(p: float, df: float) -> float:
+    if not 0 < p < 1 or df <= 0:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
+    if p < 0.5:
+        return -_t_quantile(1 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def t_cdf(x: float, df: float) -> float:
+    """Student-t CDF through the regularized incomplete beta function."""
+    tail = 0.5 * _betainc(df / 2, 0.5, df / (df + x * x))
+    return 1 - tail if x >= 0 else tail
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b) (Lentz's continued fraction)."""
+    if x <= 0 or x >= 1:
+        return 0.0 if x <= 0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x > (a + 1) / (a + b + 2):
+        return 1 - _betainc(b, a, 1 - x)
+    tiny, c, d = 1e-300, 1.0, 1 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1 + num * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + num / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1) < 1e-14:
+            break
+    return front * f / a
 
 
 def critical(df: float) -> float:
@@ -66,14 +119,28 @@ class Noise:
         """How far apart two single identical trials land in 95% of cases (0.2 = 20%)."""
         return math.exp(critical(self.df) * math.sqrt(2) * self.sigma) - 1
 
+    adjacent: float | None = None  # sd of one trial's log(samples/s) against the identical trial just before it
+    adjacent_pairs: int = 0  # back-to-back pairs of identical knobs behind `adjacent`
+
     def __str__(self) -> str:
         if not self.repeats:
             return (f"identical trials here may differ by {self.spread_words} (a conservative prior: no repeated "
-                    "knobs yet; bench.compare(a, b, rounds=2) or re-running the baseline teaches the workbench "
+                    "knobs yet; bench.compare(a, b, rounds='auto') or re-running the baseline teaches the workbench "
                     "this machine's noise)")
-        return (f"identical trials here differ by {self.spread_words} (from {self.repeats} repeat"
-                f"{'s' if self.repeats != 1 else ''} of {self.configs} configuration{'s' if self.configs != 1 else ''}"
-                f"; a single trial's samples/s varies by {self.sigma:.1%} sd)")
+        return (f"{self.adjacent_words}; trials of identical knobs minutes apart differ by {self.spread_words} "
+                f"(from {self.repeats} repeat{'s' if self.repeats != 1 else ''} of {self.configs} "
+                f"configuration{'s' if self.configs != 1 else ''}; a single trial's samples/s varies by "
+                f"{self.sigma:.1%} sd)")
+
+    @property
+    def adjacent_words(self) -> str:
+        """Back-to-back identical trials in words (what alternating rounds pair against each other)."""
+        if self.adjacent is None:
+            return "no back-to-back repeats of identical knobs yet (alternating rounds measure them)"
+        spread = math.exp(statistics.NormalDist().inv_cdf(0.975) * math.sqrt(2) * self.adjacent) - 1
+        n = self.adjacent_pairs
+        return (f"back-to-back trials of identical knobs typically land within ±{spread:.0%} of each other "
+                f"({self.adjacent:.1%} sd, from {n} pair{'s' if n != 1 else ''})")
 
     __repr__ = __str__
 
@@ -98,6 +165,12 @@ def estimate_noise(groups: Sequence[Sequence[float]]) -> Noise:
     measured = math.sqrt(ss / df) if df else None
     var = (PRIOR_WEIGHT * PRIOR_NOISE**2 + ss) / (PRIOR_WEIGHT + df)
     return Noise(max(MIN_NOISE, math.sqrt(var)), PRIOR_WEIGHT + df, df, configs, measured)
+
+
+def adjacent_noise(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """sd of one trial's log(samples/s) from back-to-back pairs of identical knobs (None without pairs)."""
+    d = [math.log(y / x) for x, y in pairs if x and y and x > 0 and y > 0]
+    return math.sqrt(sum(v * v for v in d) / len(d) / 2) if d else None
 
 
 PRIOR = estimate_noise([])
@@ -125,24 +198,51 @@ class Comparison:
     noise: Noise = PRIOR
     rounds_needed: int | None = None  # more rounds that would settle a gap this size (within noise only)
     note: str = ""  # e.g. a round that failed
+    margin: float = MARGIN  # "same speed" means the interval lies within ±margin
+    seconds: float | None = None  # wall time the rounds of this comparison took
+    max_rounds: int | None = None  # rounds="auto": the most rounds it could run (None: a fixed design)
+
+    @property
+    def same(self) -> bool:
+        """True when the whole interval lies within ±margin: the two run at the same speed."""
+        return self.low >= 1 / (1 + self.margin) and self.high <= 1 + self.margin
+
+    @property
+    def answer(self) -> Literal["faster", "slower", "same", "undecided"]:
+        """B against A in one word: faster/slower (beyond noise), same (within ±margin), or undecided."""
+        if self.beyond_noise:
+            return "faster" if self.speedup > 1 else "slower"
+        return "same" if self.same else "undecided"
 
     @property
     def verdict(self) -> str:
-        return "beyond noise" if self.beyond_noise else "within noise"
+        """The table's three answers: "beyond noise", "same speed" or "within noise" (undecided)."""
+        return {"faster": "beyond noise", "slower": "beyond noise", "same": "same speed"}.get(self.answer,
+                                                                                             "within noise")
 
     def _evidence(self) -> str:
         na, nb = len(self.a_rates), len(self.b_rates)
         each = f"{na} trial{'s' if na != 1 else ''} each" if na == nb else f"{na} vs {nb} trials"
         how = f" in {self.rounds} alternating round{'s' if self.rounds != 1 else ''}" if self.rounds else ""
-        return f"{each}{how}"
+        secs = f", {self.seconds:.0f} s" if self.seconds is not None else ""
+        seq = ("; paired back-to-back rounds, an interval valid at every look"
+               if self.max_rounds is not None else "")
+        return f"{each}{how}{secs}{seq}"
 
     def _settle(self) -> str:
+        ids = f"{self.a}, {self.b}" if self.a is not None and self.b is not None else "a, b"
+        if self.max_rounds is not None:  # rounds="auto" ran out of rounds or budget
+            n = self.rounds_needed
+            if n is None:
+                return (f"more than {MAX_ROUNDS_HINT} more rounds would be needed at this noise: a quieter machine "
+                        f"(close other programs), or a margin wider than ±{self.margin:.0%}, would settle it")
+            return (f"about {n} more round{'s' if n != 1 else ''} would settle it "
+                    f"(bench.compare({ids}, rounds='auto', max_rounds={self.rounds + n}))")
         if abs(self.speedup - 1) < MIN_EFFECT:
             return f"a gap under {MIN_EFFECT:.0%} counts as no difference"
         if self.rounds_needed is None:
             return f"a gap this small would need more than {MAX_ROUNDS_HINT} rounds to settle; treat it as no difference"
         n = self.rounds_needed
-        ids = f"{self.a}, {self.b}" if self.a is not None and self.b is not None else "a, b"
         return (f"about {n} more round{'s' if n != 1 else ''} (bench.compare({ids}, rounds={n})) "
                 "would settle a gap this size if it is real")
 
@@ -150,11 +250,15 @@ class Comparison:
         pct = (self.speedup - 1) * 100
         interval = f"{(self.low - 1) * 100:+.1f}% … {(self.high - 1) * 100:+.1f}%"
         tail = f" {self.note}" if self.note else ""
-        if not self.beyond_noise:
+        answer = self.answer
+        if answer == "same":
+            return (f"#{self.b} vs #{self.a}: same speed within ±{self.margin:.0%} ({pct:+.1f}%, {CONFIDENCE:.0%} "
+                    f"interval {interval}, {self._evidence()}).{tail}")
+        if answer == "undecided":
             return (f"#{self.b} vs #{self.a}: within noise ({pct:+.1f}%, {CONFIDENCE:.0%} interval {interval}, "
-                    f"{self._evidence()}); no winner: {self._settle()}.{tail}")
-        word = "faster" if pct > 0 else "slower"
-        return (f"#{self.b} is {abs(pct):.1f}% {word} than #{self.a} (beyond noise: {CONFIDENCE:.0%} interval "
+                    f"{self._evidence()}); undecided: no winner, and not shown to be the same speed within "
+                    f"±{self.margin:.0%} either: {self._settle()}.{tail}")
+        return (f"#{self.b} is {abs(pct):.1f}% {answer} than #{self.a} (beyond noise: {CONFIDENCE:.0%} interval "
                 f"{interval}, {self._evidence()}).{tail}")
 
     __repr__ = __str__
@@ -164,7 +268,7 @@ class Comparison:
             f"<tr><td>{side}</td><td>{', '.join(f'#{t}' for t in ids)}</td>"
             f"<td>{', '.join(f'{r:,.1f}' for r in rates)}</td></tr>"
             for side, ids, rates in (("A", self.a_trials, self.a_rates), ("B", self.b_trials, self.b_rates)))
-        color = "#2e7d32" if self.beyond_noise else "#616161"
+        color = {"faster": "#2e7d32", "slower": "#c62828", "same": "#1565c0"}.get(self.answer, "#616161")
         return (f'<p style="color:{color}"><b>{html.escape(self.verdict)}</b>: {html.escape(str(self))}</p>'
                 f'<table class="wb-comparison"><tr><th></th><th>trials</th><th>samples/s</th></tr>{rows}</table>'
                 f"<p><small>{html.escape(str(self.noise))}</small></p>")
@@ -172,8 +276,8 @@ class Comparison:
 
 def decide(a_rates: Sequence[float], b_rates: Sequence[float], noise: Noise = PRIOR, *,
            a_trials: Sequence[int | None] = (), b_trials: Sequence[int | None] = (), rounds: int = 0,
-           note: str = "") -> Comparison:
-    """B against A from per-trial samples/s: a t interval of the log-ratio of the mean rates.
+           note: str = "", margin: float = MARGIN, seconds: float | None = None) -> Comparison:
+    """B against A from per-trial samples/s: a t interval of the log-ratio of the mean rates (one look).
 
     The noise is the larger of the model's and these trials' own spread (when they have any),
     so a configuration noisier than the machine's usual cannot win on the pooled figure.
@@ -198,8 +302,74 @@ def decide(a_rates: Sequence[float], b_rates: Sequence[float], noise: Noise = PR
                        if crit * sigma * math.sqrt(1 / (na + k) + 1 / (nb + k)) < abs(d)), None)
     return Comparison(a_trials[0] if a_trials else None, b_trials[0] if b_trials else None, speedup,
                       math.exp(d - half), math.exp(d + half), bool(beyond), tuple(a_trials), tuple(b_trials),
-                      tuple(float(v) for v in a_rates), tuple(float(v) for v in b_rates), rounds, noise, needed, note)
+                      tuple(float(v) for v in a_rates), tuple(float(v) for v in b_rates), rounds, noise, needed, note,
+                      margin, seconds)
 
 
-__all__ = ["CONFIDENCE", "MIN_EFFECT", "PRIOR", "PRIOR_NOISE", "Comparison", "Noise", "critical", "decide",
-           "estimate_noise", "t_quantile"]
+def look_alpha(look: int, looks: int) -> float:
+    """The error rate spent at `look` (1-based) of at most `looks`: quadratic spending, summing to 1 - CONFIDENCE.
+
+    A union bound over the looks: whatever round the comparison stops at, the chance that any of its
+    intervals missed the truth is at most 1 - CONFIDENCE (peeking after every round is allowed). Early
+    looks get little (few pairs decide only large gaps anyway), late looks most: "same speed" needs a
+    narrow interval, which only many pairs give.
+    """
+    if not 1 <= look <= looks:
+        raise ValueError(f"look must be between 1 and looks={looks}, got {look}")
+    return (1 - CONFIDENCE) * look**2 / (looks * (looks + 1) * (2 * looks + 1) / 6)
+
+
+def paired_interval(a_rates: Sequence[float], b_rates: Sequence[float], look: int,
+                    looks: int) -> tuple[float, float, float]:
+    """(mean log-ratio, half-width, paired sd) at `look` of `looks` from back-to-back pairs (A_i, B_i).
+
+    Each pair ran back to back, so a level shift between rounds cancels in log(B_i / A_i). The sd of
+    those log-ratios is unknown: it blends a weak prior (PAIRED_PRIOR_SD, PAIRED_PRIOR_DF degrees of
+    freedom) with the pairs' own spread, and the half-width uses Student's t at that look's spent rate.
+    """
+    d = np.log(np.asarray(b_rates, dtype=float)) - np.log(np.asarray(a_rates, dtype=float))
+    if len(d) < 1 or len(a_rates) != len(b_rates) or not np.isfinite(d).all():
+        raise ValueError("a paired comparison needs equally many positive samples/s figures on each side")
+    n = len(d)
+    ss = float(((d - d.mean()) ** 2).sum())
+    df = PAIRED_PRIOR_DF + n - 1
+    sd = max(MIN_NOISE, math.sqrt((PAIRED_PRIOR_DF * PAIRED_PRIOR_SD**2 + ss) / df))
+    half = t_quantile(1 - look_alpha(look, looks) / 2, df) * sd / math.sqrt(n)
+    return float(d.mean()), half, sd
+
+
+def _settled(mean: float, half: float, margin: float) -> bool:
+    beyond = abs(mean) > half and abs(math.exp(mean) - 1) >= MIN_EFFECT
+    return beyond or (mean - half >= -math.log1p(margin) and mean + half <= math.log1p(margin))
+
+
+def decide_sequential(a_rates: Sequence[float], b_rates: Sequence[float], noise: Noise = PRIOR, *, looks: int,
+                      margin: float = MARGIN, a_trials: Sequence[int | None] = (),
+                      b_trials: Sequence[int | None] = (), rounds: int = 0, note: str = "",
+                      seconds: float | None = None, max_rounds: int | None = None) -> Comparison:
+    """B against A from back-to-back pairs, judged at look len(pairs) of at most `looks` (see paired_interval).
+
+    Beyond noise when the interval excludes 1 (and the ratio is MIN_EFFECT away from it); same speed
+    when it lies within ±margin; otherwise undecided, with the extra rounds that would likely settle it
+    if the gap and the spread stay as measured.
+    """
+    n = len(a_rates)
+    mean, half, sd = paired_interval(a_rates, b_rates, n, max(looks, n))
+    beyond = abs(mean) > half and abs(math.exp(mean) - 1) >= MIN_EFFECT
+    needed = None
+    if not _settled(mean, half, margin):
+        for k in range(1, MAX_ROUNDS_HINT + 1):
+            df = PAIRED_PRIOR_DF + n + k - 1
+            h = t_quantile(1 - look_alpha(n + k, n + k) / 2, df) * sd / math.sqrt(n + k)
+            if _settled(mean, h, margin):
+                needed = k
+                break
+    return Comparison(a_trials[0] if a_trials else None, b_trials[0] if b_trials else None, math.exp(mean),
+                      math.exp(mean - half), math.exp(mean + half), bool(beyond), tuple(a_trials), tuple(b_trials),
+                      tuple(float(v) for v in a_rates), tuple(float(v) for v in b_rates), rounds, noise, needed,
+                      note, margin, seconds, max_rounds if max_rounds is not None else looks)
+
+
+__all__ = ["ANSWER_WORDS", "CONFIDENCE", "MARGIN", "MIN_EFFECT", "PRIOR", "PRIOR_NOISE", "Comparison", "Noise", "adjacent_noise",
+           "critical", "decide", "decide_sequential", "estimate_noise", "look_alpha", "paired_interval", "t_cdf",
+           "t_quantile"]

@@ -48,11 +48,11 @@ def _answer(a: Any, b: Any, *, rounds: int = 0, run: Callable[[Knobs], TrialResu
             log: Any = None) -> tuple[str, Comparison]:
     """B against A as one of ANSWERS; the ONE place tune() turns a comparison into a decision.
 
-    Issue 16 (decisive comparisons) adds `Comparison.answer` and `compare(rounds="auto")`: the
-    `.answer` is read first already; at merge, pass rounds="auto", max_rounds=rounds,
-    margin=SAME_MARGIN here when rounds > 0.
+    Decisions pool each side's repeats against the log's learnt between-trial noise (integer rounds):
+    the race already alternates its rounds, and compare(rounds="auto") judges only fresh back-to-back
+    pairs against a weak prior, so within a tuner's few rounds it could never call "same within ±5%".
     """
-    c = compare(a, b, rounds=rounds, run=run, log=log)
+    c = compare(a, b, rounds=rounds, run=run, log=log, margin=SAME_MARGIN)
     ans = getattr(c, "answer", None)
     if ans in ANSWERS:
         return ans, c

@@ -51,8 +51,9 @@ TRIALS: tuple[dict[str, Any], ...] = (
     {"num_workers": 2, "cpu_threads": 1},  # workers, with the main process leaving them a core
     {"amp": "bf16"},  # bf16 autocast: native units (faster) or emulated (slower)?
 )
-SUMMARY_COLUMNS = ["workload", "knob", "machines", "helped", "no_change", "hurt", "failed",
-                   "median_speedup", "min_speedup", "max_speedup"]
+# helped / same_speed / hurt / undecided: the compare answers per machine; no_change = same_speed + undecided.
+SUMMARY_COLUMNS = ["workload", "knob", "machines", "helped", "same_speed", "hurt", "undecided", "failed",
+                   "no_change", "median_speedup", "min_speedup", "max_speedup"]
 
 
 @dataclass
@@ -211,8 +212,8 @@ class Workshop:
 
     # ---- views --------------------------------------------------------------------------------
     def summary(self) -> pd.DataFrame:
-        """Per knob change (vs each learner's baseline): on how many machines it helped, did
-        nothing or hurt beyond noise, how many failed, and the median speedup across machines.
+        """Per knob change (vs each learner's baseline): on how many machines it helped, ran at the
+        same speed, hurt or stayed undecided (within noise), how many failed, and the median speedup.
 
         When a learner ran the same change twice, their latest trial counts.
         """
@@ -225,15 +226,17 @@ class Workshop:
             latest = g.sort_values("trial_id").groupby("participant").tail(1)
             ok = latest[latest["speedup"].notna()]
             speedup = pd.to_numeric(ok["speedup"])
-            beyond = ok["verdict"] == "beyond noise"
+            beyond, same = ok["verdict"] == "beyond noise", ok["verdict"] == "same speed"
             rows.append({
                 "workload": workload,
                 "knob": knob,
                 "machines": int(latest["participant"].nunique()),
                 "helped": int((beyond & (speedup > 1)).sum()),
-                "no_change": int((~beyond).sum()),
+                "same_speed": int(same.sum()),
                 "hurt": int((beyond & (speedup < 1)).sum()),
+                "undecided": int((~beyond & ~same).sum()),
                 "failed": int(len(latest) - len(ok)),
+                "no_change": int((~beyond).sum()),
                 "median_speedup": float(np.median(speedup)) if len(speedup) else None,
                 "min_speedup": float(speedup.min()) if len(speedup) else None,
                 "max_speedup": float(speedup.max()) if len(speedup) else None,
@@ -259,8 +262,8 @@ class Workshop:
         data["who"] = data["participant"]
         x = alt.X("who:N", title=None, axis=alt.Axis(labelAngle=-40))
         y = alt.Y("speedup:Q", title="speedup vs own baseline", scale=alt.Scale(type="log", zero=False))
-        colour = alt.Color("verdict:N", scale=alt.Scale(domain=["beyond noise", "within noise"],
-                                                         range=["#4c78a8", "#bbbbbb"]))
+        colour = alt.Color("verdict:N", scale=alt.Scale(domain=["beyond noise", "same speed", "within noise"],
+                                                         range=["#4c78a8", "#54a24b", "#bbbbbb"]))
         tooltip = ["participant:N", "machine:N", "knob:N", alt.Tooltip("speedup:Q", format=".2f"),
                    alt.Tooltip("speedup_low:Q", format=".2f", title="95% low"),
                    alt.Tooltip("speedup_high:Q", format=".2f", title="95% high"), "verdict:N", "torch:N"]

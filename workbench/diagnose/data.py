@@ -22,7 +22,7 @@ from ..workload import Workload, batch_size_of
 
 DATA_WAIT_LIMIT = 0.20  # the seeds' checklist: data loading under 20% of iteration time
 DATA_BOUND_SPEEDUP = 1.10  # cached batch this much faster (beyond noise, confirmed in rounds) => data-bound
-CONFIRM_ROUNDS = 2  # alternating rounds that confirm a cached-batch speedup
+CONFIRM_ROUNDS = 4  # at most this many alternating rounds confirm a cached-batch speedup (rounds="auto")
 
 
 def short_circuit_knobs(knobs: Knobs) -> Knobs:

@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from ..measure import TrialResult
-from ..stats import MIN_EFFECT, Comparison
+from ..stats import Comparison
 from ..trace import PHASES, STEP_LABEL
 
 PHASE_ROWS = ("data wait", "forward", "backward", "optimizer", "other")
@@ -182,16 +182,8 @@ def op_table(a: TraceSummary, b: TraceSummary) -> pd.DataFrame:
 
 
 def verdict_word(c: Comparison) -> str:
-    """'faster' | 'slower' | 'same' | 'undecided': the one adapter to the comparison's decision.
-
-    At merge with issue 16 this is `c.answer`; until then it is derived from `beyond_noise`.
-    """
-    answer = getattr(c, "answer", None)
-    if isinstance(answer, str):
-        return answer
-    if c.beyond_noise:
-        return "faster" if c.speedup > 1 else "slower"
-    return "same" if abs(c.speedup - 1) < MIN_EFFECT or c.rounds_needed is None else "undecided"
+    """'faster' | 'slower' | 'same' | 'undecided': the one adapter to the comparison's decision."""
+    return c.answer
 
 
 # ---- the explanation -----------------------------------------------------------------------------

@@ -167,7 +167,7 @@ def diagnose(bench: Any, knobs: Knobs | None = None, *, reuse: bool = True, prof
         # (identical trials differ by up to 20%), so confirm in alternating rounds.
         first = bench.compare(base, cached)
         if first.speedup >= DATA_BOUND_SPEEDUP:
-            confirmed = bench.compare(base, cached, rounds=CONFIRM_ROUNDS)
+            confirmed = bench.compare(base, cached, rounds="auto", max_rounds=CONFIRM_ROUNDS)  # stops when decided
     rate = attempt("loader rate", lambda: loader_rate(wl, knobs)) if loader and knobs.data == "loader" else None
     data = check_data(base, cached, rate, confirmed)
     threads = thread_check(knobs)

@@ -26,6 +26,7 @@ from ..knobs import Knobs
 from ..measure import TrialResult
 from ..progress import Poller, TrialProgress
 from ..runner import check_knobs
+from ..stats import ANSWER_WORDS
 from .controls import GROUPS, KnobControls
 from .queue import DEBOUNCE_S, TrialQueue
 from .view import explanation_html, noise_html, result_line, status_html, table_html, trace_html
@@ -85,7 +86,7 @@ class Panel:
     `panel.wait()`; `panel.stop()` cancels the running trial; `panel.repeat(trial_id)` confirms.
     """
 
-    def __init__(self, bench: Workbench, *, debounce_s: float = DEBOUNCE_S, repeat_rounds: int = 2) -> None:
+    def __init__(self, bench: Workbench, *, debounce_s: float = DEBOUNCE_S, repeat_rounds: int = 8) -> None:
         import altair as alt
         import ipywidgets as W
 
@@ -125,7 +126,8 @@ class Panel:
         self.trial_pick = W.Dropdown(description="trial", options=[], layout=W.Layout(width="360px"))
         self.baseline_button = W.Button(description="set as baseline", icon="flag")
         self.repeat_button = W.Button(description="repeat to confirm", icon="refresh",
-                                      tooltip=f"re-run this trial and the baseline in {repeat_rounds} alternating rounds")
+                                      tooltip=f"re-run this trial and the baseline in alternating rounds until the "
+                                              f"answer is faster, slower or the same speed (at most {repeat_rounds})")
         self.explain_button, self.explanation = self._explain_widgets(W)
         self.baseline_button.on_click(lambda _: self._set_baseline())
         self.repeat_button.on_click(lambda _: self.repeat(self.trial_pick.value))
@@ -295,14 +297,14 @@ class Panel:
                 return None
             n += 1
             which = "baseline" if knobs == base.knobs else f"#{trial_id}"
-            return self._run_one(knobs, what=f"repeat {n}/{2 * self.repeat_rounds} ({which}): ")
+            return self._run_one(knobs, what=f"repeat {n}/{2 * self.repeat_rounds} at most ({which}): ")
 
-        c = self.bench.compare(base.trial_id, pick.trial_id, rounds=self.repeat_rounds, run=run)
+        c = self.bench.compare(base.trial_id, pick.trial_id, rounds="auto", max_rounds=self.repeat_rounds, run=run)
         self.last_repeat = {"trial_id": trial_id, "baseline_id": base.trial_id, "comparison": c,
-                            "rounds": c.rounds, "confirmed": c.verdict}
+                            "rounds": c.rounds, "confirmed": c.verdict, "answer": c.answer}
         self.verdict.value = (f"<b>Repeat to confirm #{trial_id} against baseline #{base.trial_id}:</b> "
                               + c._repr_html_())
-        self._set_status("ok", f"repeat done: {c.verdict}")
+        self._set_status("ok", f"repeat done: {ANSWER_WORDS[c.answer]} after {c.rounds} round{'s' if c.rounds != 1 else ''}")
 
     def _on_chart_pick(self, trial_id: int | None) -> None:
         """A click on a chart point selects that trial in the picker (baseline / repeat act on it)."""
