@@ -190,3 +190,9 @@ def test_cudnn_benchmark_is_a_noted_no_op_on_cpu_and_restored_after(make_bench):
     assert r.ok and any("cudnn_benchmark is a no-op" in n for n in r.notes)
     assert torch.backends.cudnn.benchmark == before
     assert "torch.backends.cudnn.benchmark = True" in Knobs(cudnn_benchmark=True).to_code()
+
+
+def test_results_nullable_int_columns_come_from_the_registry():
+    from workbench.results import OPTIONAL_INT_KNOBS
+
+    assert set(OPTIONAL_INT_KNOBS) == {"prefetch_factor", "cpu_threads", "ddp_bucket_cap_mb"}

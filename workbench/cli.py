@@ -12,7 +12,6 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from .knobs import KNOBS, Knobs
@@ -190,7 +189,6 @@ def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
     """
     from . import demo
     from .bench import Workbench
-    from .results import ResultLog
 
     given = {"device": args.device, "steps": args.steps, "warmup_steps": args.warmup_steps}
     given = {k: v for k, v in given.items() if v is not None}
@@ -213,8 +211,7 @@ def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
     made.steps = given.get("steps", made.steps)
     made.warmup_steps = given.get("warmup_steps", made.warmup_steps)
     if rank != 0 or args.log is not None:
-        path = None if log is None else Path(log) if log.endswith(".jsonl") else Path(log) / f"{made.name}.jsonl"
-        made.log = ResultLog(path)
+        made.log_to(log)  # the workbench's own layout: <log>/<participant>/<name>.jsonl
     return made
 
 

@@ -65,8 +65,8 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     if ddp:
         out += [f"# Run it on this machine:  {torchrun_command(k)}",
                 f"# Or on each of 2 nodes:   {torchrun_command(k, nnodes=2)} (plus --node-rank=0|1)",
-                f"# Global batch per optimizer step = {k.batch_size} x {k.world_size} ranks x {k.accum_steps} = "
-                f"{k.batch_size * k.world_size * k.accum_steps}; scale the learning rate with it."]
+                f"# Global batch per optimizer step = {k.batch_size} per rank x {k.accum_steps} accumulated x "
+                f"{k.world_size} ranks = {k.batch_size * k.accum_steps * k.world_size}; scale the learning rate with it."]
     if k.num_workers:
         out.append("# Worker processes: on Windows/macOS run this under `if __name__ == \"__main__\":`.")
     if k.data == "cached":
@@ -168,7 +168,9 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
         out.append("scaler = torch.amp.GradScaler(device.type)  # fp16 gradients underflow without scaling")
     accum = k.accum_steps
     if accum > 1:
-        out.append(f"accum_steps = {accum}  # effective batch = {k.batch_size} x {accum} = {k.batch_size * accum}")
+        ranks = f" x {k.world_size} ranks" if ddp else ""
+        out.append(f"accum_steps = {accum}  # global batch = {k.batch_size} x {accum}{ranks} = "
+                   f"{k.batch_size * accum * k.world_size}")
 
     # ---- the loop ---------------------------------------------------------------------------
     move = "[t.to(device, non_blocking=True) for t in batch]" if k.pin_memory else "[t.to(device) for t in batch]"

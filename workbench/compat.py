@@ -140,6 +140,13 @@ def dynamo_counters() -> dict[str, dict[str, int]]:
     return {k: dict(v) for k, v in counters.items()}
 
 
+def preload_dynamo() -> None:
+    """Import torch._dynamo now (DDP's first construction does, seconds per process): done once in
+    a parent before forking ranks; a torch without it is not an error (DDP then skips it too)."""
+    with contextlib.suppress(ImportError):
+        importlib.import_module("torch._dynamo")
+
+
 def compilation_metrics_since(start_us: int) -> list[Any]:
     """Dynamo compilation records that started after `start_us` (microseconds since the epoch)."""
     try:

@@ -83,12 +83,12 @@ class KnobSpec:
         if self.kind == "int":
             if isinstance(value, bool) or not isinstance(value, int):
                 extra = " or None (torch's default)" if self.optional else ""
-                raise TypeError(f"Knobs.{name} must be an int >= {self.minimum}{extra}, got {value!r}")
+                raise TypeError(f"Knobs.{name} takes an int, got {value!r}: set it to an int >= {self.minimum}{extra}")
             if self.minimum is not None and value < self.minimum:
-                raise ValueError(f"Knobs.{name} must be >= {self.minimum}, got {value}")
+                raise ValueError(f"Knobs.{name}={value} is too small: set it to an int >= {self.minimum}")
         elif self.kind == "bool":
             if not isinstance(value, bool):
-                raise TypeError(f"Knobs.{name} must be True or False, got {value!r}")
+                raise TypeError(f"Knobs.{name} takes True or False, got {value!r}: set it to one of them")
         elif self.kind == "choice":
             if value not in self.choices:
                 raise ValueError(f"Knobs.{name}={value!r} is not one of {', '.join(map(repr, self.choices))}")

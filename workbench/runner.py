@@ -455,6 +455,17 @@ WHERE = {
 }
 
 
+_SHAPE_TEXT = ("shape", "size mismatch", "sizes", "dtype", "dimension", "mat1", "mat2", "expected scalar type",
+               "must match the size", "expected input")
+
+
+def looks_like_shape_error(e: BaseException) -> bool:
+    """Whether the exception is plausibly about tensor shapes or dtypes (torch's own wording), so
+    "check the shapes" helps; a user's own exception (RuntimeError("rank 1 only")) is not."""
+    text = str(e).lower()
+    return isinstance(e, (RuntimeError, ValueError, TypeError, IndexError)) and any(t in text for t in _SHAPE_TEXT)
+
+
 def failure_message(status: str, e: BaseException, stage: Stage, knobs: Knobs) -> str:
     """One line: what failed, where (stage), when (phase and step), and what to try."""
     where = WHERE.get(stage.name, f"in {stage.name}")
@@ -467,11 +478,13 @@ def failure_message(status: str, e: BaseException, stage: Stage, knobs: Knobs) -
         return f"out of memory {where} {stage.when()}: {hint}"
     hints = {
         "data": "run with num_workers=0 to see the dataset's own traceback; check __getitem__ and collate_fn",
-        "model": "check the batch's shapes and dtypes against the model's inputs",
-        "loss": "check the model's output shape against the target",
         "step_fn": "call step_fn(model, batch) on one batch yourself to debug it",
-        "backward": "an in-place op on a tensor autograd needs is the usual cause",
     }
+    if looks_like_shape_error(e):  # a guess only where the error itself is about shapes or dtypes
+        hints["model"] = "check the batch's shapes and dtypes against the model's inputs"
+        hints["loss"] = "check the model's output shape against the target"
+    if isinstance(e, RuntimeError) and "modified by an inplace operation" in text:
+        hints["backward"] = "an in-place op on a tensor autograd needs is the usual cause"
     if stage.name in ("model", "step_fn") and knobs.compile != "off" and "torch._dynamo" in traceback.format_exc():
         hints[stage.name] = "torch.compile failed: run with compile='off' to confirm, then see the traceback"
     hint = hints.get(stage.name, "see result.traceback")
