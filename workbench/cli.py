@@ -17,14 +17,22 @@ from typing import Any
 from .knobs import KNOBS, Knobs
 
 
-def _optional_int(text: str) -> int | None:
-    """argparse type of an optional int knob: an int, or 'default'/'none' for torch's default."""
-    if text.lower() in ("default", "none"):
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int or 'default', got {text!r}") from None
+def number_parser(kind: str, optional: bool) -> Any:
+    """argparse type of an int or float knob; an optional one also takes 'default'/'none' (None)."""
+    cast = float if kind == "float" else int
+
+    def parse(text: str) -> Any:
+        if optional and text.lower() in ("default", "none"):
+            return None
+        try:
+            return cast(text)
+        except ValueError:
+            extra = " or 'default'" if optional else ""
+            raise argparse.ArgumentTypeError(f"expected {'a float' if cast is float else 'an int'}{extra}, "
+                                             f"got {text!r}") from None
+
+    parse.__name__ = cast.__name__  # argparse names the type in its messages
+    return parse
 
 
 def add_knob_arguments(parser: argparse.ArgumentParser | Any) -> None:
@@ -37,10 +45,9 @@ def add_knob_arguments(parser: argparse.ArgumentParser | Any) -> None:
             parser.add_argument(spec.flag, dest=name, default=None, help=h + "; comma-separated, or 'all'")
         elif spec.kind == "choice":
             parser.add_argument(spec.flag, dest=name, choices=spec.choices, default=None, help=h)
-        elif spec.optional:
-            parser.add_argument(spec.flag, dest=name, type=_optional_int, default=None, metavar="N|default", help=h)
-        else:
-            parser.add_argument(spec.flag, dest=name, type=int, default=None, help=h)
+        else:  # int or float
+            parser.add_argument(spec.flag, dest=name, type=number_parser(spec.kind, spec.optional), default=None,
+                                metavar="N|default" if spec.optional else "N", help=h)
 
 
 def knobs_from_args(args: argparse.Namespace, blocks: Sequence[str]) -> dict[str, Any]:

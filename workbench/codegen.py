@@ -84,8 +84,11 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
                 "from torch.utils.data.distributed import DistributedSampler"]
     if k.checkpoint:
         out.append("from torch.utils.checkpoint import checkpoint")
-    extra = code_sections(k)  # what each knob's declaration adds (knobs.py)
-    out += extra["imports"]
+    extra = {section: [line.replace("{model}", m) for line in lines]  # what each knob's declaration adds
+             for section, lines in code_sections(k).items()}             # (knobs.py); {model} = the model's name
+    out += list(dict.fromkeys(extra["imports"]))
+    for source in dict.fromkeys(extra["functions"]):  # your @wb.knob functions, called below
+        out += ["", "", source]
     if ddp:
         out += ["", setup.rstrip() if setup else f"# ---- define {m}, {ds}, {lf} and {opt} here (or import them) ----"]
         out += [
@@ -178,9 +181,9 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     if k.channels_last:
         body.append("inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 and x.is_floating_point() else x for x in inputs]")
     compute: list[str] = []
-    if k.amp != "off":
-        compute += [f"with torch.autocast(device.type, dtype={AMP_DTYPE[k.amp]}):",
-                    f"    loss = {lf}(step_model(*inputs), target)"]
+    contexts = ([f"torch.autocast(device.type, dtype={AMP_DTYPE[k.amp]})"] if k.amp != "off" else []) + extra["forward"]
+    if contexts:
+        compute += [f"with {', '.join(contexts)}:", f"    loss = {lf}(step_model(*inputs), target)"]
     else:
         compute.append(f"loss = {lf}(step_model(*inputs), target)")
     scaled = "loss / accum_steps" if accum > 1 else "loss"
@@ -192,7 +195,9 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
         body += ["    " + line for line in compute]
     else:
         body += compute
-    update = (["scaler.step(optimizer)", "scaler.update()"] if k.amp == "fp16" else ["optimizer.step()"])
+    update = (["scaler.unscale_(optimizer)  # the hooks below see the true gradients"]
+              if extra["before_step"] and k.amp == "fp16" else []) + extra["before_step"]
+    update += (["scaler.step(optimizer)", "scaler.update()"] if k.amp == "fp16" else ["optimizer.step()"])
     update += ["optimizer.zero_grad(set_to_none=True)", "step += 1", "if step == warmup_steps:  # the timed window starts",
                "    sync()", "    t0, seen0 = time.perf_counter(), seen", "if step == num_steps:", "    break"]
     if accum > 1:
