@@ -312,3 +312,14 @@ def test_forward_and_before_step_hooks(make_bench):
     finally:
         wb.forget_knob("traced")
         wb.forget_knob("clip")
+
+
+def test_grad_clip_norm_validates_runs_and_is_in_the_code(make_bench):
+    with pytest.raises(ValueError, match=r"grad_clip_norm=-1\.0 is too small: set it to a float >= 0\.0"):
+        Knobs(grad_clip_norm=-1.0)
+    with pytest.raises(TypeError, match="set it to a float"):
+        Knobs(grad_clip_norm="1")
+    assert make_bench().run(grad_clip_norm=0.5).ok
+    code = Knobs(grad_clip_norm=0.5, amp="fp16").to_code()
+    assert "scaler.unscale_(optimizer)" in code and "torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)" in code
+    assert "clip_grad_norm_" not in Knobs().to_code()

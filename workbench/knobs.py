@@ -253,6 +253,19 @@ def _cudnn_code(k: Knobs) -> dict[str, list[str]]:
     return {"setup": ["torch.backends.cudnn.benchmark = True  # autotune conv algorithms (fixed input shapes)"]}
 
 
+def _clip(value: float | None, model: Any, optimizer: Any) -> None:
+    if value is not None:
+        import torch
+
+        torch.nn.utils.clip_grad_norm_(model.parameters(), value)
+
+
+def _clip_code(k: Knobs) -> dict[str, list[str]]:
+    if k.grad_clip_norm is None:
+        return {}
+    return {"before_step": [f"torch.nn.utils.clip_grad_norm_({{model}}.parameters(), {k.grad_clip_norm})"]}
+
+
 # ---- the distributed knobs (world_size > 1: workbench/distributed/) ------------------------------
 def _ddp_note(name: str) -> Callable[[Any, str], str | None]:
     """A DDP knob changed while world_size == 1 is a note (and a disabled panel control), not an
@@ -400,6 +413,11 @@ class Knobs:
                                 code=_selective_code, fuzz=Fuzz(CHECKPOINT_MODES, ("some",)),
                                 help="full = recompute everything in checkpointed blocks; selective = keep "
                                      "matmul/conv outputs, recompute the cheap ops")
+    grad_clip_norm: float | None = declare(None, kind="float", minimum=0.0, optional=True, group="Memory",
+                                           widget="dropdown", options=(None, 0.5, 1.0, 5.0),
+                                           before_step=_clip, code=_clip_code,
+                                           fuzz=Fuzz((None, 0.5, 1.0), (-1.0,)),
+                                           help="clip the gradients' total norm before each optimizer step")
     cpu_threads: int | None = declare(None, kind="int", minimum=1, optional=True, group="CPU", widget="dropdown",
                                    options="cores", settings=_threads, code=_threads_code,
                                    fuzz=Fuzz((None, 1, 2, 3), (0,)),
