@@ -28,8 +28,11 @@ USER_GROUP = "Your knobs"  # knobs declared in a notebook cell with @wb.knob
 # the generated loop's seams: each knob's `code` hook adds lines to some of them (codegen.py renders them in
 # order); "forward" holds context expressions entered around forward+loss, "before_step" runs after
 # backward and before optimizer.step (gradients unscaled), "functions" holds user knobs' source
-CODE_SECTIONS = ("imports", "functions", "setup", "model", "checkpoint_args", "optimizer", "ddp_args", "ddp_model",
-                 "forward", "before_step")
+CODE_SECTIONS = ("header", "imports", "functions", "setup", "loader_args", "model", "optimizer", "ddp_args",
+                 "ddp_model", "wrap", "scaler", "batch", "forward", "before_step")
+# header: comment lines; loader_args: DataLoader keywords; wrap: expressions around "{inner}" (the model
+# the step calls: torch.compile); scaler: lines creating `scaler` (loss scaling: backward and step go
+# through it); batch: lines run on `inputs` after the device move
 COMM_HOOKS = ("none", "fp16", "bf16")
 
 
@@ -225,7 +228,6 @@ def _selective_code(k: Knobs) -> dict[str, list[str]]:
         "imports": ["import functools", "from torch.utils.checkpoint import create_selective_checkpoint_contexts"],
         "setup": ["# selective checkpointing: keep matmul/conv/attention outputs, recompute the cheap ops",
                   f"SAVED_OPS = [getattr(torch.ops.aten, n).default for n in {list(SAVED_OPS)!r} if hasattr(torch.ops.aten, n)]"],
-        "checkpoint_args": ["context_fn=functools.partial(create_selective_checkpoint_contexts, SAVED_OPS)"],
     }
 
 
@@ -264,6 +266,86 @@ def _clip_code(k: Knobs) -> dict[str, list[str]]:
     if k.grad_clip_norm is None:
         return {}
     return {"before_step": [f"torch.nn.utils.clip_grad_norm_({{model}}.parameters(), {k.grad_clip_norm})"]}
+
+
+# ---- code hooks of the knobs that apply in apply.py / step.py -----------------------------------
+AMP_CODE_DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+
+
+def _amp_code(k: Knobs) -> dict[str, list[str]]:
+    if k.amp == "off":
+        return {}
+    out = {"forward": [f"torch.autocast(device.type, dtype={AMP_CODE_DTYPE[k.amp]})"]}
+    if k.amp == "fp16":
+        out["scaler"] = ["scaler = torch.amp.GradScaler(device.type)  # fp16 gradients underflow without scaling"]
+    return out
+
+
+def _compile_code(k: Knobs) -> dict[str, list[str]]:
+    if k.compile == "off":
+        return {}
+    mode = "" if k.compile == "default" else f', mode="{k.compile}"'
+    return {"wrap": [f"torch.compile({{inner}}{mode})  # first steps compile (seconds to minutes)"]}
+
+
+def _workers_code(k: Knobs) -> dict[str, list[str]]:
+    if not k.num_workers:
+        return {}
+    return {"header": ['# Worker processes: on Windows/macOS run this under `if __name__ == "__main__":`.'],
+            "loader_args": [f"num_workers={k.num_workers}"]}
+
+
+def _loader_flag_code(name: str, arg: str) -> Callable[[Knobs], dict[str, list[str]]]:
+    """Code hook passing a loader knob to DataLoader when it applies (workers exist, not the default)."""
+
+    def code(k: Knobs) -> dict[str, list[str]]:
+        value = getattr(k, name)
+        if not k.num_workers or value == KNOBS[name].default or value is None:
+            return {}
+        return {"loader_args": [f"{arg}={value!r}"]}
+
+    return code
+
+
+def _pin_code(k: Knobs) -> dict[str, list[str]]:
+    return {"loader_args": ['pin_memory=device.type == "cuda"']} if k.pin_memory else {}
+
+
+def _data_code(k: Knobs) -> dict[str, list[str]]:
+    if k.data != "cached":
+        return {}
+    return {"header": ["# data='cached' was a measurement short-circuit (one repeated batch); "
+                       "this loop uses the real data."]}
+
+
+def _channels_last_code(k: Knobs) -> dict[str, list[str]]:
+    if not k.channels_last:
+        return {}
+    return {"model": ["{model} = {model}.to(memory_format=torch.channels_last)  # NHWC for convolutions"],
+            "batch": ["inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 and "
+                      "x.is_floating_point() else x for x in inputs]"]}
+
+
+CHECKPOINT_HELPER = "\n".join([
+    "def checkpointed(forward, **options):",
+    '    """Recompute this block\'s activations in backward instead of storing them."""',
+    "    def run(*args, **kwargs):",
+    "        if not torch.is_grad_enabled():",
+    "            return forward(*args, **kwargs)",
+    "        return checkpoint(forward, *args, use_reentrant=False, **options, **kwargs)",
+    "    return run",
+])
+
+
+def _checkpoint_code(k: Knobs) -> dict[str, list[str]]:
+    if not k.checkpoint:
+        return {}
+    selective = ", context_fn=functools.partial(create_selective_checkpoint_contexts, SAVED_OPS)" \
+        if k.checkpoint_mode == "selective" else ""
+    return {"imports": ["from torch.utils.checkpoint import checkpoint"], "functions": [CHECKPOINT_HELPER],
+            "model": [f"for name in {list(k.checkpoint)!r}:",
+                      "    block = {model}.get_submodule(name)",
+                      f"    block.forward = checkpointed(block.forward{selective})"]}
 
 
 # ---- the distributed knobs (world_size > 1: workbench/distributed/) ------------------------------
@@ -363,26 +445,26 @@ class Knobs:
     batch_size: int = declare(32, kind="int", minimum=1, group="Data pipeline", widget="int", maximum="dataset",
                            help="samples per micro-batch (per optimizer step: batch_size * accum_steps)",
                            fuzz=Fuzz(range(1, 49), (-2, 0, 49, 10_000)))
-    data: str = declare("loader", kind="choice", choices=DATA_MODES, group="Data pipeline", widget="dropdown",
+    data: str = declare("loader", code=_data_code, kind="choice", choices=DATA_MODES, group="Data pipeline", widget="dropdown",
                      help="loader = real DataLoader; cached = one batch kept on the device (much faster = data-bound)",
                      fuzz=Fuzz(DATA_MODES, ("disk",)))
-    num_workers: int = declare(0, kind="int", minimum=0, group="Data pipeline", widget="slider", maximum="workers",
+    num_workers: int = declare(0, code=_workers_code, kind="int", minimum=0, group="Data pipeline", widget="slider", maximum="workers",
                             probe=1, fuzz=Fuzz(range(0, 3), (-1,)),
                             help="DataLoader worker processes; 0 = load in the main process (start near half the cores)")
-    pin_memory: bool = declare(False, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
+    pin_memory: bool = declare(False, code=_pin_code, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
                             fuzz=Fuzz((False, True)),
                             help="page-locked host buffers for faster async host->device copies")
-    persistent_workers: bool = declare(False, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
+    persistent_workers: bool = declare(False, code=_loader_flag_code("persistent_workers", "persistent_workers"), kind="bool", group="Data pipeline", widget="checkbox", probe=True,
                                     fuzz=Fuzz((False, True)),
                                     help="keep workers alive across epochs (needs num_workers > 0)")
-    prefetch_factor: int | None = declare(None, kind="int", minimum=1, optional=True, group="Data pipeline",
+    prefetch_factor: int | None = declare(None, code=_loader_flag_code("prefetch_factor", "prefetch_factor"), kind="int", minimum=1, optional=True, group="Data pipeline",
                                        widget="dropdown", options=(None, 1, 2, 4, 8), probe=4,
                                        fuzz=Fuzz((None, 1, 2, 3, 4), (0,)),
                                        help="batches buffered per worker; None = torch's default (2); costs host memory")
-    amp: str = declare("off", kind="choice", choices=AMP_MODES, group="Precision & compile", widget="dropdown",
+    amp: str = declare("off", code=_amp_code, kind="choice", choices=AMP_MODES, group="Precision & compile", widget="dropdown",
                     fuzz=Fuzz(AMP_MODES, ("fp8", "BF16", "")),
                     help='autocast dtype: "off" | "bf16" | "fp16" (fp16 adds a GradScaler)')
-    compile: str = declare("off", kind="choice", choices=COMPILE_MODES, group="Precision & compile", widget="dropdown",
+    compile: str = declare("off", code=_compile_code, kind="choice", choices=COMPILE_MODES, group="Precision & compile", widget="dropdown",
                         # a cold compile costs 10-70 s per graph on a 2-core CPU: compiled trials have their own tests
                         fuzz=Fuzz(("off",), ("fast", "inductor")),
                         help="torch.compile mode; the first steps compile (seconds to minutes) and are not measured")
@@ -390,7 +472,7 @@ class Knobs:
                                  widget="dropdown", probe="high", settings=_matmul_precision, code=_matmul_code,
                                  fuzz=Fuzz(MATMUL_PRECISIONS, ("low",)),
                                  help="torch.set_float32_matmul_precision: allow TF32/bf16 for float32 matmuls")
-    channels_last: bool = declare(False, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
+    channels_last: bool = declare(False, code=_channels_last_code, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
                                fuzz=Fuzz((False, True)),
                                help="NHWC memory format for the model and 4-D inputs (convnets, best with AMP)")
     cudnn_benchmark: bool = declare(False, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
@@ -400,7 +482,7 @@ class Knobs:
     accum_steps: int = declare(1, kind="int", minimum=1, group="Memory", widget="int", maximum=1024,
                             fuzz=Fuzz(range(1, 4), (0,)),
                             help="micro-batches per optimizer step (gradient accumulation): a large batch in small memory")
-    checkpoint: tuple[str, ...] = declare((), kind="blocks", group="Memory", widget="blocks",
+    checkpoint: tuple[str, ...] = declare((), code=_checkpoint_code, kind="blocks", group="Memory", widget="blocks",
                                        fuzz=Fuzz("blocks", ("no.such.block", "")),
                                        help="block names wrapped in torch.utils.checkpoint: recompute activations in backward")
     optimizer_impl: str = declare("as-given", kind="choice", choices=OPTIMIZER_IMPLS, group="Precision & compile",

@@ -98,6 +98,41 @@ def rank_device(workload: Workload, local_rank: int) -> torch.device:
     return workload.device
 
 
+def rank_sampler(workload: Workload, world_size: int, rank: int, notes: list[str]) -> Any:
+    """This rank's DistributedSampler over the dataset (None for an iterable dataset): each rank
+    reads its own shard, and set_epoch at every loader restart (BatchSource) reshuffles alike."""
+    if workload.spec.iterable:
+        return None
+    from torch.utils.data.distributed import DistributedSampler
+
+    if workload.spec.sampler is not None:
+        notes.append("the dataset's own sampler is replaced by a DistributedSampler")
+    return DistributedSampler(workload.spec.dataset, num_replicas=world_size, rank=rank,
+                              shuffle=workload.spec.shuffle, seed=workload.seed)
+
+
+def no_comm_probe(step: TrainStep, source: BatchSource, wrapper: Any, stage: Any, n: int,
+                  notes: list[str]) -> list[float]:
+    """The same step `n` times with every all-reduce skipped (after the window): its median against
+    the window's is the communication compute did not hide. A failure costs the estimate, with a note."""
+    probe = StepClock(step.device)
+    stage.name = "comm"
+    dist.barrier()
+    try:
+        probe.mark()
+        for i in range(n):
+            stage.phase, stage.step = "no-comm probe", i + 1
+            with wrapper.no_sync():
+                step(source)
+            probe.mark()
+        sync(step.device)
+        return probe.durations_s()
+    except Exception as e:
+        notes.append(f"the no-communication probe failed ({type(e).__name__}: {e}); "
+                     "exposed_comm_share is unknown for this trial")
+        return []
+
+
 def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, local_rank: int,
                warmup_steps: int, steps: int, measure_memory: bool, loader_timeout_s: float,
                slots: Any = None, strategy: str = "ddp") -> dict[str, Any]:
@@ -116,15 +151,7 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
                 workload = copy.copy(workload)
                 workload.device = device  # this rank's GPU (fresh_model copies the snapshot there)
             report["env"] = environment(device)
-            sampler = None
-            if not workload.spec.iterable:
-                from torch.utils.data.distributed import DistributedSampler
-
-                # each rank reads its own shard; set_epoch per restart (BatchSource) reshuffles alike
-                sampler = DistributedSampler(workload.spec.dataset, num_replicas=world_size, rank=rank,
-                                             shuffle=workload.spec.shuffle, seed=workload.seed)
-                if workload.spec.sampler is not None:
-                    report["notes"].append("the dataset's own sampler is replaced by a DistributedSampler")
+            sampler = rank_sampler(workload, world_size, rank, report["notes"])
             step = stack.enter_context(TrainStep(workload, knobs, stage=stage, compile=False))
             source = stack.enter_context(BatchSource(workload, knobs, timeout_s=loader_timeout_s, stage=stage,
                                                      sampler=sampler))
@@ -153,24 +180,7 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
             raw.warm_times_s, raw.warmup_wall_s, raw.probe_s = warm[0], warm[1], warm[2]
             if raw.peak_bytes is None:
                 raw.peak_bytes = warm[3]
-            # The no-communication probe: the same step with every all-reduce skipped. Its median
-            # against the window's median is the communication compute did not hide.
-            probe = StepClock(device)
-            stage.name = "comm"
-            dist.barrier()
-            probe_times: list[float] = []
-            try:  # after the window: a failure here costs the estimate, not the trial
-                probe.mark()
-                for i in range(min(PROBE_STEPS, steps)):
-                    stage.phase, stage.step = "no-comm probe", i + 1
-                    with wrapper.no_sync():
-                        step(source)
-                    probe.mark()
-                sync(device)
-                probe_times = probe.durations_s()
-            except Exception as e:
-                report["notes"].append(f"the no-communication probe failed ({type(e).__name__}: {e}); "
-                                       "exposed_comm_share is unknown for this trial")
+            probe_times = no_comm_probe(step, source, wrapper, stage, min(PROBE_STEPS, steps), report["notes"])
             stage.name = "done"
             report.update(raw=asdict(raw), comm=comm, probe_times_s=probe_times, own_cores=own_cores,
                           notes=report["notes"] + source.notes + step.notes, threads=torch.get_num_threads())
