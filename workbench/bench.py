@@ -262,8 +262,8 @@ class Workbench:
     def scaling(self, world_sizes: tuple[int, ...] = (1, 2), *, progress: bool | None = None,
                 **knobs: Any) -> pd.DataFrame:
         """One trial per world size with the same other knobs: world_size, samples_per_s,
-        per_rank_samples_per_s, efficiency (see distributed/scaling.py for what it means on CPUs)."""
-        from .distributed.scaling import scaling
+        per_rank_samples_per_s, efficiency (see scaling.py for what it means on CPUs)."""
+        from .scaling import scaling
 
         with search(progress, "scaling", log=self.log, total=len(world_sizes)):
             return scaling(self, world_sizes, **knobs)

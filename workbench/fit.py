@@ -14,6 +14,7 @@ import torch
 from .diagnose.memory import block_activation_bytes
 from .knobs import Knobs
 from .measure import TrialResult, fmt_bytes
+from .protocol import Bench
 
 
 @dataclass
@@ -68,7 +69,33 @@ def accum_options(effective_batch: int, min_micro_batch: int) -> Iterator[int]:
             return
 
 
-def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Knobs | None = None,
+def lower(r: TrialResult, than: TrialResult | None) -> bool:
+    """r is usable and uses less memory than `than` (a failed `than` counts as infinite)."""
+    if not r.ok or r.peak_memory_bytes is None:
+        return r.status == "ok"
+    return than is None or not than.ok or than.peak_memory_bytes is None or r.peak_memory_bytes < than.peak_memory_bytes
+
+
+def start_knobs(bench: Bench, budget_bytes: Any, effective_batch: Any, base: Knobs | None) -> Knobs:
+    """The arguments checked, and the first configuration: the whole effective batch in one step
+    (accumulating from the start when the dataset is smaller than it)."""
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) or budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be a positive number of bytes (e.g. 2 * 1024**3), got {budget_bytes!r}")
+    if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
+        raise ValueError(f"effective_batch must be an int >= 1 (samples per optimizer step), got {effective_batch!r}")
+    spec = bench.workload.spec
+    if not spec.iterable and effective_batch > len(spec) * 64:
+        raise ValueError(f"effective_batch={effective_batch} is far beyond the dataset ({len(spec)} samples)")
+    k = (base or bench.defaults).replace(batch_size=effective_batch, accum_steps=1)
+    if not spec.iterable and k.batch_size > len(spec):
+        # accumulate from the start: the micro-batch cannot exceed the dataset
+        a = next((a for a in range(2, effective_batch + 1) if effective_batch % a == 0
+                  and effective_batch // a <= len(spec)), effective_batch)
+        k = k.replace(batch_size=effective_batch // a, accum_steps=a)
+    return k
+
+
+def fit_memory(bench: Bench, budget_bytes: int, effective_batch: int, *, base: Knobs | None = None,
                min_micro_batch: int | None = None, max_trials: int = 12) -> FitResult:
     """The first configuration (in rescue order) whose measured peak fits `budget_bytes`.
 
@@ -77,20 +104,8 @@ def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Kno
     checkpointing the blocks that save the most activations, one more block per trial. Each row
     reports the time cost vs the first trial that ran (per-sample time ratio, 1.25 = 25% slower).
     """
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) or budget_bytes <= 0:
-        raise ValueError(f"budget_bytes must be a positive number of bytes (e.g. 2 * 1024**3), got {budget_bytes!r}")
-    if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
-        raise ValueError(f"effective_batch must be an int >= 1 (samples per optimizer step), got {effective_batch!r}")
-    spec = bench.workload.spec
-    if not spec.iterable and effective_batch > len(spec) * 64:
-        raise ValueError(f"effective_batch={effective_batch} is far beyond the dataset ({len(spec)} samples)")
+    k = start_knobs(bench, budget_bytes, effective_batch, base)
     min_micro = min_micro_batch or max(1, effective_batch // 8)
-    k = (base or bench.defaults).replace(batch_size=effective_batch, accum_steps=1)
-    if not spec.iterable and k.batch_size > len(spec):
-        # accumulate from the start: the micro-batch cannot exceed the dataset
-        a = next((a for a in range(2, effective_batch + 1) if effective_batch % a == 0
-                  and effective_batch // a <= len(spec)), effective_batch)
-        k = k.replace(batch_size=effective_batch // a, accum_steps=a)
     rows: list[dict[str, Any]] = []  # one per trial run
     notes: list[str] = []
     ref: list[TrialResult] = []  # the first ok trial: time costs are relative to it
@@ -112,12 +127,6 @@ def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Kno
 
     def fits(r: TrialResult) -> bool:
         return r.ok and r.peak_memory_bytes is not None and r.peak_memory_bytes <= budget_bytes
-
-    def lower(r: TrialResult, than: TrialResult | None) -> bool:
-        """r is usable and uses less memory than `than` (a failed `than` counts as infinite)."""
-        if not r.ok or r.peak_memory_bytes is None:
-            return r.status == "ok"
-        return than is None or not than.ok or than.peak_memory_bytes is None or r.peak_memory_bytes < than.peak_memory_bytes
 
     def done(r: TrialResult, knobs: Knobs) -> FitResult:
         return FitResult(knobs, r, int(budget_bytes), effective_batch, pd.DataFrame(rows), notes)
