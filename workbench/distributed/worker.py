@@ -27,10 +27,9 @@ import torch
 import torch.distributed as dist
 
 from .. import apply
-from ..compat import CompileWatch
 from ..knobs import Knobs
 from ..measure import StepClock, environment, sync
-from ..runner import failure_message, first_batch, is_oom, measure_window, warm_up
+from ..runner import run_phases, sort_failure
 from ..step import BatchSource, Stage, TrainStep, seeded
 from ..workload import Workload
 from .strategy import STRATEGIES
@@ -142,7 +141,6 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
     report: dict[str, Any] = {"rank": rank, "status": "ok", "message": "", "where": "", "traceback": "",
                               "pid": os.getpid(), "notes": []}
     device = rank_device(workload, local_rank)
-    total = warmup_steps + steps
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(apply.process_settings(knobs))
@@ -162,34 +160,26 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
             if knobs.ddp_no_sync and knobs.accum_steps > 1:
                 step.no_sync = wrapper.no_sync  # TrainStep enters it on all but the last micro-batch
             counter = wrapper.counter
-            progress.set("starting workers" if knobs.num_workers else "loading data", 0, total)
-            with CompileWatch(enabled=knobs.compile != "off") as watch:
-                startup_s = first_batch(source)
-                warm = warm_up(step, source, warmup_steps, stage, progress, total, None,  # type: ignore[arg-type]
-                               measure_memory=measure_memory)
+            cpu0 = [0.0]
+
+            def together() -> None:  # every rank starts the window together, all-reduces counted from here
                 stage.name = "comm"
-                dist.barrier()  # every rank starts the window together
+                dist.barrier()
                 counter.reset()
-                cpu0 = time.process_time()
-                raw = measure_window(step, source, warmup_steps, steps, stage, progress, None,  # type: ignore[arg-type]
-                                     measure_memory=measure_memory)
-                own_cores = (time.process_time() - cpu0) / raw.wall_s
-            raw.compile_info = watch.info
+                cpu0[0] = time.process_time()
+
+            raw = run_phases(step, source, stage, progress, warmup_steps, steps, None,  # type: ignore[arg-type]
+                             measure_memory=measure_memory, before_window=together)
+            own_cores = (time.process_time() - cpu0[0]) / raw.wall_s
             comm = {"allreduce_calls": counter.calls, "allreduce_bytes": counter.bytes}
-            raw.startup_s = startup_s
-            raw.warm_times_s, raw.warmup_wall_s, raw.probe_s = warm[0], warm[1], warm[2]
-            if raw.peak_bytes is None:
-                raw.peak_bytes = warm[3]
             probe_times = no_comm_probe(step, source, wrapper, stage, min(PROBE_STEPS, steps), report["notes"])
             stage.name = "done"
             report.update(raw=asdict(raw), comm=comm, probe_times_s=probe_times, own_cores=own_cores,
                           notes=report["notes"] + source.notes + step.notes, threads=torch.get_num_threads())
     except Exception as e:  # a failing rank is a report, whatever raised
-        status = "oom" if is_oom(e) else "error"
-        if "DataLoader worker" in str(e) or "DataLoader timed out" in str(e):
-            stage.name = "data"
+        status, message = sort_failure(e, stage, knobs)
         peer = _peer_failure(e)
-        report.update(status=status, message=f"rank {rank}: " + failure_message(status, e, stage, knobs),
+        report.update(status=status, message=f"rank {rank}: " + message,
                       where=stage.name, traceback="".join(traceback.format_exception(e)), peer_failure=peer)
     report["median_step_s"] = (statistics.median(report["raw"]["step_times_s"])
                                if report.get("raw") and report["raw"]["step_times_s"] else None)
