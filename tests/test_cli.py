@@ -165,6 +165,8 @@ def test_model_factory_works_for_a_single_process_verb(tmp_path, monkeypatch, ca
         "    return {'model': nn.Linear(8, 3), 'data': ds, 'loss_fn': nn.CrossEntropyLoss(), 'name': 'fac'}\n\n\n"
         "def as_bench():\n"
         "    return wb.Workbench(log=None, device='cpu', **as_dict())\n\n\n"
+        "def as_learner():\n"
+        "    return wb.Workbench(log=None, device='cpu', participant='ana', **as_dict())\n\n\n"
         "def wrong():\n    return 42\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -176,6 +178,9 @@ def test_model_factory_works_for_a_single_process_verb(tmp_path, monkeypatch, ca
     assert rec["status"] == "ok" and rec["batch_size"] == 8 and rec["world_size"] == 1
     assert (tmp_path / "runs" / "fac.jsonl").exists()
     assert main(["run", "--model", "clifactory:as_bench", "--steps", "2", "--warmup-steps", "0", "--quiet"]) == 0
+    assert main(["run", "--model", "clifactory:as_learner", "--steps", "2", "--warmup-steps", "0", "--quiet",
+                 "--log-path", str(tmp_path / "shared")]) == 0
+    assert (tmp_path / "shared" / "ana" / "fac.jsonl").exists()  # the participant's folder, as Workbench does
     assert main(["run", "--model", "clifactory:wrong", "--quiet"]) == 2
     assert "return a workbench.Workbench or a dict" in capsys.readouterr().err
     assert main(["run", "--model", "no_such_module:f", "--quiet"]) == 2

@@ -146,3 +146,12 @@ def test_ddp_script_runs_under_torchrun_with_two_gloo_ranks(tmp_path) -> None:
     for r in ranks:
         assert r["step"] == 7 and r["epoch"] == 3 and r["trained"]
     assert ranks[0]["w"] == pytest.approx(ranks[1]["w"], rel=1e-5)  # DDP kept the replicas identical
+
+
+def test_ddp_script_states_one_global_batch() -> None:
+    """Header and accumulation comment agree: per-rank batch x accumulation x world_size."""
+    code = wb.Knobs(batch_size=64, accum_steps=4, world_size=2).to_code()
+    assert "64 per rank x 4 accumulated x 2 ranks = 512" in code
+    assert "global batch = 64 x 4 x 2 ranks = 512" in code
+    assert "256" not in code
+    assert "global batch = 8 x 3 = 24" in wb.Knobs(batch_size=8, accum_steps=3).to_code()

@@ -3,6 +3,9 @@ trial running (with a note) when it is gone."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import psutil
 import pytest
 import torch
@@ -72,20 +75,33 @@ def test_compile_watch_survives_missing_dynamo_counters(monkeypatch):
 
 def test_no_private_torch_access_outside_compat():
     """Private torch names (torch.x._y or ._private attributes of torch objects) live in compat.py."""
-    import ast
-    from pathlib import Path
-
     root = Path(wb.__file__).parent
     offenders = []
     for path in root.rglob("*.py"):
         if path.name == "compat.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torch") and (
-                    any(part.startswith("_") for part in node.module.split("."))
-                    or any(a.name.startswith("_") for a in node.names)):
-                offenders.append(f"{path.name}: from {node.module} import ...")
+        offenders += private_torch_imports(path.name, path.read_text())
     assert not offenders, offenders
+
+
+def private_torch_imports(name: str, source: str) -> list[str]:
+    """`from torch._x import y`, `from torch.x import _y` and `import torch._x` in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torch") and (
+                any(part.startswith("_") for part in node.module.split("."))
+                or any(a.name.startswith("_") for a in node.names)):
+            found.append(f"{name}: from {node.module} import ...")
+        if isinstance(node, ast.Import):
+            found += [f"{name}: import {a.name}" for a in node.names
+                      if a.name.startswith("torch.") and any(p.startswith("_") for p in a.name.split("."))]
+    return found
+
+
+def test_the_private_import_check_catches_plain_imports():
+    source = "def f():\n    import torch._dynamo\n    import torch.nn\n    from torch.x import _y\n"
+    assert sorted(private_torch_imports("m.py", source)) == ["m.py: from torch.x import ...",
+                                                              "m.py: import torch._dynamo"]
 
 
 

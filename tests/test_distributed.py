@@ -68,15 +68,15 @@ def no_children() -> bool:
 
 # ---- knobs (fast) --------------------------------------------------------------------------------
 def test_ddp_knobs_validate_with_the_fix() -> None:
-    with pytest.raises(ValueError, match="world_size must be >= 1"):
+    with pytest.raises(ValueError, match="world_size=0 is too small: set it to an int >= 1"):
         Knobs(world_size=0)
     with pytest.raises(ValueError, match="ddp_comm_hook"):
         Knobs(ddp_comm_hook="int8")
-    with pytest.raises(ValueError, match="ddp_bucket_cap_mb must be >= 1"):
+    with pytest.raises(ValueError, match="ddp_bucket_cap_mb=0 is too small"):
         Knobs(ddp_bucket_cap_mb=0)
-    with pytest.raises(TypeError, match="ddp_bucket_cap_mb must be an int"):
+    with pytest.raises(TypeError, match="ddp_bucket_cap_mb takes an int"):
         Knobs(ddp_bucket_cap_mb=0.5)
-    with pytest.raises(TypeError, match="ddp_static_graph must be True or False"):
+    with pytest.raises(TypeError, match="ddp_static_graph takes True or False"):
         Knobs(ddp_static_graph=1)
     with pytest.raises(ValueError, match="set ddp_static_graph=False or ddp_no_sync=False"):
         Knobs(world_size=2, accum_steps=2, ddp_no_sync=True, ddp_static_graph=True)

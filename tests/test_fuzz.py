@@ -47,7 +47,7 @@ def knob_values(blocks: list[str], *, invalid: bool) -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries({name: draw(spec.fuzz, blocks, invalid=invalid) for name, spec in KNOBS.items()})
 
 
-FIX_WORDS = ("set ", "use ", "lower ", "choose ", "must be", "is not one of", "list each once", "twice")
+FIX_WORDS = ("set ", "use ", "lower ", "choose ", "is not one of", "list each once", "twice")
 
 
 def check(name: str, values: dict, tally: dict) -> None:

@@ -1,7 +1,11 @@
 """Knobs: validation with fixes in the message, no-op notes, diff/label, round trips."""
 
-import pytest
+import contextlib
 
+import pytest
+import torch
+
+import workbench as wb
 from workbench import Knobs, knob_names
 from workbench.knobs import device_notes
 
@@ -76,15 +80,12 @@ def test_pin_memory_on_mps_says_it_is_dropped():
     notes = device_notes(Knobs(pin_memory=True), "mps")
     assert any("pin_memory is a no-op on MPS" in n for n in notes)
     assert not any("pin_memory" in n for n in device_notes(Knobs(pin_memory=False), "mps"))
-def test_readme_knob_table_matches_the_declarations():
-    from pathlib import Path
+def test_knob_table_has_one_row_per_knob_from_its_declaration():
+    from workbench.knobs import KNOBS, knob_table
 
-    from workbench.knobs import knob_table
-
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    start = text.index("<!-- knob-table")
-    table = text[text.index("\n", start) + 1:text.index("<!-- /knob-table -->")].strip()
-    assert table == knob_table(), "README knob table is stale: paste workbench.knobs.knob_table() between the markers"
+    rows = knob_table().splitlines()[2:]
+    assert [r.split("`")[1] for r in rows] == list(KNOBS)
+    assert '| `amp` | `"off"` | `"off"` \\| `"bf16"` \\| `"fp16"` |' in knob_table()
 
 
 def test_every_declaration_is_complete_and_its_fuzz_ranges_hold():
@@ -190,3 +191,135 @@ def test_cudnn_benchmark_is_a_noted_no_op_on_cpu_and_restored_after(make_bench):
     assert r.ok and any("cudnn_benchmark is a no-op" in n for n in r.notes)
     assert torch.backends.cudnn.benchmark == before
     assert "torch.backends.cudnn.benchmark = True" in Knobs(cudnn_benchmark=True).to_code()
+
+
+def test_results_nullable_int_columns_come_from_the_registry():
+    from workbench.results import OPTIONAL_INT_KNOBS
+
+    assert set(OPTIONAL_INT_KNOBS) == {"prefetch_factor", "cpu_threads", "ddp_bucket_cap_mb"}
+
+
+# ---- your own knobs (@wb.knob) -------------------------------------------------------------------
+class TwoPaths(torch.nn.Module):
+    """A model with two ways to compute the same thing: `mode` picks one (an attention switch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4)
+        self.mode = "naive"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "twice":
+            return self.lin(x) * 0.5 + self.lin(x) * 0.5
+        return self.lin(x)
+
+
+@pytest.fixture
+def path_knob():
+    """`path` declared the way a notebook cell does; forgotten after the test."""
+    calls = []
+
+    @wb.knob(choices=["naive", "twice"], default="naive", help="which forward path")
+    def path(model, value):
+        calls.append(value)
+        model.mode = value
+
+    yield calls
+    wb.forget_knob("path")
+
+
+def test_user_knob_is_a_knob_like_any_other(path_knob):
+    k = Knobs(batch_size=8, path="twice")
+    assert k.path == "twice" and Knobs().path == "naive"
+    assert k.to_dict()["path"] == "twice" and Knobs.from_dict(k.to_dict()) == k
+    assert k.diff(Knobs(batch_size=8)) == {"path": ("twice", "naive")}
+    assert Knobs(path="naive") == Knobs() and hash(Knobs(path="naive")) == hash(Knobs())
+    assert "path" in knob_names() and wb.tunable_knobs() == {"path": ("naive", "twice")}
+    assert "path=twice" in k.label() and "path='twice'" in str(k)
+
+
+def test_running_the_cell_again_replaces_the_knob(path_knob):
+    @wb.knob(choices=["naive", "twice", "thrice"], help="which forward path")
+    def path(model, value):
+        model.mode = value
+
+    assert Knobs(path="thrice").path == "thrice"
+    assert knob_names().count("path") == 1
+
+
+def test_a_bad_value_names_the_choices_and_records_nothing(path_knob, make_bench):
+    bench = make_bench(model=TwoPaths(), data=torch.utils.data.TensorDataset(torch.randn(64, 16),
+                                                                              torch.randint(0, 4, (64,))))
+    with pytest.raises(ValueError, match=r"Knobs\.path='flash' is not one of 'naive', 'twice'"):
+        bench.run(path="flash")
+    assert bench.trials == [] and path_knob == []  # raised before any trial, nothing applied or logged
+    with pytest.raises(TypeError, match="needs choices"):
+        wb.knob(default="x")
+
+
+def test_user_knob_runs_on_each_trials_copy_and_reaches_results_and_code(path_knob, make_bench):
+    data = torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randint(0, 4, (64,)))
+    bench = make_bench(model=TwoPaths(), data=data)
+    a, b = bench.run(path="naive"), bench.run(path="twice")
+    assert a.ok and b.ok and path_knob == ["naive", "twice"]
+    assert bench.workload.pristine.mode == "naive"  # the user's model is never touched
+    assert bench.results["path"].tolist() == ["naive", "twice"]
+    code = b.to_code()
+    assert "def path(model, value):" in code and "model = path(model, 'twice') or model" in code
+    assert "@wb.knob" not in code
+    compile(code, "<generated>", "exec")
+
+
+def test_an_unknown_knob_read_back_from_the_log_stays_and_is_shown(path_knob, make_bench, tmp_path):
+    data = torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randint(0, 4, (64,)))
+    make_bench(model=TwoPaths(), data=data, name="two").run(path="twice")
+    wb.forget_knob("path")  # a kernel restart: the cell has not run again yet
+    try:
+        again = make_bench(model=TwoPaths(), data=data, name="two")
+        k = again.trials[0].knobs
+        assert k.unknown == ("path",) and k.to_dict()["path"] == "twice"
+        assert again.results["path"].tolist() == ["twice"] and "path=twice(unknown)" in k.label()
+        assert "unknown knob" in str(k)
+    finally:
+        @wb.knob(choices=["naive", "twice"], default="naive")
+        def path(model, value):
+            model.mode = value
+    # once the cell has run again, the logged trial is an ordinary one: compare across the restart works
+    back = make_bench(model=TwoPaths(), data=data, name="two")
+    assert back.trials[0].knobs == Knobs(batch_size=8, path="twice") and back.trials[0].knobs.unknown == ()
+
+
+def test_forward_and_before_step_hooks(make_bench):
+    seen = []
+
+    @wb.knob(default=False, where="forward", help="a context around the forward")
+    def traced(value):
+        seen.append(("forward", value))
+        return contextlib.nullcontext()
+
+    @wb.knob(choices=[0.0, 1.0], where="before_step", help="clip gradients")
+    def clip(value, model, optimizer):
+        seen.append(("step", value))
+        if value:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), value)
+
+    try:
+        assert make_bench().run(traced=True, clip=1.0).ok
+        assert ("forward", True) in seen and ("step", 1.0) in seen
+        code = Knobs(traced=True, clip=1.0, amp="fp16").to_code()
+        assert "with torch.autocast(device.type, dtype=torch.float16), traced(True):" in code
+        assert "scaler.unscale_(optimizer)" in code and "clip(1.0, model, optimizer)" in code
+    finally:
+        wb.forget_knob("traced")
+        wb.forget_knob("clip")
+
+
+def test_grad_clip_norm_validates_runs_and_is_in_the_code(make_bench):
+    with pytest.raises(ValueError, match=r"grad_clip_norm=-1\.0 is too small: set it to a float >= 0\.0"):
+        Knobs(grad_clip_norm=-1.0)
+    with pytest.raises(TypeError, match="set it to a float"):
+        Knobs(grad_clip_norm="1")
+    assert make_bench().run(grad_clip_norm=0.5).ok
+    code = Knobs(grad_clip_norm=0.5, amp="fp16").to_code()
+    assert "scaler.unscale_(optimizer)" in code and "torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)" in code
+    assert "clip_grad_norm_" not in Knobs().to_code()

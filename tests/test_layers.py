@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
+# codegen renders the core's step as text (Knobs.to_code): it sits with the core and imports nothing above it
 CORE = ("knobs", "workload", "step", "runner", "measure", "results", "apply", "progress", "compat", "stats", "system",
-        "trace")
-ABOVE_CORE = ("diagnose", "tune", "fit", "panel", "charts", "cli", "demos", "bench", "workshop", "export")
+        "trace", "codegen", "protocol")
+ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export")
 
 
 def module_name(path: Path) -> str:
@@ -84,3 +85,17 @@ def test_the_layer_check_catches_a_violation(tmp_path, monkeypatch):
     target.write_text(text)
     monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "workbench")
     assert ("workbench.panel", ["Panel"]) in [(m, n) for m, n, _ in imports(target)]
+
+
+@pytest.mark.parametrize("name", ["scaling", "fit"])
+def test_faces_type_the_workbench_as_the_protocol(name):
+    """A face that takes a workbench imports `protocol.Bench`, never `bench.Workbench`."""
+    found = [(mod, names) for mod, names, _ in imports(PACKAGE / f"{name}.py")]
+    assert ("workbench.protocol", ["Bench"]) in found
+    assert not any(mod == "workbench.bench" for mod, _ in found)
+
+
+def test_the_workbench_satisfies_the_protocol(make_bench):
+    from workbench.protocol import Bench
+
+    assert isinstance(make_bench(), Bench)

@@ -60,11 +60,26 @@ def test_profile_peak_bytes_refuses_mps_instead_of_reading_zero():
     assert ran == []  # refused before running anything
 
 
-def test_cpu_load_reports_a_number_on_linux():
-    load = CpuLoad()
-    sum(i * i for i in range(200_000))
-    foreign = load.foreign_cores()
-    assert foreign is None or foreign >= 0
+def test_cpu_load_is_system_busy_time_minus_our_own_per_wall_second(monkeypatch):
+    """(busy, own, clock) readings 10->16 s busy, 2->3 s ours, over 2 s: (6 - 1) / 2 = 2.5 cores."""
+    readings = iter([(10.0, 2.0, 100.0), (16.0, 3.0, 102.0)])
+    monkeypatch.setattr(CpuLoad, "_read", staticmethod(lambda: next(readings)))
+    assert CpuLoad().foreign_cores() == pytest.approx(2.5)
+
+
+def test_cpu_load_is_never_negative_and_none_when_unreadable(monkeypatch):
+    readings = iter([(10.0, 2.0, 100.0), (10.5, 3.0, 101.0)])  # our children ran more than the counter saw
+    monkeypatch.setattr(CpuLoad, "_read", staticmethod(lambda: next(readings)))
+    assert CpuLoad().foreign_cores() == 0.0
+    monkeypatch.setattr(CpuLoad, "_read", staticmethod(lambda: None))  # psutil missing or refused
+    assert CpuLoad().foreign_cores() is None
+
+
+def test_cpu_load_reads_psutil_on_this_machine():
+    reading = CpuLoad._read()
+    assert reading is not None, "psutil is a dependency: the reading should work here"
+    busy, own, _ = reading
+    assert busy >= own >= 0
 
 
 def test_record_round_trip_and_repr():

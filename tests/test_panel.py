@@ -95,6 +95,26 @@ def test_controls_cover_every_knob_grouped_with_blocks(panel: Panel, bench: wb.W
     assert panel.knobs() == bench.defaults
 
 
+def test_your_own_knob_gets_a_control_in_its_own_group(bench: wb.Workbench) -> None:
+    @wb.knob(choices=["naive", "sdpa"], default="naive", help="attention implementation")
+    def attention(model, value):
+        model.attention = value
+
+    try:
+        p = Panel(bench, debounce_s=0.05)
+        try:
+            assert p.knob_controls.groups["Your knobs"] == ["attention"]
+            w = p.controls["attention"]
+            assert w.description == "attention" and w.tooltip == "attention implementation"
+            assert [v for _, v in w.options] == ["naive", "sdpa"]
+            w.value = "sdpa"
+            assert p.knobs() == bench.defaults.replace(attention="sdpa")
+        finally:
+            p.close()
+    finally:
+        wb.forget_knob("attention")
+
+
 def test_noop_knobs_are_disabled_with_the_reason(bench: wb.Workbench) -> None:
     panel = Panel(bench, debounce_s=3600)  # changes queue but never start: this test only reads widgets
     pin = panel.controls["pin_memory"]

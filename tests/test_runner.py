@@ -331,3 +331,20 @@ def test_derive_is_a_pure_function_of_the_raw_samples():
     assert fields["data_wait_share"] == pytest.approx(0.05 / 0.6)
     assert any(n.startswith("disturbed") for n in notes) and any("re-forked" in n for n in notes)
     assert any(n.startswith("noisy") for n in notes)
+
+
+@pytest.mark.parametrize("exc, hinted", [
+    (RuntimeError("rank 1 only"), False),
+    (ValueError("my own check failed"), False),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (8x4 and 5x2)"), True),
+    (RuntimeError("expected scalar type Float but found Half"), True),
+])
+def test_shape_hint_only_for_shape_and_dtype_errors(exc, hinted):
+    from workbench.runner import failure_message
+    from workbench.step import Stage
+
+    stage = Stage()
+    stage.name, stage.phase, stage.step = "model", "measured", 2
+    message = failure_message("error", exc, stage, wb.Knobs())
+    assert str(exc) in message and "in the model's forward at measured step 2" in message
+    assert ("shapes and dtypes" in message) is hinted, message

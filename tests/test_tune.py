@@ -306,3 +306,17 @@ def test_tune_races_ddp_bucket_sizes_on_two_gloo_ranks():
     assert res.answer in ("faster", "same", "undecided") and res.confirmation is not None
     assert res.steps["stage"].iloc[-1] == "confirm" and res.confirmation.verdict in res.steps["decision"].iloc[-1]
     assert f"answer: {res.answer}" in str(res)
+
+
+def test_tune_races_your_own_knob_with_choices():
+    @wb.knob(choices=["naive", "fused"], default="naive", help="a kernel path (the fake bench times it)")
+    def kernel_path(model, value):
+        return model
+
+    try:
+        bench = FakeBench(lambda k: 1e-3 if k.kernel_path == "naive" else 0.5e-3, lambda k: 1000.0, noise=0.01)
+        res = tune(bench, budget=40, stages=("yours",))
+        assert res.best_knobs.kernel_path == "fused" and res.answer == "faster", str(res)
+        assert (res.steps["stage"] == "yours").any()
+    finally:
+        wb.forget_knob("kernel_path")

@@ -4,6 +4,10 @@
     bench = wb.Workbench(model, dataset, loss_fn=..., optimizer=...)   # or wb.demo("jpeg")
     bench.run(num_workers=2, amp="bf16")
     bench.results
+
+    @wb.knob(choices=["naive", "sdpa"], default="naive", help="attention implementation")
+    def attention(model, value):         # your own knob: on each trial's fresh model copy
+        model.set_attention(value)
     ws = wb.gather("shared-folder")      # a workshop: every learner's trials (participant=...)
 
 The measurement core (knobs, workload, runner, results) imports without ipywidgets or altair:
@@ -17,7 +21,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from .bench import Workbench
-from .knobs import Knobs, knob_names
+from .knobs import Knobs, forget_knob, knob, knob_names, knob_table, tunable_knobs
 from .measure import TrialResult
 from .results import Comparison, ResultLog, compare
 from .runner import TrialInterrupted, run_trial
@@ -44,5 +48,5 @@ def gather(folder: str | os.PathLike, **kwargs: Any) -> Any:
 
 __all__ = [
     "Comparison", "Knobs", "ResultLog", "TrialInterrupted", "TrialResult", "Workbench", "compare",
-    "demo", "gather", "knob_names", "run_trial",
+    "demo", "forget_knob", "gather", "knob", "knob_names", "knob_table", "run_trial", "tunable_knobs",
 ]

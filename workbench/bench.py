@@ -74,8 +74,14 @@ class Workbench:
                                        num_workers=spec.default_num_workers)
         self._probe()
         # A workshop: each participant appends to a file of their own under the shared folder.
-        self.log = ResultLog(_log_path(log, self.name, participant), participant=participant)
+        self.participant = participant
+        self.log_to(log)
         self._lock = threading.Lock()  # one trial at a time, whoever asks (cell or panel thread)
+
+    def log_to(self, log: str | os.PathLike | None) -> None:
+        """Append trials from now on to `log` (a folder, a .jsonl file, or None for memory only),
+        under this workbench's participant folder when it has a participant."""
+        self.log = ResultLog(_log_path(log, self.name, self.participant), participant=self.participant)
 
     # ---- validation ----------------------------------------------------------------------
     def _probe(self) -> None:
@@ -212,7 +218,7 @@ class Workbench:
 
     # ---- notebook layer and analyses (lazy imports: the core never needs widgets or altair) ----
     def panel(self, **kwargs: Any) -> Any:
-        """Knob widgets + progress + live chart + results table in one output (see panel.py).
+        """Knob widgets + progress + live chart + results table in one output (see workbench/panel/).
 
         Outside a notebook it prints how to drive the workbench from code and returns None.
         """
@@ -269,8 +275,8 @@ class Workbench:
     def scaling(self, world_sizes: tuple[int, ...] = (1, 2), *, progress: bool | None = None,
                 **knobs: Any) -> pd.DataFrame:
         """One trial per world size with the same other knobs: world_size, samples_per_s,
-        per_rank_samples_per_s, efficiency (see distributed/scaling.py for what it means on CPUs)."""
-        from .distributed.scaling import scaling
+        per_rank_samples_per_s, efficiency (see scaling.py for what it means on CPUs)."""
+        from .scaling import scaling
 
         with search(progress, "scaling", log=self.log, total=len(world_sizes)):
             return scaling(self, world_sizes, **knobs)

@@ -12,20 +12,27 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from .knobs import KNOBS, Knobs
 
 
-def _optional_int(text: str) -> int | None:
-    """argparse type of an optional int knob: an int, or 'default'/'none' for torch's default."""
-    if text.lower() in ("default", "none"):
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int or 'default', got {text!r}") from None
+def number_parser(kind: str, optional: bool) -> Any:
+    """argparse type of an int or float knob; an optional one also takes 'default'/'none' (None)."""
+    cast = float if kind == "float" else int
+
+    def parse(text: str) -> Any:
+        if optional and text.lower() in ("default", "none"):
+            return None
+        try:
+            return cast(text)
+        except ValueError:
+            extra = " or 'default'" if optional else ""
+            raise argparse.ArgumentTypeError(f"expected {'a float' if cast is float else 'an int'}{extra}, "
+                                             f"got {text!r}") from None
+
+    parse.__name__ = cast.__name__  # argparse names the type in its messages
+    return parse
 
 
 def add_knob_arguments(parser: argparse.ArgumentParser | Any) -> None:
@@ -38,10 +45,9 @@ def add_knob_arguments(parser: argparse.ArgumentParser | Any) -> None:
             parser.add_argument(spec.flag, dest=name, default=None, help=h + "; comma-separated, or 'all'")
         elif spec.kind == "choice":
             parser.add_argument(spec.flag, dest=name, choices=spec.choices, default=None, help=h)
-        elif spec.optional:
-            parser.add_argument(spec.flag, dest=name, type=_optional_int, default=None, metavar="N|default", help=h)
-        else:
-            parser.add_argument(spec.flag, dest=name, type=int, default=None, help=h)
+        else:  # int or float
+            parser.add_argument(spec.flag, dest=name, type=number_parser(spec.kind, spec.optional), default=None,
+                                metavar="N|default" if spec.optional else "N", help=h)
 
 
 def knobs_from_args(args: argparse.Namespace, blocks: Sequence[str]) -> dict[str, Any]:
@@ -193,7 +199,6 @@ def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
     """
     from . import demo
     from .bench import Workbench
-    from .results import ResultLog
 
     given = {"device": args.device, "steps": args.steps, "warmup_steps": args.warmup_steps}
     given = {k: v for k, v in given.items() if v is not None}
@@ -216,8 +221,7 @@ def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
     made.steps = given.get("steps", made.steps)
     made.warmup_steps = given.get("warmup_steps", made.warmup_steps)
     if rank != 0 or args.log is not None:
-        path = None if log is None else Path(log) if log.endswith(".jsonl") else Path(log) / f"{made.name}.jsonl"
-        made.log = ResultLog(path)
+        made.log_to(log)  # the workbench's own layout: <log>/<participant>/<name>.jsonl
     return made
 
 

@@ -16,22 +16,24 @@ from typing import Any
 
 import torch
 
-# (module, attribute path) of every private internal used below; tests/test_compat.py checks them.
-PRIVATE: dict[str, tuple[str, str]] = {
-    "remove_worker_pids": ("torch.utils.data._utils.signal_handling", "_remove_worker_pids"),
-    "worker_pids_set": ("torch.utils.data.dataloader", "_MultiProcessingDataLoaderIter._worker_pids_set"),
-    "shutdown_workers": ("torch.utils.data.dataloader", "_MultiProcessingDataLoaderIter._shutdown_workers"),
-    "loader_iterator": ("torch.utils.data.dataloader", "DataLoader._iterator"),
-    "kineto_results": ("torch.autograd.profiler", "profile.kineto_results"),
-    "dynamo_counters": ("torch._dynamo.utils", "counters"),
-    "dynamo_compilation_metrics": ("torch._dynamo.utils", "get_compilation_metrics"),
-    "dynamo_graph_break_reasons": ("torch._dynamo.utils", "graph_break_reasons"),
-    "record_memory_history": ("torch.cuda.memory", "_record_memory_history"),
-    "memory_snapshot": ("torch.cuda.memory", "_snapshot"),
-    "memory_viz": ("torch.cuda._memory_viz", "trace_plot"),
-    "cpu_avx512_bf16": ("torch.cpu", "_is_avx512_bf16_supported"),
-    "cpu_amx_tile": ("torch.cpu", "_is_amx_tile_supported"),
-}
+# name, module and attribute path of every private internal used below; tests/test_compat.py checks them
+_PRIVATE_TABLE = """
+remove_worker_pids          torch.utils.data._utils.signal_handling  _remove_worker_pids
+worker_pids_set             torch.utils.data.dataloader              _MultiProcessingDataLoaderIter._worker_pids_set
+shutdown_workers            torch.utils.data.dataloader              _MultiProcessingDataLoaderIter._shutdown_workers
+loader_iterator             torch.utils.data.dataloader              DataLoader._iterator
+kineto_results              torch.autograd.profiler                  profile.kineto_results
+dynamo_counters             torch._dynamo.utils                      counters
+dynamo_compilation_metrics  torch._dynamo.utils                      get_compilation_metrics
+dynamo_graph_break_reasons  torch._dynamo.utils                      graph_break_reasons
+record_memory_history       torch.cuda.memory                        _record_memory_history
+memory_snapshot             torch.cuda.memory                        _snapshot
+memory_viz                  torch.cuda._memory_viz                   trace_plot
+cpu_avx512_bf16             torch.cpu                                _is_avx512_bf16_supported
+cpu_amx_tile                torch.cpu                                _is_amx_tile_supported
+"""
+PRIVATE: dict[str, tuple[str, str]] = {name: (module, attr) for name, module, attr in
+                                       (line.split() for line in _PRIVATE_TABLE.strip().splitlines())}
 
 
 def missing(name: str) -> str | None:
@@ -139,6 +141,13 @@ def dynamo_counters() -> dict[str, dict[str, int]]:
     except Exception:
         return {}
     return {k: dict(v) for k, v in counters.items()}
+
+
+def preload_dynamo() -> None:
+    """Import torch._dynamo now (DDP's first construction does, seconds per process): done once in
+    a parent before forking ranks; a torch without it is not an error (DDP then skips it too)."""
+    with contextlib.suppress(ImportError):
+        importlib.import_module("torch._dynamo")
 
 
 def compilation_metrics_since(start_us: int) -> list[Any]:

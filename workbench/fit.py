@@ -14,6 +14,7 @@ import torch
 from .diagnose.memory import block_activation_bytes
 from .knobs import Knobs
 from .measure import TrialResult, fmt_bytes
+from .protocol import Bench
 
 DEFAULT_HEADROOM = 0.1  # stay 10% below the budget: a peak on the edge fails later (fragmentation, longer inputs)
 
@@ -69,7 +70,7 @@ def accum_options(effective_batch: int, min_micro_batch: int) -> Iterator[int]:
             return
 
 
-def _first_knobs(bench: Any, budget_bytes: float, effective_batch: int, headroom: float, base: Knobs | None) -> Knobs:
+def _first_knobs(bench: Bench, budget_bytes: float, effective_batch: int, headroom: float, base: Knobs | None) -> Knobs:
     """Validate fit_memory's arguments; the first configuration: the whole batch at once, or
     accumulated from the start when the batch exceeds the dataset."""
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) or budget_bytes <= 0:
@@ -97,7 +98,7 @@ def _lower(r: TrialResult, than: TrialResult | None) -> bool:
     return than is None or not than.ok or than.peak_memory_bytes is None or r.peak_memory_bytes < than.peak_memory_bytes
 
 
-def _checkpoint_steps(bench: Any, k: Knobs) -> Iterator[tuple[Knobs, str]]:
+def _checkpoint_steps(bench: Bench, k: Knobs) -> Iterator[tuple[Knobs, str]]:
     """Knobs checkpointing 1, 2, ... of the blocks that save the most activations, heaviest first."""
     if not bench.workload.blocks:
         return
@@ -106,7 +107,7 @@ def _checkpoint_steps(bench: Any, k: Knobs) -> Iterator[tuple[Knobs, str]]:
         yield k.replace(checkpoint=tuple(order[:i])), f"checkpoint {i} heaviest block(s): {', '.join(order[:i])}"
 
 
-def fit_memory(bench: Any, budget_bytes: int, effective_batch: int, *, base: Knobs | None = None,
+def fit_memory(bench: Bench, budget_bytes: int, effective_batch: int, *, base: Knobs | None = None,
                min_micro_batch: int | None = None, max_trials: int = 12, headroom: float = DEFAULT_HEADROOM) -> FitResult:
     """The first configuration (in rescue order) whose measured peak fits `budget_bytes`.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -21,9 +22,17 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")
 DATA_MODES = ("loader", "cached")
 # Panel groups in the seeds' teaching order: fix the data pipeline first, then precision/compile,
 # then memory. Knobs are read in this order, so a knob can depend on the ones before it.
-GROUPS = ("Data pipeline", "Precision & compile", "Memory", "CPU", "Distributed")
+GROUPS = ("Data pipeline", "Precision & compile", "Memory", "CPU", "Distributed", "Your knobs")
+USER_GROUP = "Your knobs"  # knobs declared in a notebook cell with @wb.knob
 # ddp_args: keywords of DistributedDataParallel(...); ddp_model: lines after it (comm hooks)
-CODE_SECTIONS = ("imports", "setup", "model", "checkpoint_args", "optimizer", "ddp_args", "ddp_model")
+# the generated loop's seams: each knob's `code` hook adds lines to some of them (codegen.py renders them in
+# order); "forward" holds context expressions entered around forward+loss, "before_step" runs after
+# backward and before optimizer.step (gradients unscaled), "functions" holds user knobs' source
+CODE_SECTIONS = ("header", "imports", "functions", "setup", "loader_args", "model", "optimizer", "ddp_args",
+                 "ddp_model", "wrap", "scaler", "batch", "forward", "before_step")
+# header: comment lines; loader_args: DataLoader keywords; wrap: expressions around "{inner}" (the model
+# the step calls: torch.compile); scaler: lines creating `scaler` (loss scaling: backward and step go
+# through it); batch: lines run on `inputs` after the device move
 COMM_HOOKS = ("none", "fp16", "bf16")
 
 
@@ -48,16 +57,19 @@ class KnobSpec:
       note(knobs, device_type) -> str | None: "runs but does nothing here" sentences
       code(knobs) -> {section: lines}: what the generated training loop adds (see CODE_SECTIONS)
       ddp_kwargs(value) -> dict: keywords for DistributedDataParallel (world_size > 1)
+      on_model(model, value) -> model | None: transform each trial's fresh model copy (None = in place)
+      forward(value) -> context manager: entered around every micro-batch's forward and loss
+      before_step(value, model, optimizer): after backward, before optimizer.step (gradients unscaled)
     """
 
     default: Any
-    kind: str  # "int" | "bool" | "choice" | "blocks"
+    kind: str  # "int" | "float" | "bool" | "choice" | "blocks"
     help: str  # one line: what it does (panel tooltip, CLI help, README table)
     group: str  # one of GROUPS
     widget: str  # "int" | "slider" | "checkbox" | "dropdown" | "blocks"
     fuzz: Fuzz
     choices: tuple = ()  # allowed values of a "choice" knob
-    minimum: int | None = None  # smallest allowed int
+    minimum: float | None = None  # smallest allowed int or float
     optional: bool = False  # None allowed, meaning torch's own default
     options: Any = ()  # dropdown values of an optional int; "cores" = 1..os.cpu_count()
     maximum: Any = None  # widget bound: an int, "dataset" (its length) or "workers" (2 x cores)
@@ -68,6 +80,10 @@ class KnobSpec:
     note: Callable[[Any, str], str | None] | None = None
     code: Callable[[Any], dict[str, list[str]]] | None = None
     ddp_kwargs: Callable[[Any], dict[str, Any]] | None = None
+    on_model: Callable[[Any, Any], Any] | None = None
+    forward: Callable[[Any], contextlib.AbstractContextManager] | None = None
+    before_step: Callable[[Any, Any, Any], None] | None = None
+    function: Callable | None = None  # a user knob's decorated function (its source goes into to_code)
     name: str = ""  # filled in from the field name
 
     @property
@@ -83,19 +99,25 @@ class KnobSpec:
         if self.kind == "int":
             if isinstance(value, bool) or not isinstance(value, int):
                 extra = " or None (torch's default)" if self.optional else ""
-                raise TypeError(f"Knobs.{name} must be an int >= {self.minimum}{extra}, got {value!r}")
+                raise TypeError(f"Knobs.{name} takes an int, got {value!r}: set it to an int >= {self.minimum}{extra}")
             if self.minimum is not None and value < self.minimum:
-                raise ValueError(f"Knobs.{name} must be >= {self.minimum}, got {value}")
+                raise ValueError(f"Knobs.{name}={value} is too small: set it to an int >= {self.minimum}")
+        elif self.kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                extra = " or None" if self.optional else ""
+                raise TypeError(f"Knobs.{name} takes a number, got {value!r}: set it to a float >= {self.minimum}{extra}")
+            if self.minimum is not None and value < self.minimum:
+                raise ValueError(f"Knobs.{name}={value} is too small: set it to a float >= {self.minimum}")
         elif self.kind == "bool":
             if not isinstance(value, bool):
-                raise TypeError(f"Knobs.{name} must be True or False, got {value!r}")
+                raise TypeError(f"Knobs.{name} takes True or False, got {value!r}: set it to one of them")
         elif self.kind == "choice":
             if value not in self.choices:
                 raise ValueError(f"Knobs.{name}={value!r} is not one of {', '.join(map(repr, self.choices))}")
 
 
-def knob(default: Any, **spec: Any) -> Any:
-    """A Knobs field whose metadata holds its KnobSpec (the one declaration of the knob)."""
+def declare(default: Any, **spec: Any) -> Any:
+    """A built-in Knobs field whose metadata holds its KnobSpec (the one declaration of the knob)."""
     return field(default=default, metadata={"spec": KnobSpec(default=default, **spec)})
 
 
@@ -206,7 +228,6 @@ def _selective_code(k: Knobs) -> dict[str, list[str]]:
         "imports": ["import functools", "from torch.utils.checkpoint import create_selective_checkpoint_contexts"],
         "setup": ["# selective checkpointing: keep matmul/conv/attention outputs, recompute the cheap ops",
                   f"SAVED_OPS = [getattr(torch.ops.aten, n).default for n in {list(SAVED_OPS)!r} if hasattr(torch.ops.aten, n)]"],
-        "checkpoint_args": ["context_fn=functools.partial(create_selective_checkpoint_contexts, SAVED_OPS)"],
     }
 
 
@@ -232,6 +253,99 @@ def _cudnn_code(k: Knobs) -> dict[str, list[str]]:
     if not k.cudnn_benchmark:
         return {}
     return {"setup": ["torch.backends.cudnn.benchmark = True  # autotune conv algorithms (fixed input shapes)"]}
+
+
+def _clip(value: float | None, model: Any, optimizer: Any) -> None:
+    if value is not None:
+        import torch
+
+        torch.nn.utils.clip_grad_norm_(model.parameters(), value)
+
+
+def _clip_code(k: Knobs) -> dict[str, list[str]]:
+    if k.grad_clip_norm is None:
+        return {}
+    return {"before_step": [f"torch.nn.utils.clip_grad_norm_({{model}}.parameters(), {k.grad_clip_norm})"]}
+
+
+# ---- code hooks of the knobs that apply in apply.py / step.py -----------------------------------
+AMP_CODE_DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+
+
+def _amp_code(k: Knobs) -> dict[str, list[str]]:
+    if k.amp == "off":
+        return {}
+    out = {"forward": [f"torch.autocast(device.type, dtype={AMP_CODE_DTYPE[k.amp]})"]}
+    if k.amp == "fp16":
+        out["scaler"] = ["scaler = torch.amp.GradScaler(device.type)  # fp16 gradients underflow without scaling"]
+    return out
+
+
+def _compile_code(k: Knobs) -> dict[str, list[str]]:
+    if k.compile == "off":
+        return {}
+    mode = "" if k.compile == "default" else f', mode="{k.compile}"'
+    return {"wrap": [f"torch.compile({{inner}}{mode})  # first steps compile (seconds to minutes)"]}
+
+
+def _workers_code(k: Knobs) -> dict[str, list[str]]:
+    if not k.num_workers:
+        return {}
+    return {"header": ['# Worker processes: on Windows/macOS run this under `if __name__ == "__main__":`.'],
+            "loader_args": [f"num_workers={k.num_workers}"]}
+
+
+def _loader_flag_code(name: str, arg: str) -> Callable[[Knobs], dict[str, list[str]]]:
+    """Code hook passing a loader knob to DataLoader when it applies (workers exist, not the default)."""
+
+    def code(k: Knobs) -> dict[str, list[str]]:
+        value = getattr(k, name)
+        if not k.num_workers or value == KNOBS[name].default or value is None:
+            return {}
+        return {"loader_args": [f"{arg}={value!r}"]}
+
+    return code
+
+
+def _pin_code(k: Knobs) -> dict[str, list[str]]:
+    return {"loader_args": ['pin_memory=device.type == "cuda"']} if k.pin_memory else {}
+
+
+def _data_code(k: Knobs) -> dict[str, list[str]]:
+    if k.data != "cached":
+        return {}
+    return {"header": ["# data='cached' was a measurement short-circuit (one repeated batch); "
+                       "this loop uses the real data."]}
+
+
+def _channels_last_code(k: Knobs) -> dict[str, list[str]]:
+    if not k.channels_last:
+        return {}
+    return {"model": ["{model} = {model}.to(memory_format=torch.channels_last)  # NHWC for convolutions"],
+            "batch": ["inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 and "
+                      "x.is_floating_point() else x for x in inputs]"]}
+
+
+CHECKPOINT_HELPER = "\n".join([
+    "def checkpointed(forward, **options):",
+    '    """Recompute this block\'s activations in backward instead of storing them."""',
+    "    def run(*args, **kwargs):",
+    "        if not torch.is_grad_enabled():",
+    "            return forward(*args, **kwargs)",
+    "        return checkpoint(forward, *args, use_reentrant=False, **options, **kwargs)",
+    "    return run",
+])
+
+
+def _checkpoint_code(k: Knobs) -> dict[str, list[str]]:
+    if not k.checkpoint:
+        return {}
+    selective = ", context_fn=functools.partial(create_selective_checkpoint_contexts, SAVED_OPS)" \
+        if k.checkpoint_mode == "selective" else ""
+    return {"imports": ["from torch.utils.checkpoint import checkpoint"], "functions": [CHECKPOINT_HELPER],
+            "model": [f"for name in {list(k.checkpoint)!r}:",
+                      "    block = {model}.get_submodule(name)",
+                      f"    block.forward = checkpointed(block.forward{selective})"]}
 
 
 # ---- the distributed knobs (world_size > 1: workbench/distributed/) ------------------------------
@@ -316,89 +430,94 @@ def _ddp_flag(name: str, ddp_arg: str, *, help: str) -> Any:
     """A DDP constructor flag as a knob (default False): a checkbox in "Distributed", passed as
     DDP(..., ddp_arg=True), a note while world_size == 1."""
     kwargs, code = _ddp_arg(name, ddp_arg)
-    return knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True, note=_ddp_note(name),
+    return declare(False, kind="bool", group="Distributed", widget="checkbox", probe=True, note=_ddp_note(name),
                 ddp_kwargs=kwargs, code=code, fuzz=Fuzz((False, True)), help=help)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Knobs:
     """One configuration of the training step. Build with keywords; `replace()` to vary one.
 
-    Each field is declared once with `knob(...)`: its type, default, help, panel group and widget,
+    Each field is declared once with `declare(...)`: its type, default, help, panel group and widget,
     fuzz range and hooks (see KnobSpec). Adding a knob = adding a field here (+ its tests).
     """
 
-    batch_size: int = knob(32, kind="int", minimum=1, group="Data pipeline", widget="int", maximum="dataset",
+    batch_size: int = declare(32, kind="int", minimum=1, group="Data pipeline", widget="int", maximum="dataset",
                            help="samples per micro-batch (per optimizer step: batch_size * accum_steps)",
                            fuzz=Fuzz(range(1, 49), (-2, 0, 49, 10_000)))
-    data: str = knob("loader", kind="choice", choices=DATA_MODES, group="Data pipeline", widget="dropdown",
+    data: str = declare("loader", code=_data_code, kind="choice", choices=DATA_MODES, group="Data pipeline", widget="dropdown",
                      help="loader = real DataLoader; cached = one batch kept on the device (much faster = data-bound)",
                      fuzz=Fuzz(DATA_MODES, ("disk",)))
-    num_workers: int = knob(0, kind="int", minimum=0, group="Data pipeline", widget="slider", maximum="workers",
+    num_workers: int = declare(0, code=_workers_code, kind="int", minimum=0, group="Data pipeline", widget="slider", maximum="workers",
                             probe=1, fuzz=Fuzz(range(0, 3), (-1,)),
                             help="DataLoader worker processes; 0 = load in the main process (start near half the cores)")
-    pin_memory: bool = knob(False, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
+    pin_memory: bool = declare(False, code=_pin_code, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
                             fuzz=Fuzz((False, True)),
                             help="page-locked host buffers for faster async host->device copies")
-    persistent_workers: bool = knob(False, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
+    persistent_workers: bool = declare(False, code=_loader_flag_code("persistent_workers", "persistent_workers"), kind="bool", group="Data pipeline", widget="checkbox", probe=True,
                                     fuzz=Fuzz((False, True)),
                                     help="keep workers alive across epochs (needs num_workers > 0)")
-    prefetch_factor: int | None = knob(None, kind="int", minimum=1, optional=True, group="Data pipeline",
+    prefetch_factor: int | None = declare(None, code=_loader_flag_code("prefetch_factor", "prefetch_factor"), kind="int", minimum=1, optional=True, group="Data pipeline",
                                        widget="dropdown", options=(None, 1, 2, 4, 8), probe=4,
                                        fuzz=Fuzz((None, 1, 2, 3, 4), (0,)),
                                        help="batches buffered per worker; None = torch's default (2); costs host memory")
-    amp: str = knob("off", kind="choice", choices=AMP_MODES, group="Precision & compile", widget="dropdown",
+    amp: str = declare("off", code=_amp_code, kind="choice", choices=AMP_MODES, group="Precision & compile", widget="dropdown",
                     fuzz=Fuzz(AMP_MODES, ("fp8", "BF16", "")),
                     help='autocast dtype: "off" | "bf16" | "fp16" (fp16 adds a GradScaler)')
-    compile: str = knob("off", kind="choice", choices=COMPILE_MODES, group="Precision & compile", widget="dropdown",
+    compile: str = declare("off", code=_compile_code, kind="choice", choices=COMPILE_MODES, group="Precision & compile", widget="dropdown",
                         # a cold compile costs 10-70 s per graph on a 2-core CPU: compiled trials have their own tests
                         fuzz=Fuzz(("off",), ("fast", "inductor")),
                         help="torch.compile mode; the first steps compile (seconds to minutes) and are not measured")
-    matmul_precision: str = knob("highest", kind="choice", choices=MATMUL_PRECISIONS, group="Precision & compile",
+    matmul_precision: str = declare("highest", kind="choice", choices=MATMUL_PRECISIONS, group="Precision & compile",
                                  widget="dropdown", probe="high", settings=_matmul_precision, code=_matmul_code,
                                  fuzz=Fuzz(MATMUL_PRECISIONS, ("low",)),
                                  help="torch.set_float32_matmul_precision: allow TF32/bf16 for float32 matmuls")
-    channels_last: bool = knob(False, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
+    channels_last: bool = declare(False, code=_channels_last_code, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
                                fuzz=Fuzz((False, True)),
                                help="NHWC memory format for the model and 4-D inputs (convnets, best with AMP)")
-    cudnn_benchmark: bool = knob(False, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
+    cudnn_benchmark: bool = declare(False, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
                                  settings=_cudnn_benchmark, note=_cudnn_note, code=_cudnn_code,
                                  fuzz=Fuzz((False, True)),
                                  help="torch.backends.cudnn.benchmark: autotune conv algorithms for fixed shapes (GPU)")
-    accum_steps: int = knob(1, kind="int", minimum=1, group="Memory", widget="int", maximum=1024,
+    accum_steps: int = declare(1, kind="int", minimum=1, group="Memory", widget="int", maximum=1024,
                             fuzz=Fuzz(range(1, 4), (0,)),
                             help="micro-batches per optimizer step (gradient accumulation): a large batch in small memory")
-    checkpoint: tuple[str, ...] = knob((), kind="blocks", group="Memory", widget="blocks",
+    checkpoint: tuple[str, ...] = declare((), code=_checkpoint_code, kind="blocks", group="Memory", widget="blocks",
                                        fuzz=Fuzz("blocks", ("no.such.block", "")),
                                        help="block names wrapped in torch.utils.checkpoint: recompute activations in backward")
-    optimizer_impl: str = knob("as-given", kind="choice", choices=OPTIMIZER_IMPLS, group="Precision & compile",
+    optimizer_impl: str = declare("as-given", kind="choice", choices=OPTIMIZER_IMPLS, group="Precision & compile",
                                widget="dropdown", on_optimizer=_rebuild_optimizer, code=_optimizer_code,
                                fuzz=Fuzz(OPTIMIZER_IMPLS, ("apex", "")),
                                help="optimizer kernels: as given, or rebuilt with foreach=True / fused=True "
                                     "(multi-tensor or fused update)")
-    checkpoint_mode: str = knob("full", kind="choice", choices=CHECKPOINT_MODES, group="Memory", widget="dropdown",
+    checkpoint_mode: str = declare("full", kind="choice", choices=CHECKPOINT_MODES, group="Memory", widget="dropdown",
                                 probe="selective", checkpoint_kwargs=_selective, note=_selective_note,
                                 code=_selective_code, fuzz=Fuzz(CHECKPOINT_MODES, ("some",)),
                                 help="full = recompute everything in checkpointed blocks; selective = keep "
                                      "matmul/conv outputs, recompute the cheap ops")
-    cpu_threads: int | None = knob(None, kind="int", minimum=1, optional=True, group="CPU", widget="dropdown",
+    grad_clip_norm: float | None = declare(None, kind="float", minimum=0.0, optional=True, group="Memory",
+                                           widget="dropdown", options=(None, 0.5, 1.0, 5.0),
+                                           before_step=_clip, code=_clip_code,
+                                           fuzz=Fuzz((None, 0.5, 1.0), (-1.0,)),
+                                           help="clip the gradients' total norm before each optimizer step")
+    cpu_threads: int | None = declare(None, kind="int", minimum=1, optional=True, group="CPU", widget="dropdown",
                                    options="cores", settings=_threads, code=_threads_code,
                                    fuzz=Fuzz((None, 1, 2, 3), (0,)),
                                    help="main-process intra-op threads; None = torch's default (with workers, fewer can be faster)")
-    world_size: int = knob(1, kind="int", minimum=1, group="Distributed", widget="dropdown", options=(1, 2, 4),
+    world_size: int = declare(1, kind="int", minimum=1, group="Distributed", widget="dropdown", options=(1, 2, 4),
                            note=_world_size_note, fuzz=Fuzz((1,), (0, -1)),  # multi-process trials: test_distributed
                            help="processes under DistributedDataParallel: one per GPU (NCCL), or gloo CPU "
                                 "processes with 1 thread each unless cpu_threads says otherwise")
-    ddp_no_sync: bool = knob(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
+    ddp_no_sync: bool = declare(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
                              note=_no_sync_note, fuzz=Fuzz((False, True)),
                              help="skip the gradient all-reduce on all but the last accumulation micro-batch")
-    ddp_bucket_cap_mb: int | None = knob(None, kind="int", minimum=1, optional=True, group="Distributed",
+    ddp_bucket_cap_mb: int | None = declare(None, kind="int", minimum=1, optional=True, group="Distributed",
                                          widget="dropdown", options=(None, 1, 5, 25, 100), probe=5,
                                          note=_ddp_note("ddp_bucket_cap_mb"), ddp_kwargs=_BUCKET[0], code=_BUCKET[1],
                                          fuzz=Fuzz((None, 1, 25), (0,)),
                                          help="DDP gradient bucket size in MB; None = torch's 25 (the first bucket "
                                               "is 1 MB); bigger = fewer all-reduces, later start")
-    ddp_comm_hook: str = knob("none", kind="choice", choices=COMM_HOOKS, group="Distributed", widget="dropdown",
+    ddp_comm_hook: str = declare("none", kind="choice", choices=COMM_HOOKS, group="Distributed", widget="dropdown",
                               probe="fp16", note=_ddp_note("ddp_comm_hook"), code=_comm_hook_code,
                               fuzz=Fuzz(COMM_HOOKS, ("int8",)),
                               help='compress gradients before the all-reduce: "none" | "fp16" | "bf16" (NCCL only)')
@@ -408,10 +527,12 @@ class Knobs:
                                        help="DDP static_graph=True: the same parameters get gradients every step")
     ddp_find_unused_parameters: bool = _ddp_flag("ddp_find_unused_parameters", "find_unused_parameters",
                                                  help="DDP walks the graph each step for parameters without gradients")
-    ddp_broadcast_buffers: bool = knob(True, kind="bool", group="Distributed", widget="checkbox", probe=False,
+    ddp_broadcast_buffers: bool = declare(True, kind="bool", group="Distributed", widget="checkbox", probe=False,
                                        note=_ddp_note("ddp_broadcast_buffers"), ddp_kwargs=_broadcast_buffers,
                                        code=_broadcast_code, fuzz=Fuzz((True, False)),
                                        help="DDP broadcasts rank 0's buffers (BatchNorm statistics) every forward")
+
+    user: tuple = field(default=(), metadata={})  # (name, value) of your own knobs (@knob), defaults left out
 
     def __post_init__(self) -> None:
         # Normalise list -> tuple so Knobs stay hashable and compare by value.
@@ -453,29 +574,64 @@ class Knobs:
                 "ddp_no_sync=False"
             )
 
+    # ---- your own knobs (@knob) ride along in `user`: (name, value) pairs, defaults left out ------
+    def __init__(self, **values: Any) -> None:
+        user = dict(values.pop("user", ()))  # may hold unknown names (a log read before the knob's cell ran)
+        for f in BUILTIN_FIELDS:
+            object.__setattr__(self, f.name, values.pop(f.name, f.default))
+        for name, value in values.items():
+            if name not in KNOBS:
+                raise TypeError(f"unknown knob {name!r}; known: {', '.join(knob_names())} "
+                                "(define your own with @wb.knob)")
+            user[name] = value
+        kept = {n: v for n, v in user.items() if n not in KNOBS or v != KNOBS[n].default}
+        object.__setattr__(self, "user", tuple(sorted(kept.items())))
+        self.__post_init__()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "user":
+            raise AttributeError(name)
+        given = dict(self.user)
+        if name in given:
+            return given[name]
+        if name in KNOBS:
+            return KNOBS[name].default
+        raise AttributeError(f"Knobs has no knob {name!r}; known: {', '.join(knob_names())}")
+
+    @property
+    def unknown(self) -> tuple[str, ...]:
+        """Knob names this value carries that no declaration knows (read back before their cell ran)."""
+        return tuple(n for n, _ in self.user if n not in KNOBS)
+
     # ---- helpers ---------------------------------------------------------------------------
     def replace(self, **changes: Any) -> Knobs:
         """A copy with some knobs changed (validated)."""
-        unknown = set(changes) - {f.name for f in fields(self)}
+        unknown = set(changes) - set(KNOBS)
         if unknown:
             raise TypeError(f"unknown knob(s) {sorted(unknown)}; known: {', '.join(knob_names())}")
-        return dataclasses.replace(self, **changes)
+        return Knobs(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form (checkpoint as a list)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        """Plain-JSON form (checkpoint as a list): every declared knob, then any unknown ones."""
+        d = {name: getattr(self, name) for name in KNOBS}
         d["checkpoint"] = list(self.checkpoint)
+        d.update((n, v) for n, v in self.user if n not in KNOBS)
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Knobs:
-        """Inverse of `to_dict`; unknown keys raise TypeError naming the known knobs."""
-        return cls().replace(**d)
+    def from_dict(cls, d: dict[str, Any], *, keep_unknown: bool = False) -> Knobs:
+        """Inverse of `to_dict`; unknown keys raise TypeError naming the known knobs, or with
+        `keep_unknown` are carried along as they are (see `unknown`)."""
+        known = {k: v for k, v in d.items() if k in KNOBS}
+        other = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k not in KNOBS}
+        if other and not keep_unknown:
+            return cls().replace(**d)  # raises, naming the known knobs
+        return cls(**known, user=tuple(other.items()))
 
     def diff(self, other: Knobs) -> dict[str, tuple[Any, Any]]:
         """{knob: (self value, other value)} for every knob that differs."""
         a, b = self.to_dict(), other.to_dict()
-        return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+        return {k: (a.get(k), b.get(k)) for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)}
 
     def label(self, base: Knobs | None = None) -> str:
         """Short label for charts: what differs from `base` (default: the default Knobs)."""
@@ -490,6 +646,8 @@ class Knobs:
                 parts.append(k if v else f"no {k}")
             else:
                 parts.append(f"{k}={v}")
+            if k in self.unknown:
+                parts[-1] += "(unknown)"
         return " ".join(parts)
 
     def to_code(self, **kwargs: Any) -> str:
@@ -500,11 +658,131 @@ class Knobs:
 
     def __str__(self) -> str:
         changes = Knobs().diff(self)
-        inner = ", ".join(f"{k}={v!r}" for k, (_, v) in changes.items())
+        inner = ", ".join(f"{k}={v!r}" + (" (unknown knob)" if k in self.unknown else "")
+                          for k, (_, v) in changes.items())
         return f"Knobs({inner})"
 
 
-KNOBS: dict[str, KnobSpec] = {f.name: dataclasses.replace(f.metadata["spec"], name=f.name) for f in fields(Knobs)}
+BUILTIN_FIELDS = tuple(f for f in fields(Knobs) if f.name != "user")
+BUILTIN_KNOBS = frozenset(f.name for f in BUILTIN_FIELDS)
+# the registry: the built-in knobs in declaration order, then the user's (@knob), in definition order
+KNOBS: dict[str, KnobSpec] = {f.name: dataclasses.replace(f.metadata["spec"], name=f.name) for f in BUILTIN_FIELDS}
+
+
+USER_WHERE = ("model", "forward", "before_step")
+
+
+def knob(*, choices: Any = (), default: Any = None, help: str = "", where: str = "model") -> Callable[[Callable], Callable]:
+    """Declare your own knob from a notebook cell; the function's name is the knob's name.
+
+        @wb.knob(choices=["naive", "sdpa"], default="naive", help="attention implementation")
+        def attention(model, value):      # applied to each trial's fresh copy of the model
+            model.set_attention(value)
+
+    `where` says when the function runs: "model" = fn(model, value) on each trial's model copy
+    (return a new model or None); "forward" = fn(value) -> a context manager around every forward
+    and loss; "before_step" = fn(value, model, optimizer) after backward, before optimizer.step.
+    A knob takes `choices` (what tune() tries), or is a switch with default True/False. Running
+    the cell again replaces the knob. It then shows up in the panel, results, compare, the log,
+    tune() and to_code() like a built-in knob.
+    """
+    if where not in USER_WHERE:
+        raise ValueError(f"where={where!r} is not one of {', '.join(map(repr, USER_WHERE))}")
+    choices = tuple(choices)
+    if not choices and not isinstance(default, bool):
+        raise TypeError("a knob needs choices=[...] (the values to try), or default=True/False for a switch; "
+                        f"got choices={list(choices)} and default={default!r}")
+    if choices and default is None:
+        default = choices[0]
+
+    def register(fn: Callable) -> Callable:
+        name = getattr(fn, "__name__", "")
+        if not name.isidentifier() or name in {f.name for f in BUILTIN_FIELDS} or name in ("user", "unknown"):
+            raise ValueError(f"cannot name a knob {name!r}: it is built in (or not an identifier); "
+                             "rename the function")
+        kind = "choice" if choices else "bool"
+        hook = {"model": "on_model", "forward": "forward", "before_step": "before_step"}[where]
+        spec = KnobSpec(default=default, kind=kind, choices=choices, help=help or first_doc_line(fn, name),
+                        group=USER_GROUP, widget="dropdown" if choices else "checkbox",
+                        fuzz=Fuzz(choices or (False, True)), code=user_code(name, where), function=fn,
+                        name=name, **{hook: fn})
+        spec.check(default)
+        KNOBS.pop(name, None)  # a re-run cell replaces the knob (and moves it to the end)
+        KNOBS[name] = spec
+        return fn
+
+    return register
+
+
+def first_doc_line(fn: Callable, name: str) -> str:
+    """The first line of the function's docstring, or a stand-in naming the knob."""
+    doc = (fn.__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else f"your knob {name} (@wb.knob)"
+
+
+def forget_knob(name: str) -> None:
+    """Remove one of your own knobs (built-in ones stay)."""
+    if name not in KNOBS or KNOBS[name].function is None:
+        raise ValueError(f"{name!r} is not one of your knobs; yours: {', '.join(user_knob_names()) or '(none)'}")
+    del KNOBS[name]
+
+
+def user_knob_names() -> list[str]:
+    """Names of the knobs declared with @knob, in definition order."""
+    return [n for n, s in KNOBS.items() if s.function is not None]
+
+
+def tunable_knobs(*, user_only: bool = True) -> dict[str, tuple]:
+    """{knob: its choices} for the knobs with `choices` (your @knob ones; all with `user_only=False`):
+    what a search such as tune() can try."""
+    return {n: s.choices for n, s in KNOBS.items() if s.choices and (s.function is not None or not user_only)}
+
+
+def user_code(name: str, where: str) -> Callable[[Any], dict[str, list[str]]]:
+    """The code hook of a user knob: its function's source, and the call at its seam."""
+
+    def code(k: Knobs) -> dict[str, list[str]]:
+        value = getattr(k, name)
+        call = {"model": f"{{model}} = {name}({{model}}, {value!r}) or {{model}}",
+                "forward": f"{name}({value!r})",
+                "before_step": f"{name}({value!r}, {{model}}, optimizer)"}[where]
+        section = "model" if where == "model" else where
+        return {"functions": [function_source(KNOBS[name].function)], section: [call]}
+
+    return code
+
+
+def function_source(fn: Callable) -> str:
+    """The function's source without its decorator (a comment if the source cannot be read)."""
+    import inspect
+    import textwrap
+
+    try:
+        lines = textwrap.dedent(inspect.getsource(fn)).splitlines()
+    except (OSError, TypeError):
+        return f"# {fn.__name__}: source not available; define it here (it was declared with @wb.knob)"
+    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith(("def ", "async def "))), 0)
+    return "\n".join(lines[start:])
+
+
+def transform_model(model: Any, knobs: Knobs) -> Any:
+    """Every knob's `on_model` hook in turn on a fresh model copy (a hook may return a new model)."""
+    for spec in KNOBS.values():
+        if spec.on_model is not None:
+            out = spec.on_model(model, getattr(knobs, spec.name))
+            model = model if out is None else out
+    return model
+
+
+def forward_hooks(knobs: Knobs) -> list[Callable[[], contextlib.AbstractContextManager]]:
+    """Factories of the contexts the knobs' `forward` hooks enter around each forward and loss."""
+    return [functools.partial(s.forward, getattr(knobs, s.name)) for s in KNOBS.values() if s.forward is not None]
+
+
+def step_hooks(knobs: Knobs) -> list[Callable[[Any, Any], None]]:
+    """The knobs' `before_step` hooks, each bound to its value: call with (model, optimizer)."""
+    return [functools.partial(s.before_step, getattr(knobs, s.name)) for s in KNOBS.values()
+            if s.before_step is not None]
 
 
 def knob_names() -> list[str]:
@@ -513,8 +791,9 @@ def knob_names() -> list[str]:
 
 
 def grouped() -> dict[str, list[str]]:
-    """{panel group: knob names}, groups in GROUPS order, knobs in declaration order."""
-    return {g: [n for n, s in KNOBS.items() if s.group == g] for g in GROUPS}
+    """{panel group: knob names}, groups in GROUPS order (empty ones left out), knobs in declaration order."""
+    groups = {g: [n for n, s in KNOBS.items() if s.group == g] for g in GROUPS}
+    return {g: names for g, names in groups.items() if names}
 
 
 @contextlib.contextmanager

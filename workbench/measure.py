@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from . import compat
-from .knobs import Knobs
+from .knobs import BUILTIN_KNOBS, Knobs
 from .system import usable_cores
 
 STATUSES = ("ok", "oom", "error", "nan", "interrupted")
@@ -364,9 +364,9 @@ class TrialResult:
     def to_record(self) -> dict[str, Any]:
         """A flat, JSON-safe dict (knobs inlined) for the log and for pandas."""
         d = asdict(self)
-        knobs = d.pop("knobs")
-        d = {**{k: knobs[k] for k in knobs}, **d}
-        d["checkpoint"] = list(self.knobs.checkpoint)
+        d.pop("knobs")
+        knobs = self.knobs.to_dict()  # your @wb.knob knobs too, and unknown ones read back earlier
+        d = {**knobs, **d, "user_knobs": [n for n in knobs if n not in BUILTIN_KNOBS]}
         d["step_times_s"] = list(self.step_times_s)
         d["data_wait_s"] = list(self.data_wait_s)
         d["losses"] = [None if not math.isfinite(x) else x for x in self.losses]
@@ -379,7 +379,8 @@ class TrialResult:
         """Rebuild a result from `to_record()` output (as read back from the JSONL log)."""
         from .knobs import knob_names
 
-        knobs = Knobs.from_dict({k: rec[k] for k in knob_names() if k in rec})
+        names = [*knob_names(), *(rec.get("user_knobs") or ())]  # a knob whose cell has not run stays, unknown
+        knobs = Knobs.from_dict({k: rec[k] for k in names if k in rec}, keep_unknown=True)
         kw = {k: rec[k] for k in cls.__dataclass_fields__ if k in rec and k != "knobs"}
         for k in ("step_times_s", "data_wait_s", "notes"):
             kw[k] = tuple(kw.get(k) or ())

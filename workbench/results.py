@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .knobs import Knobs
+from .knobs import KNOBS, Knobs
 from .measure import STATUSES, TrialResult
 from .stats import MARGIN, Comparison, Noise, adjacent_noise, critical, decide, decide_sequential, estimate_noise
 
@@ -45,7 +45,8 @@ SUMMARY_COLUMNS = [
     "step_time_iqr_ms", "data_wait_share", "peak_memory_mb", "startup_s", "compile_s",
     "final_loss", "message",
 ]
-OPTIONAL_INT_KNOBS = ("prefetch_factor", "cpu_threads")  # None = torch's default: nullable Int64 columns
+# None = torch's default: nullable Int64 columns (every optional int knob in the registry)
+OPTIONAL_INT_KNOBS = tuple(n for n, s in KNOBS.items() if s.kind == "int" and s.optional)
 
 Trials = TrialResult | Sequence[TrialResult]
 

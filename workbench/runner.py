@@ -165,19 +165,8 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
             env = environment(device)
             trace_to = tracing.trace_file(trace_dir, type(workload.pristine).__name__) if trace else None
             step, source = build(workload, knobs, stage, stack, loader_timeout_s)
-            with CompileWatch(enabled=knobs.compile != "off") as watch:
-                progress.set("starting workers" if knobs.num_workers else "loading data", 0, total)
-                startup_s = first_batch(source)
-                warm = warm_up(step, source, warmup_steps, stage, progress, total, cancel,
-                               measure_memory=measure_memory)
-                raw = measure_window(step, source, warmup_steps, steps, stage, progress, cancel,
-                                     measure_memory=measure_memory)
+            raw = run_phases(step, source, stage, progress, warmup_steps, steps, cancel, measure_memory=measure_memory)
             trace_info = trace_after(step, source, trace_to, stage, progress, total, cancel, notes) if trace_to else {}
-            raw.startup_s = startup_s
-            raw.warm_times_s, raw.warmup_wall_s, raw.probe_s = warm[0], warm[1], warm[2]
-            if raw.peak_bytes is None:
-                raw.peak_bytes = warm[3]
-            raw.compile_info = watch.info
             notes += [n for n in source.notes + step.notes if n not in notes]
             if measure_memory and memory_meter(device.type) is None:
                 notes.append(f"peak memory is not measured on {device.type} (no peak counter there)")
@@ -195,10 +184,8 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
         return _failure(knobs, "interrupted", f"stopped by the user {stage.when()}", stage, None, notes, started, device)
     except Exception as e:  # a failing trial is a result, whatever raised
         failed = True
-        if "DataLoader worker" in str(e) or "DataLoader timed out" in str(e):
-            stage.name = "data"  # raised asynchronously (SIGCHLD handler / timeout), wherever we were
-        status = "oom" if is_oom(e) else "error"
-        return _failure(knobs, status, failure_message(status, e, stage, knobs), stage, e, notes, started, device)
+        status, message = sort_failure(e, stage, knobs)
+        return _failure(knobs, status, message, stage, e, notes, started, device)
     finally:
         if failed or knobs.compile != "off":
             gc.collect()  # tracebacks and compiled graphs hold cycles; plain trials free by refcount
@@ -206,6 +193,37 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
         if device.type == "cuda":
             torch.cuda.empty_cache()
         progress.set("done", total, total)
+
+
+# ---- the phases: one runner for the single-process trial and for each rank ----------------------
+def run_phases(step: TrainStep, source: BatchSource, stage: Stage, progress: TrialProgress, warmup_steps: int,
+               steps: int, cancel: threading.Event | None, *, measure_memory: bool,
+               before_window: Callable[[], None] | None = None) -> RawTrial:
+    """First batch, warm-up, (`before_window`: a rank's barrier), the measured window, under a
+    CompileWatch; the RawTrial with start-up, warm-up and compile figures filled in."""
+    total = warmup_steps + steps
+    with CompileWatch(enabled=step.knobs.compile != "off") as watch:
+        progress.set("starting workers" if step.knobs.num_workers else "loading data", 0, total)
+        startup_s = first_batch(source)
+        warm = warm_up(step, source, warmup_steps, stage, progress, total, cancel, measure_memory=measure_memory)
+        if before_window is not None:
+            before_window()
+        raw = measure_window(step, source, warmup_steps, steps, stage, progress, cancel,
+                             measure_memory=measure_memory)
+    raw.startup_s = startup_s
+    raw.warm_times_s, raw.warmup_wall_s, raw.probe_s = warm[0], warm[1], warm[2]
+    if raw.peak_bytes is None:
+        raw.peak_bytes = warm[3]
+    raw.compile_info = watch.info
+    return raw
+
+
+def sort_failure(e: BaseException, stage: Stage, knobs: Knobs) -> tuple[str, str]:
+    """(status, message) of an exception that ended a trial or a rank: oom or error, and where."""
+    if "DataLoader worker" in str(e) or "DataLoader timed out" in str(e):
+        stage.name = "data"  # raised asynchronously (SIGCHLD handler / timeout), wherever we were
+    status = "oom" if is_oom(e) else "error"
+    return status, failure_message(status, e, stage, knobs)
 
 
 # ---- the four phases ----------------------------------------------------------------------------
@@ -455,6 +473,17 @@ WHERE = {
 }
 
 
+_SHAPE_TEXT = ("shape", "size mismatch", "sizes", "dtype", "dimension", "mat1", "mat2", "expected scalar type",
+               "must match the size", "expected input")
+
+
+def looks_like_shape_error(e: BaseException) -> bool:
+    """Whether the exception is plausibly about tensor shapes or dtypes (torch's own wording), so
+    "check the shapes" helps; a user's own exception (RuntimeError("rank 1 only")) is not."""
+    text = str(e).lower()
+    return isinstance(e, (RuntimeError, ValueError, TypeError, IndexError)) and any(t in text for t in _SHAPE_TEXT)
+
+
 def failure_message(status: str, e: BaseException, stage: Stage, knobs: Knobs) -> str:
     """One line: what failed, where (stage), when (phase and step), and what to try."""
     where = WHERE.get(stage.name, f"in {stage.name}")
@@ -467,11 +496,13 @@ def failure_message(status: str, e: BaseException, stage: Stage, knobs: Knobs) -
         return f"out of memory {where} {stage.when()}: {hint}"
     hints = {
         "data": "run with num_workers=0 to see the dataset's own traceback; check __getitem__ and collate_fn",
-        "model": "check the batch's shapes and dtypes against the model's inputs",
-        "loss": "check the model's output shape against the target",
         "step_fn": "call step_fn(model, batch) on one batch yourself to debug it",
-        "backward": "an in-place op on a tensor autograd needs is the usual cause",
     }
+    if looks_like_shape_error(e):  # a guess only where the error itself is about shapes or dtypes
+        hints["model"] = "check the batch's shapes and dtypes against the model's inputs"
+        hints["loss"] = "check the model's output shape against the target"
+    if isinstance(e, RuntimeError) and "modified by an inplace operation" in text:
+        hints["backward"] = "an in-place op on a tensor autograd needs is the usual cause"
     if stage.name in ("model", "step_fn") and knobs.compile != "off" and "torch._dynamo" in traceback.format_exc():
         hints[stage.name] = "torch.compile failed: run with compile='off' to confirm, then see the traceback"
     hint = hints.get(stage.name, "see result.traceback")

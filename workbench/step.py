@@ -21,7 +21,7 @@ import torch
 from torch.profiler import record_function
 
 from . import apply, compat
-from .knobs import Knobs, adjust_optimizer, checkpoint_options
+from .knobs import Knobs, adjust_optimizer, checkpoint_options, forward_hooks, step_hooks, transform_model
 from .workload import Workload, batch_size_of, move_to
 
 NoSync = Callable[[], contextlib.AbstractContextManager]  # e.g. DistributedDataParallel.no_sync
@@ -186,6 +186,7 @@ class TrainStep:
         model = workload.fresh_model()
         if knobs.channels_last:
             model = model.to(memory_format=torch.channels_last)
+        model = transform_model(model, knobs)  # the knobs' on_model hooks (your @wb.knob functions)
         apply.apply_checkpointing(model, knobs.checkpoint, workload.blocks, **checkpoint_options(knobs))
         self.model = model
         self.stage.name = "optimizer"
@@ -194,6 +195,16 @@ class TrainStep:
         # instrumenting a compiled step measures the compiler, so analyses pass compile=False
         self.step_model = apply.compile_model(model, knobs, self.device) if compile else model
         self.scaler = apply.grad_scaler(knobs, self.device)
+        self.forward_hooks = forward_hooks(knobs)  # contexts around each forward + loss
+        self.step_hooks = step_hooks(knobs)  # after backward, before optimizer.step
+
+    def _forward_context(self) -> contextlib.AbstractContextManager:
+        if not self.forward_hooks:
+            return _NO_CONTEXT
+        stack = contextlib.ExitStack()
+        for make in self.forward_hooks:
+            stack.enter_context(make())
+        return stack
 
     def _label(self, name: str) -> contextlib.AbstractContextManager:
         return record_function(name) if self.label_phases else _NO_CONTEXT
@@ -201,7 +212,7 @@ class TrainStep:
     def forward_backward(self, batch: Any) -> torch.Tensor:
         """Forward + loss + backward of one micro-batch (loss / accum_steps); returns the loss."""
         k = self.knobs
-        with self._label("forward"), apply.autocast(k, self.device):
+        with self._label("forward"), apply.autocast(k, self.device), self._forward_context():
             loss = self.workload.compute_loss(self.step_model, batch, self.stage)
         check_loss(loss, self.stage)
         self.stage.name = "backward"
@@ -214,6 +225,11 @@ class TrainStep:
         """optimizer.step (through the GradScaler for fp16), then zero_grad(set_to_none=True)."""
         self.stage.name = "optimizer"
         with self._label("optimizer"):
+            if self.step_hooks:
+                if self.scaler is not None:
+                    self.scaler.unscale_(self.optimizer)  # the hooks see the true gradients
+                for hook in self.step_hooks:
+                    hook(self.model, self.optimizer)
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()

@@ -27,12 +27,12 @@ import pandas as pd
 import torch
 
 from .fit import DEFAULT_HEADROOM, FitResult, fit_memory  # the memory rescue lives in fit.py
-from .knobs import Knobs
+from .knobs import Knobs, tunable_knobs
 from .measure import TrialResult, fmt_bytes
 from .results import compare
 from .stats import Comparison
 
-STAGES = ("data", "precision", "kernels", "compile", "batch", "ddp")
+STAGES = ("data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
 BATCH_GROWTH_LIMIT = 0.8  # never try a batch whose predicted peak exceeds this share of free memory
 SAME_MARGIN = 0.05  # "same speed": the interval of the ratio lies within ±5%
 ANSWERS = ("faster", "slower", "same", "undecided")
@@ -90,9 +90,8 @@ def _batch_limit(bench: Any, max_batch_size: int | None) -> int | None:
 
 
 # ==== CANDIDATES: the one place the tuner's knobs and their choices come from ====================
-# Issue 17 adds a registry of user-defined knobs with choices. At merge, read it HERE: for each
-# registered knob, append `(axis name, [{name: choice} for choice in its choices])` to the stage
-# named by its group. The races, pairs, stacks and the sweep (benchmarks/_space.py) all follow.
+# Your own knobs (@wb.knob with choices) come from the registry in the "yours" stage: one axis per
+# knob. The races, pairs, stacks and the sweep (benchmarks/_space.py) all follow this function.
 def stage_axes(bench: Any, stage: str, knobs: Knobs, max_batch_size: int | None = None,
                axes: tuple[str, ...] | None = None) -> list[tuple[str, list[dict[str, Any]]]]:
     """A stage's axes: (name, alternative changes relative to `knobs`), in the seeds' order.
@@ -136,6 +135,8 @@ def stage_axes(bench: Any, stage: str, knobs: Knobs, max_batch_size: int | None 
         axes.append(("batch", [{"batch_size": s} for s in sizes]))
     elif stage == "ddp" and knobs.world_size > 1:
         axes.append(("bucket", [{"ddp_bucket_cap_mb": mb} for mb in BUCKET_SIZES_MB]))
+    elif stage == "yours":
+        axes += [(name, [{name: c} for c in choices]) for name, choices in tunable_knobs().items()]
     out = []
     for name, changes in axes:
         valid = [c for c in changes if _valid(knobs, c)]

@@ -8,14 +8,13 @@ CPUs); on a CPU without them it can be slower than fp32, and the workbench will 
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ..knobs import Knobs
+from .parts import workbench_parts
 
 DESCRIPTION = ("compute-bound: a small ResNet on cached tensors; try channels_last, amp='bf16', "
                "cpu_threads and compile (bf16 only pays on hardware with bf16 units)")
@@ -77,14 +76,5 @@ class SmallResNet(nn.Module):
 def build(size: str) -> dict[str, Any]:
     """Generate the cached tensors and the model (both seeded) and return the Workbench's parts."""
     cfg = SIZES[size]
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = SmallResNet(cfg["widths"])
-    return dict(
-        model=model,
-        data=make_images(cfg["samples"], cfg["px"]),
-        loss_fn=nn.CrossEntropyLoss(),
-        optimizer=functools.partial(torch.optim.AdamW, lr=3e-3),  # picklable factory
-        step_fn=None,
-        knobs=Knobs(batch_size=cfg["batch_size"]),
-    )
+    return workbench_parts(lambda: SmallResNet(cfg["widths"]), make_images(cfg["samples"], cfg["px"]),
+                           loss_fn=nn.CrossEntropyLoss(), lr=3e-3, batch_size=cfg["batch_size"])

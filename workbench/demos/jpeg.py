@@ -10,7 +10,6 @@ The Dataset is module-level and holds plain bytes, so workers can fork or spawn 
 
 from __future__ import annotations
 
-import functools
 import io
 from typing import Any
 
@@ -20,7 +19,7 @@ from PIL import Image, ImageDraw
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..knobs import Knobs
+from .parts import workbench_parts
 
 DESCRIPTION = ("data-bound: per-sample JPEG decode + augmentation dominates the step; try num_workers "
                "with cpu_threads (cores are shared) and persistent_workers")
@@ -138,14 +137,5 @@ def build(size: str) -> dict[str, Any]:
     """Encode the images once (deterministic) and return the Workbench's parts."""
     cfg = SIZES[size]
     jpegs, labels = encode_images(cfg["images"], cfg["stored"])
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = TinyCNN(cfg["width"])
-    return dict(
-        model=model,
-        data=JpegDataset(jpegs, labels, cfg["out"]),
-        loss_fn=nn.CrossEntropyLoss(),
-        optimizer=functools.partial(torch.optim.AdamW, lr=3e-3),  # picklable factory
-        step_fn=None,
-        knobs=Knobs(batch_size=cfg["batch_size"]),
-    )
+    return workbench_parts(lambda: TinyCNN(cfg["width"]), JpegDataset(jpegs, labels, cfg["out"]),
+                           loss_fn=nn.CrossEntropyLoss(), lr=3e-3, batch_size=cfg["batch_size"])

@@ -8,14 +8,13 @@ rest in backward: a several-fold lower peak for roughly one extra forward of tim
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ..knobs import Knobs
+from .parts import workbench_parts
 
 DESCRIPTION = ("memory-bound: wide residual MLP blocks on a large batch; activations dominate, so "
                "checkpoint=bench.blocks cuts the peak several-fold for extra time")
@@ -67,14 +66,6 @@ class ResidualMLP(nn.Module):
 def build(size: str) -> dict[str, Any]:
     """Generate the regression data and the model (both seeded) and return the Workbench's parts."""
     cfg = SIZES[size]
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = ResidualMLP(cfg["dim"], cfg["hidden"], cfg["depth"])
-    return dict(
-        model=model,
-        data=make_regression(cfg["samples"], cfg["dim"]),
-        loss_fn=nn.MSELoss(),
-        optimizer=functools.partial(torch.optim.AdamW, lr=1e-3),  # picklable factory
-        step_fn=None,
-        knobs=Knobs(batch_size=cfg["batch_size"]),
-    )
+    return workbench_parts(lambda: ResidualMLP(cfg["dim"], cfg["hidden"], cfg["depth"]),
+                           make_regression(cfg["samples"], cfg["dim"]), loss_fn=nn.MSELoss(), lr=1e-3,
+                           batch_size=cfg["batch_size"])

@@ -8,7 +8,6 @@ tokens predicts the rest and the loss visibly falls within one trial.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -16,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from ..knobs import Knobs
+from .parts import workbench_parts
 
 DESCRIPTION = ("a small GPT (causal attention, dict batches, step_fn): try amp='bf16', compile and "
                "checkpointing its blocks")
@@ -106,14 +105,6 @@ def lm_step(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 def build(size: str) -> dict[str, Any]:
     """Generate the token data and the model (both seeded) and return the Workbench's parts."""
     cfg = SIZES[size]
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = TinyGPT(cfg["vocab"], cfg["seq_len"], cfg["dim"], cfg["heads"], cfg["depth"])
-    return dict(
-        model=model,
-        data=ModularSequences(cfg["sequences"], cfg["seq_len"], cfg["vocab"]),
-        loss_fn=None,
-        optimizer=functools.partial(torch.optim.AdamW, lr=3e-3),  # picklable factory
-        step_fn=lm_step,
-        knobs=Knobs(batch_size=cfg["batch_size"]),
-    )
+    return workbench_parts(lambda: TinyGPT(cfg["vocab"], cfg["seq_len"], cfg["dim"], cfg["heads"], cfg["depth"]),
+                           ModularSequences(cfg["sequences"], cfg["seq_len"], cfg["vocab"]), loss_fn=None,
+                           lr=3e-3, batch_size=cfg["batch_size"], step_fn=lm_step)

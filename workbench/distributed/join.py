@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ..knobs import Knobs, device_notes
 from ..measure import TrialResult, environment, now_iso
 from ..workload import Workload
-from .result import assemble, failed_result
+from .result import assemble, failed_result, forwarded_result
 from .worker import rank_device, rank_trial
 
 
@@ -59,7 +59,6 @@ def run_joined(workload: Workload, knobs: Knobs, *, warmup_steps: int, steps: in
     dist.gather_object(report, gathered, dst=0)
     dist.barrier()
     if rank != 0:
-        return failed_result(knobs, "ok", f"rank {rank} of {ws}: report sent to rank 0", env=env,
-                             started=started, notes=notes)
+        return forwarded_result(knobs, rank, ws, env=env, started=started, notes=notes)
     reports = {rep["rank"]: rep for rep in gathered}  # type: ignore[union-attr]
     return assemble(reports, knobs, env=env, started=started, notes=notes, backend=backend)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.spawn import ProcessException
 
+from .. import compat
 from ..knobs import Knobs, device_notes
 from ..measure import TrialResult, environment, now_iso
 from ..progress import TrialProgress
@@ -83,7 +84,7 @@ def _prepare_parent() -> None:
     first construction imports torch._dynamo, measured at 5-11 s per rank on a loaded 2-core CPU."""
     global _PREPARED
     if not _PREPARED:
-        import torch._dynamo
+        compat.preload_dynamo()
         import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # noqa: F401
         from torch.nn.parallel import DistributedDataParallel  # noqa: F401
 

@@ -113,3 +113,11 @@ def failed_result(knobs: Knobs, status: str, message: str, where: str = "", trac
     """A failed distributed trial: one status and message for the whole job."""
     return TrialResult(knobs=knobs, status=status, message=message, where=where, traceback=traceback,
                        env=env, started_at=started, notes=tuple(notes))
+
+
+def forwarded_result(knobs: Knobs, rank: int, world_size: int, *, env: dict[str, Any], started: str,
+                     notes: list[str]) -> TrialResult:
+    """A non-zero rank's own result in a torchrun job: ok, its report sent to rank 0 (which holds
+    the job's measurements), no figures of its own."""
+    return TrialResult(knobs=knobs, status="ok", message=f"rank {rank} of {world_size}: report sent to rank 0",
+                       env=env, started_at=started, notes=tuple(notes))

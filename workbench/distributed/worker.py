@@ -27,10 +27,9 @@ import torch
 import torch.distributed as dist
 
 from .. import apply
-from ..compat import CompileWatch
 from ..knobs import Knobs
 from ..measure import StepClock, environment, sync
-from ..runner import failure_message, first_batch, is_oom, measure_window, warm_up
+from ..runner import run_phases, sort_failure
 from ..step import BatchSource, Stage, TrainStep, seeded
 from ..workload import Workload
 from .strategy import STRATEGIES
@@ -98,6 +97,41 @@ def rank_device(workload: Workload, local_rank: int) -> torch.device:
     return workload.device
 
 
+def rank_sampler(workload: Workload, world_size: int, rank: int, notes: list[str]) -> Any:
+    """This rank's DistributedSampler over the dataset (None for an iterable dataset): each rank
+    reads its own shard, and set_epoch at every loader restart (BatchSource) reshuffles alike."""
+    if workload.spec.iterable:
+        return None
+    from torch.utils.data.distributed import DistributedSampler
+
+    if workload.spec.sampler is not None:
+        notes.append("the dataset's own sampler is replaced by a DistributedSampler")
+    return DistributedSampler(workload.spec.dataset, num_replicas=world_size, rank=rank,
+                              shuffle=workload.spec.shuffle, seed=workload.seed)
+
+
+def no_comm_probe(step: TrainStep, source: BatchSource, wrapper: Any, stage: Any, n: int,
+                  notes: list[str]) -> list[float]:
+    """The same step `n` times with every all-reduce skipped (after the window): its median against
+    the window's is the communication compute did not hide. A failure costs the estimate, with a note."""
+    probe = StepClock(step.device)
+    stage.name = "comm"
+    dist.barrier()
+    try:
+        probe.mark()
+        for i in range(n):
+            stage.phase, stage.step = "no-comm probe", i + 1
+            with wrapper.no_sync():
+                step(source)
+            probe.mark()
+        sync(step.device)
+        return probe.durations_s()
+    except Exception as e:
+        notes.append(f"the no-communication probe failed ({type(e).__name__}: {e}); "
+                     "exposed_comm_share is unknown for this trial")
+        return []
+
+
 def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, local_rank: int,
                warmup_steps: int, steps: int, measure_memory: bool, loader_timeout_s: float,
                slots: Any = None, strategy: str = "ddp") -> dict[str, Any]:
@@ -107,7 +141,6 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
     report: dict[str, Any] = {"rank": rank, "status": "ok", "message": "", "where": "", "traceback": "",
                               "pid": os.getpid(), "notes": []}
     device = rank_device(workload, local_rank)
-    total = warmup_steps + steps
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(apply.process_settings(knobs))
@@ -116,15 +149,7 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
                 workload = copy.copy(workload)
                 workload.device = device  # this rank's GPU (fresh_model copies the snapshot there)
             report["env"] = environment(device)
-            sampler = None
-            if not workload.spec.iterable:
-                from torch.utils.data.distributed import DistributedSampler
-
-                # each rank reads its own shard; set_epoch per restart (BatchSource) reshuffles alike
-                sampler = DistributedSampler(workload.spec.dataset, num_replicas=world_size, rank=rank,
-                                             shuffle=workload.spec.shuffle, seed=workload.seed)
-                if workload.spec.sampler is not None:
-                    report["notes"].append("the dataset's own sampler is replaced by a DistributedSampler")
+            sampler = rank_sampler(workload, world_size, rank, report["notes"])
             step = stack.enter_context(TrainStep(workload, knobs, stage=stage, compile=False))
             source = stack.enter_context(BatchSource(workload, knobs, timeout_s=loader_timeout_s, stage=stage,
                                                      sampler=sampler))
@@ -135,51 +160,26 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
             if knobs.ddp_no_sync and knobs.accum_steps > 1:
                 step.no_sync = wrapper.no_sync  # TrainStep enters it on all but the last micro-batch
             counter = wrapper.counter
-            progress.set("starting workers" if knobs.num_workers else "loading data", 0, total)
-            with CompileWatch(enabled=knobs.compile != "off") as watch:
-                startup_s = first_batch(source)
-                warm = warm_up(step, source, warmup_steps, stage, progress, total, None,  # type: ignore[arg-type]
-                               measure_memory=measure_memory)
+            cpu0 = [0.0]
+
+            def together() -> None:  # every rank starts the window together, all-reduces counted from here
                 stage.name = "comm"
-                dist.barrier()  # every rank starts the window together
+                dist.barrier()
                 counter.reset()
-                cpu0 = time.process_time()
-                raw = measure_window(step, source, warmup_steps, steps, stage, progress, None,  # type: ignore[arg-type]
-                                     measure_memory=measure_memory)
-                own_cores = (time.process_time() - cpu0) / raw.wall_s
-            raw.compile_info = watch.info
+                cpu0[0] = time.process_time()
+
+            raw = run_phases(step, source, stage, progress, warmup_steps, steps, None,  # type: ignore[arg-type]
+                             measure_memory=measure_memory, before_window=together)
+            own_cores = (time.process_time() - cpu0[0]) / raw.wall_s
             comm = {"allreduce_calls": counter.calls, "allreduce_bytes": counter.bytes}
-            raw.startup_s = startup_s
-            raw.warm_times_s, raw.warmup_wall_s, raw.probe_s = warm[0], warm[1], warm[2]
-            if raw.peak_bytes is None:
-                raw.peak_bytes = warm[3]
-            # The no-communication probe: the same step with every all-reduce skipped. Its median
-            # against the window's median is the communication compute did not hide.
-            probe = StepClock(device)
-            stage.name = "comm"
-            dist.barrier()
-            probe_times: list[float] = []
-            try:  # after the window: a failure here costs the estimate, not the trial
-                probe.mark()
-                for i in range(min(PROBE_STEPS, steps)):
-                    stage.phase, stage.step = "no-comm probe", i + 1
-                    with wrapper.no_sync():
-                        step(source)
-                    probe.mark()
-                sync(device)
-                probe_times = probe.durations_s()
-            except Exception as e:
-                report["notes"].append(f"the no-communication probe failed ({type(e).__name__}: {e}); "
-                                       "exposed_comm_share is unknown for this trial")
+            probe_times = no_comm_probe(step, source, wrapper, stage, min(PROBE_STEPS, steps), report["notes"])
             stage.name = "done"
             report.update(raw=asdict(raw), comm=comm, probe_times_s=probe_times, own_cores=own_cores,
                           notes=report["notes"] + source.notes + step.notes, threads=torch.get_num_threads())
     except Exception as e:  # a failing rank is a report, whatever raised
-        status = "oom" if is_oom(e) else "error"
-        if "DataLoader worker" in str(e) or "DataLoader timed out" in str(e):
-            stage.name = "data"
+        status, message = sort_failure(e, stage, knobs)
         peer = _peer_failure(e)
-        report.update(status=status, message=f"rank {rank}: " + failure_message(status, e, stage, knobs),
+        report.update(status=status, message=f"rank {rank}: " + message,
                       where=stage.name, traceback="".join(traceback.format_exception(e)), peer_failure=peer)
     report["median_step_s"] = (statistics.median(report["raw"]["step_times_s"])
                                if report.get("raw") and report["raw"]["step_times_s"] else None)

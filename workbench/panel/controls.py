@@ -8,11 +8,9 @@ from typing import Any
 from ..knobs import KNOBS, Knobs, KnobSpec, device_notes, grouped
 from ..system import usable_cores
 
-GROUPS: dict[str, list[str]] = grouped()  # {group: knob names}, from the knob declarations
-# Knobs are read in this order, so a knob can depend on the ones before it (workers on data mode).
-ORDER = [name for group in GROUPS.values() for name in group]
-HELP = {name: spec.help for name, spec in KNOBS.items()}
-PROBES: dict[str, Any] = {name: spec.probe for name, spec in KNOBS.items() if spec.probe is not None}
+# {group: knob names} of the built-in knobs; a panel reads the registry when it is built, so your
+# own knobs (@wb.knob, declared later in the notebook) get their group "Your knobs" there
+GROUPS: dict[str, list[str]] = grouped()
 DEFAULT = "default"  # dropdown value standing for a knob's None (torch's own default)
 TORCH_DEFAULTS = {"prefetch_factor": 2}  # what torch uses when the knob is None (dropdown label)
 
@@ -26,6 +24,9 @@ class KnobControls:
         self.bench = bench
         self._device = bench.device.type
         self._has_conv = bench.workload.has_conv
+        self.groups = grouped()  # the registry now: built-in knobs and yours
+        # Knobs are read in this order, so a knob can depend on the ones before it (workers on data mode).
+        self.order = [name for group in self.groups.values() for name in group]
         self.controls: dict[str, Any] = self._make_controls(W, bench.defaults)
         self.block_boxes: dict[str, Any] = {
             name: W.Checkbox(value=name in bench.defaults.checkpoint, description=f"{name} · {n:,} params",
@@ -78,19 +79,19 @@ class KnobControls:
 
         c = {name: control(name, spec) for name, spec in KNOBS.items() if spec.widget != "blocks"}
         for name, w in c.items():
-            w.tooltip = HELP[name]
+            w.tooltip = KNOBS[name].help
             w.add_class(f"wb-knob-{name}")  # stable hooks for browser tests and custom CSS
         return c
 
     def layout(self) -> Any:
         W = self.W
         columns = []
-        for title, names in GROUPS.items():
+        for title, names in self.groups.items():
             items: list[Any] = [W.HTML(f"<b>{title}</b>")]
             for name in names:
                 if KNOBS[name].widget == "blocks":
                     boxes = list(self.block_boxes.values()) or [W.HTML("<i>no blocks found</i>")]
-                    items += [W.HTML("checkpoint <small>(per block)</small>", tooltip=HELP["checkpoint"]),
+                    items += [W.HTML("checkpoint <small>(per block)</small>", tooltip=KNOBS["checkpoint"].help),
                               W.VBox(boxes, layout=W.Layout(max_height="160px", overflow="auto"))]
                 else:
                     items.append(self.controls[name])
@@ -102,24 +103,25 @@ class KnobControls:
     def knobs(self) -> Knobs:
         """The Knobs the controls describe; knobs that cannot apply here are disabled and left off."""
         k = Knobs(batch_size=self.controls["batch_size"].value)
-        for name in ORDER:
+        for name in self.order:
             if KNOBS[name].widget == "blocks":
                 k = k.replace(checkpoint=tuple(n for n, box in self.block_boxes.items() if box.value))
                 continue
             w = self.controls[name]
             reason = self.blocked(name, k)
             w.disabled = reason is not None
-            w.tooltip = f"disabled: {reason}" if reason else HELP[name]
+            w.tooltip = f"disabled: {reason}" if reason else KNOBS[name].help
             if reason is None:
                 k = k.replace(**{name: None if w.value == DEFAULT else w.value})
         return k
 
     def blocked(self, name: str, k: Knobs) -> str | None:
         """Why `name` cannot take effect given the knobs before it (device, other knobs), or None."""
-        if name not in PROBES:
+        probe = KNOBS[name].probe
+        if probe is None:
             return None
         try:
-            trial = k.replace(**{name: PROBES[name]})
+            trial = k.replace(**{name: probe})
         except ValueError as e:
             return str(e)
         before = set(device_notes(k, self._device, has_conv=self._has_conv))

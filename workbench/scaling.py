@@ -14,18 +14,17 @@ wasted"; pass cpu_threads=1 to compare per-rank work at equal threads instead.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
-if TYPE_CHECKING:
-    from ..bench import Workbench
+from .protocol import Bench
 
 COLUMNS = ["world_size", "samples_per_s", "per_rank_samples_per_s", "efficiency", "threads_per_rank",
            "exposed_comm_share", "step_time_ms", "status", "trial_id"]
 
 
-def scaling(bench: Workbench, world_sizes: Iterable[int] = (1, 2), **changes: Any) -> pd.DataFrame:
+def scaling(bench: Bench, world_sizes: Iterable[int] = (1, 2), **changes: Any) -> pd.DataFrame:
     """Run one trial per world size with the same other knobs; a DataFrame with efficiency.
 
     Efficiency is against the 1-rank trial when world_sizes includes 1, else against the smallest
