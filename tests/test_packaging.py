@@ -43,7 +43,7 @@ def test_environment_yml_matches_pyproject():
     lines = (ROOT / "environment.yml").read_text().splitlines()
     start = lines.index("dependencies:")
     conda = {_norm(line.strip()[2:]) for line in lines[start + 1:] if line.strip().startswith("- ")}
-    conda -= {("python", "=3.11"), ("pip", ""), ("pip", ":")}  # "- pip:" opens the PyPI-only list
+    conda -= {("python", "=3.11"), ("pip", "")}
     assert conda == wanted, f"only in environment.yml: {conda - wanted}; only in pyproject: {wanted - conda}"
 
 
@@ -60,7 +60,7 @@ def test_core_install_leaves_the_notebook_stack_to_extras():
     assert {_norm(r)[0] for r in extras["notebook"]} == {"ipywidgets", "anywidget", "altair", "vl-convert-python",
                                                        "jupyterlab"}
     assert {_norm(r)[0] for r in extras["tensorboard"]} == {"tensorboard"}
-    assert f"{SELF}[notebook,tensorboard,trace]" in extras["test"]  # notebooks are tests; so are the export, HTA
+    assert f"{SELF}[notebook,tensorboard]" in extras["test"]  # notebooks are tests; so is the export
     # make lab / make test install everything
     assert "'.[notebook,tensorboard,test]'" in (ROOT / "Makefile").read_text()
 
