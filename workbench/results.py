@@ -15,6 +15,7 @@ import json
 import math
 import os
 import platform
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -132,8 +133,16 @@ class ResultLog:
         self._baseline_id: int | None = None
         self._observers: list[Callable[[TrialResult], None]] = []
         self._offset = 0  # bytes of the file already read into `trials`
+        self._unsaved: list[bytes] = []  # records a failed write kept in memory (written with the next append)
+        self.write_error: OSError | None = None  # the last write failure, None once writes work again
+        self._warned: set[str] = set()
+        self._table = _Table()
         if self.path is not None and self.path.exists():
-            self._load()
+            try:
+                self._load()
+            except OSError as e:  # unreadable (permissions, a vanished share): start empty, say so
+                self._write_failed(e, "read")
+        self._table.sync(self)  # rows, speedups and verdicts once, so `results` after a trial is cheap
 
     # ---- persistence ------------------------------------------------------------------------
     def _load(self) -> None:
@@ -144,69 +153,159 @@ class ResultLog:
     def _read_new(self, f: Any) -> None:
         """Parse complete lines after `_offset` of the locked, open file `f` (binary, a+)."""
         f.seek(self._offset)
-        data = f.read()
+        data = f.read(max(0, MAX_FILE_BYTES - self._offset) + 1)
+        if len(data) + self._offset > MAX_FILE_BYTES:
+            self._warn_once("size", f"{self.path}: the log is over {MAX_FILE_BYTES:,} bytes; trials after that "
+                                    "point are not read (start a new log: Workbench(log=...))")
+            data = data[: data.rfind(b"\n", 0, MAX_FILE_BYTES - self._offset) + 1]
+            if not data:
+                return
         if not data:
             return
         complete = data[: data.rfind(b"\n") + 1]
         tail = data[len(complete):]
-        lines = complete.decode("utf-8", errors="replace").splitlines()
-        trials, baseline_id, bad = read_records(lines)
+        trials, baseline_id, bad = read_records(complete.split(b"\n"))
         self.trials += trials
         if baseline_id is not None:
             self._baseline_id = baseline_id
-        for i, e in bad:
-            warnings.warn(f"{self.path}: skipped unreadable line {self._line_no(i)}: {e}", stacklevel=4)
+        if bad:
+            where = f" (after byte {self._offset})" if self._offset else ""
+            warnings.warn(f"{self.path}: skipped {len(bad)} unreadable line(s){where}: {bad_lines_text(bad)}",
+                          stacklevel=4)
         self._offset += len(complete)
         if tail:
-            # Writers hold the lock until their line ends, so an unterminated last line under the
-            # lock is what a crash mid-write left behind. Keep the fragment beside the log and cut
-            # it from the log, so the next record starts on a line of its own.
-            warnings.warn(f"{self.path}: skipped unreadable last line (truncated by a crash?): "
-                          f"{tail[:60].decode('utf-8', errors='replace')!r}", stacklevel=4)
-            if _LOCKS:
-                with open(self.path.with_suffix(".broken"), "ab") as b:
-                    b.write(tail + b"\n")
-                f.truncate(self._offset)
-            else:  # unlocked: it may be another process's line in progress; leave it, skip it
-                self._offset += len(tail)
+            self._cut_tail(f, tail)
 
-    def _line_no(self, i: int) -> str:
-        return f"{i + 1} after byte {self._offset}" if self._offset else f"{i + 1}"
+    def _cut_tail(self, f: Any, tail: bytes) -> None:
+        """An unterminated last line: cut it off (locked), keeping it in `<log>.broken` when that works."""
+        # Writers hold the lock until their line ends, so an unterminated last line under the lock
+        # is what a crash or a full disk mid-write left behind. Cut it so the next record starts on
+        # a line of its own; unlocked (no fcntl), it may be another process's line: skip it.
+        warnings.warn(f"{self.path}: skipped an unterminated last line of {len(tail):,} bytes "
+                      "(a write cut short by a crash or a full disk)", stacklevel=5)
+        if not _LOCKS:
+            self._offset += len(tail)
+            return
+        broken = self.path.with_suffix(".broken")
+        try:
+            with open(broken, "ab") as b:
+                b.write(tail + b"\n")
+        except OSError:  # no room for the copy either: the fragment is dropped, the log still heals
+            with contextlib.suppress(OSError):
+                if broken.stat().st_size == 0:
+                    broken.unlink()
+        try:
+            f.truncate(self._offset)
+        except OSError:  # read-only: leave it; the next append starts on a new line anyway
+            self._offset += len(tail)
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self.path is None:
-            return
-        with _locked(self.path) as f:
-            self._read_new(f)
-            self._append_line(f, record)
+        if self.path is not None:
+            self._persist(lambda: _line(record))
 
-    def _append_line(self, f: Any, record: dict[str, Any]) -> None:
-        line = (json.dumps(record, default=_json_default, allow_nan=False) + "\n").encode("utf-8")
+    def _persist(self, make_line: Callable[[], bytes]) -> None:
+        """Append the line `make_line()` builds under the lock (after reading the others' appends),
+        behind any lines earlier failures kept; on OSError keep it in memory and warn once."""
+        line = None
+        try:
+            with _locked(self.path) as f:
+                self._read_new(f)
+                line = make_line()
+                self._append_lines(f, [*self._unsaved, line])
+        except OSError as e:
+            self._unsaved.append(line if line is not None else make_line())
+            self._write_failed(e, "write")
+            return
+        self._unsaved.clear()
+        if self.write_error is not None:
+            self.write_error = None
+            warnings.warn(f"{self.path}: writing works again; the trials kept in memory are now in the log",
+                          RuntimeWarning, stacklevel=4)
+
+    def _append_lines(self, f: Any, lines: list[bytes]) -> None:
+        """Write whole lines and fsync; on failure cut the file back to where it was, then re-raise."""
         end = f.seek(0, os.SEEK_END)
+        data = b"".join(lines)
         if end:
             f.seek(end - 1)
             if f.read(1) != b"\n":  # an unterminated line (unlocked writers): start a new one
-                line = b"\n" + line
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the trial counts as recorded
+                data = b"\n" + data
+        try:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the trial counts as recorded
+        except OSError:
+            with contextlib.suppress(OSError):  # no partial line left to corrupt the next append
+                f.truncate(end)
+            raise
         self._offset = f.tell()
+
+    def _write_failed(self, e: OSError, what: str) -> None:
+        """Remember the failure and warn once per cause, saying how to keep the trials."""
+        self.write_error = e
+        why = e.strerror or type(e).__name__
+        self._warn_once(f"{what}:{e.errno}", (
+            f"could not {what} the result log {self.path} ({why}). Trials stay in memory (bench.results); "
+            f"save them elsewhere with bench.log.save('other/folder/log.jsonl'), or free space and the next "
+            f"trial writes them all."))
+
+    def _warn_once(self, key: str, text: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(text, RuntimeWarning, stacklevel=5)
+
+    @property
+    def unsaved(self) -> int:
+        """How many records (trials, baseline changes) are in memory only, after failed writes."""
+        return len(self._unsaved)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write every trial (and the baseline) to `path` and keep logging there; returns the path.
+
+        The way out when the log cannot be written (a full disk, a read-only share): nothing
+        measured is lost. Written to a temporary file first, then renamed into place.
+        """
+        target = Path(path)
+        if target.suffix != ".jsonl":
+            target = target / (self.path.name if self.path is not None else "log.jsonl")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps(_clean(r.to_record()), default=_json_default, allow_nan=False) for r in self.trials]
+        if self._baseline_id is not None:
+            lines.append(json.dumps({"event": "baseline", "trial_id": self._baseline_id}))
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write("".join(x + "\n" for x in lines).encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        self.path, self._offset, self._unsaved, self.write_error = target, target.stat().st_size, [], None
+        return target
 
     # ---- trials -----------------------------------------------------------------------------
     def append(self, result: TrialResult) -> TrialResult:
         """Number the trial after every trial in the file, persist it, tell the observers.
 
         Returns the numbered result. Trials that other processes appended to the same file since
-        the last read join `trials` first (they are not sent to the observers).
+        the last read join `trials` first (they are not sent to the observers). A failed write
+        (full disk, read-only, permissions, a vanished folder) keeps the trial in memory and warns
+        once (see `save`); it never loses the measured result.
         """
         participant = result.participant or self.participant
+        numbered: list[TrialResult] = []
+
+        def number() -> bytes:
+            numbered.append(replace(result, trial_id=self._next_id(), participant=participant))
+            return _line(_clean(numbered[0].to_record()))
+
         if self.path is None:
-            result = replace(result, trial_id=self._next_id(), participant=participant)
+            number()
         else:
-            with _locked(self.path) as f:
-                self._read_new(f)
-                result = replace(result, trial_id=self._next_id(), participant=participant)
-                self._append_line(f, _clean(result.to_record()))
+            self._persist(number)
+        result = numbered[0]
         self.trials.append(result)
         for fn in list(self._observers):
             fn(result)
@@ -258,7 +357,7 @@ class ResultLog:
     @property
     def noise(self) -> Noise:
         """Between-trial noise learnt from this log's repeats of identical knobs (prior until then)."""
-        return noise_of(self.trials)
+        return self._table.sync(self).noise()
 
     def frame(self) -> pd.DataFrame:
         """One row per trial: summary columns first, then every knob, notes and environment.
@@ -267,57 +366,10 @@ class ResultLog:
         looks trials up by id. `speedup` is samples/s over the baseline's; `verdict` is exactly
         `compare(baseline, trial)`. `samples_per_s_low/high` bound where a repeat of the trial
         would land (95%, from the between-trial noise); `df.attrs["noise"]` holds that noise.
+        Kept up to date as trials arrive: a new trial adds its row, a new noise re-judges cheaply.
         """
-        base = self.baseline
-        noise = self.noise
-        band = math.exp(critical(noise.df) * noise.sigma)
-        rows = []
-        for r in self.trials:
-            rec = r.to_record()
-            row = {
-                "trial_id": r.trial_id,
-                "label": r.knobs.label(base.knobs if base is not None else None),
-                "status": r.status,
-                "samples_per_s": r.samples_per_s,
-                "speedup": None,
-                "verdict": "",
-                "step_time_ms": _ms(r.step_time_s),
-                "step_time_iqr_ms": _ms(r.step_time_iqr_s),
-                "data_wait_share": r.data_wait_share,
-                "peak_memory_mb": r.peak_memory_bytes / 1e6 if r.peak_memory_bytes is not None else None,
-                "startup_s": r.startup_s,
-                "compile_s": r.compile_s,
-                "final_loss": rec["final_loss"],
-                "message": r.message,
-                "samples_per_s_low": r.samples_per_s / band if r.samples_per_s else None,
-                "samples_per_s_high": r.samples_per_s * band if r.samples_per_s else None,
-            }
-            if base is not None and _usable(r) and _usable(base):
-                if r.trial_id == base.trial_id:
-                    row["speedup"], row["verdict"] = 1.0, "baseline"
-                else:
-                    c = compare(base, r, noise=noise)
-                    row["speedup"], row["verdict"] = c.speedup, c.verdict
-            row.update(r.knobs.to_dict())
-            row["checkpoint"] = ",".join(r.knobs.checkpoint)
-            row["notes"] = "; ".join(r.notes)
-            row["device"] = r.env.get("device", "")
-            row["participant"] = r.participant
-            row["trace_path"] = r.trace_path
-            row["started_at"] = r.started_at
-            rows.append(row)
-        df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=SUMMARY_COLUMNS)
-        for col in ("speedup", "samples_per_s_low", "samples_per_s_high"):
-            if col in df:
-                df[col] = pd.to_numeric(df[col])
-        for col in OPTIONAL_INT_KNOBS:
-            if col in df:
-                df[col] = df[col].astype("Int64")
-        df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
-        if "started_at" in df:
-            df["started_at"] = pd.to_datetime(df["started_at"].replace("", None), errors="coerce")
-        df.attrs["noise"] = noise
-        return df
+        table = self._table.sync(self)
+        return table.frame(self.baseline, table.noise())
 
     def steps_frame(self) -> pd.DataFrame:
         """One row per measured step of every trial: trial_id, step, step_time_s, data_wait_s, loss."""
@@ -340,30 +392,281 @@ class ResultLog:
         return pd.concat(parts, ignore_index=True)
 
 
+def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
+    """The columns of these trials' rows that depend on nothing else (no baseline, no noise)."""
+    rows = []
+    for r in trials:
+        row = {
+            "trial_id": r.trial_id, "label": "", "status": r.status, "samples_per_s": r.samples_per_s,
+            "speedup": None, "verdict": "", "step_time_ms": _ms(r.step_time_s),
+            "step_time_iqr_ms": _ms(r.step_time_iqr_s), "data_wait_share": r.data_wait_share,
+            "peak_memory_mb": r.peak_memory_bytes / 1e6 if r.peak_memory_bytes is not None else None,
+            "startup_s": r.startup_s, "compile_s": r.compile_s,
+            "final_loss": next((x for x in reversed(r.losses) if math.isfinite(x)), None),
+            "message": r.message, "samples_per_s_low": None, "samples_per_s_high": None,
+        }
+        row.update(r.knobs.to_dict())
+        row["checkpoint"] = ",".join(r.knobs.checkpoint)
+        row["notes"] = "; ".join(r.notes)
+        row["device"] = r.env.get("device", "")
+        row["participant"] = r.participant
+        row["trace_path"] = r.trace_path
+        row["started_at"] = r.started_at
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    for col in ("speedup", "samples_per_s_low", "samples_per_s_high"):
+        df[col] = df[col].astype(float)
+    for col in OPTIONAL_INT_KNOBS:
+        if col in df:
+            df[col] = df[col].astype("Int64")
+    df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
+    df["started_at"] = pd.to_datetime(df["started_at"].replace("", None), errors="coerce")
+    return df
+
+
+class _Table:
+    """`ResultLog.frame()` kept up to date: each trial's fixed columns built once; labels and
+    speedups per baseline; verdicts re-judged when the noise changes, by calling `compare` at the
+    ends of runs of trials sorted by throughput (a verdict changes at a throughput threshold), so a
+    new noise costs O(log n) comparisons, not n. A test holds every verdict equal to `compare`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.trials: list[TrialResult] = []
+        self.static: pd.DataFrame | None = None
+        self.groups: dict[Knobs, list[float]] = {}  # repeats of identical knobs: the noise evidence
+        self._noise: Noise | None = None
+        self.base_key: tuple[Any, ...] | None = None
+        self.judged_noise: Noise | None = None
+        self.labels: list[str] = []
+        self.speedups: list[float | None] = []
+        self.verdicts: list[str] = []
+
+    def sync(self, log: ResultLog) -> _Table:
+        """Take in the trials appended to `log` since the last call (all of them if it changed)."""
+        with self.lock:
+            trials = log.trials
+            n = len(self.trials)
+            if n > len(trials) or any(a is not b for a, b in zip(self.trials, trials)):
+                self.__init__()  # trials were replaced or removed: start over
+                n = 0
+            new = trials[n:]
+            if new:
+                self.trials.extend(new)
+                for r in new:
+                    if _usable(r):
+                        self.groups.setdefault(r.knobs, []).append(float(r.samples_per_s or 0.0))
+                        self._noise = None
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)  # all-NA columns in a small part
+                    part = _static_frame(new)
+                    self.static = part if self.static is None else pd.concat([self.static, part], ignore_index=True)
+            return self
+
+    def noise(self) -> Noise:
+        with self.lock:
+            if self._noise is None:
+                self._noise = estimate_noise(list(self.groups.values()))
+            return self._noise
+
+    def frame(self, base: TrialResult | None, noise: Noise) -> pd.DataFrame:
+        with self.lock:
+            if self.static is None:
+                df = pd.DataFrame(columns=SUMMARY_COLUMNS)
+                df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
+                df.attrs["noise"] = noise
+                return df
+            self._judge(base, noise)
+            df = self.static.copy()
+            df["label"] = self.labels
+            df["speedup"] = np.array([np.nan if v is None else v for v in self.speedups], dtype=float)
+            df["verdict"] = self.verdicts
+        band = math.exp(critical(noise.df) * noise.sigma)
+        rate = df["samples_per_s"].astype(float)
+        rate = rate.where(rate > 0)
+        df["samples_per_s_low"], df["samples_per_s_high"] = rate / band, rate * band
+        df.attrs["noise"] = noise
+        return df
+
+    def _judge(self, base: TrialResult | None, noise: Noise) -> None:
+        """Labels, speedups and verdicts for every trial against `base` under `noise`."""
+        key = None if base is None else (base.trial_id, base.knobs, base.samples_per_s)
+        if key != self.base_key:
+            self.base_key, self.judged_noise = key, noise
+            self.labels, self.speedups, self.verdicts = [], [], []
+        elif noise != self.judged_noise:
+            self.judged_noise = noise
+            self._rejudge(base, noise)
+        base_knobs = base.knobs if base is not None else None
+        comparable = base is not None and _usable(base)
+        for r in self.trials[len(self.labels):]:
+            self.labels.append(r.knobs.label(base_knobs))
+            speedup, verdict = None, ""
+            if comparable and _usable(r):
+                if r.trial_id == base.trial_id:
+                    speedup, verdict = 1.0, "baseline"
+                else:
+                    c = compare(base, r, noise=noise)
+                    speedup, verdict = c.speedup, c.verdict
+            self.speedups.append(speedup)
+            self.verdicts.append(verdict)
+
+    def _rejudge(self, base: TrialResult | None, noise: Noise) -> None:
+        """New noise, same baseline: verdicts again, bisecting each side of the baseline's rate."""
+        if base is None or not _usable(base):
+            return
+        idx = [i for i, v in enumerate(self.verdicts) if v and v != "baseline"]
+        rate = {i: float(self.trials[i].samples_per_s or 0.0) for i in idx}
+        own = float(base.samples_per_s or 0.0)
+        memo: dict[int, str] = {}
+
+        def verdict(i: int) -> str:
+            if i not in memo:
+                memo[i] = compare(base, self.trials[i], noise=noise).verdict
+            return memo[i]
+
+        for side in ([i for i in idx if rate[i] < own], [i for i in idx if rate[i] >= own]):
+            side.sort(key=rate.__getitem__)
+            stack = [(0, len(side) - 1)] if side else []
+            while stack:
+                lo, hi = stack.pop()
+                if verdict(side[lo]) == verdict(side[hi]) or hi - lo <= 1:
+                    for j in range(lo, hi + 1):
+                        self.verdicts[side[j]] = memo.get(side[j]) or verdict(side[lo])
+                    continue
+                mid = (lo + hi) // 2
+                stack += [(lo, mid), (mid, hi)]
+
+
 def _padded(values: Sequence[float], n: int) -> list[float]:
     """`values` cut or NaN-padded to n entries (a failed trial may have fewer losses than step times)."""
     out = [float(v) for v in values[:n]]
     return out + [float("nan")] * (n - len(out))
 
 
-def parse_record(line: str) -> tuple[str, Any]:
+MAX_LINE_BYTES = 1 << 20  # a trial record is a few KB; a longer line is not one of ours
+MAX_FILE_BYTES = 1 << 30  # a log beyond 1 GiB is read up to there (with a warning)
+MAX_DEPTH = 16  # JSON nesting a trial record never needs (it uses 3): deeper lines are refused unparsed
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(r"[\[\]{}]")
+_NUMBERS = ("samples_per_s", "data_wait_share", "startup_s", "compile_s")
+_INTS = ("peak_memory_bytes", "samples_per_step")
+_TEXTS = ("message", "started_at", "where", "traceback", "participant")
+
+
+class BadRecord(ValueError):
+    """A log line that is not a usable workbench record; its message never quotes the line."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadRecord("a number out of range (infinite)")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise BadRecord(f"a {name} number (not finite)")
+
+
+def _depth_ok(line: str) -> bool:
+    """True when the JSON text nests no deeper than MAX_DEPTH (cheap unless it has many brackets)."""
+    if line.count("[") + line.count("{") <= MAX_DEPTH:
+        return True
+    depth = 0
+    for b in _BRACKETS.findall(_STRINGS.sub("", line)):
+        depth += 1 if b in "[{" else -1
+        if depth > MAX_DEPTH:
+            return False
+    return True
+
+
+def _num_ok(x: Any, kind: type | tuple[type, ...] = (int, float)) -> bool:
+    """A JSON number of `kind`, >= 0 and within float range (bools and huge ints are not)."""
+    return not isinstance(x, bool) and isinstance(x, kind) and 0 <= x < 1e300
+
+
+def _check_number(rec: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> None:
+    v = rec.get(key)
+    if v is not None and not _num_ok(v, kind):
+        raise BadRecord(f"{key} is not a number >= 0")
+
+
+def _check_trial(rec: dict[str, Any]) -> None:
+    """Types and ranges of a trial record's fields: BadRecord naming the first field that fails."""
+    if rec.get("status") not in STATUSES:
+        raise BadRecord("status is not a known trial status")
+    tid = rec.get("trial_id")
+    if not _num_ok(tid, int) or tid < 1:
+        raise BadRecord("trial_id is not an int >= 1")
+    for key in _NUMBERS:
+        _check_number(rec, key, (int, float))
+    for key in _INTS:
+        _check_number(rec, key, int)
+    for key in ("step_times_s", "data_wait_s"):
+        v = rec.get(key) or []
+        if not isinstance(v, list) or not all(_num_ok(x) for x in v):
+            raise BadRecord(f"{key} is not a list of numbers >= 0")
+    losses = rec.get("losses") or []
+    if not isinstance(losses, list) or not all(x is None or _num_ok(abs(x) if isinstance(x, (int, float)) else x)
+                                               for x in losses):
+        raise BadRecord("losses is not a list of numbers")
+    for key in _TEXTS:
+        if not isinstance(rec.get(key, ""), str):
+            raise BadRecord(f"{key} is not text")
+    if not isinstance(rec.get("notes") or [], list) or not all(isinstance(n, str) for n in rec.get("notes") or []):
+        raise BadRecord("notes is not a list of text")
+    for key in ("env", "extra"):
+        if not isinstance(rec.get(key) or {}, dict):
+            raise BadRecord(f"{key} is not an object")
+    if rec.get("trace_path") is not None and not isinstance(rec["trace_path"], str):
+        raise BadRecord("trace_path is not text")
+
+
+def parse_record(line: str | bytes) -> tuple[str, Any]:
     """One JSONL line of a log: ("baseline", trial id) or ("trial", TrialResult).
 
-    Raises ValueError/KeyError/TypeError for anything else (a truncated line, another program's
-    record), so readers can skip it with a warning.
+    Treats the line as untrusted: raises BadRecord (a ValueError whose message never quotes the
+    line) for a line over MAX_LINE_BYTES, nesting deeper than MAX_DEPTH, not JSON, infinite or
+    NaN numbers, fields of the wrong type or range, or knobs that fail `Knobs` validation.
     """
-    rec = json.loads(line)
+    if len(line) > MAX_LINE_BYTES:
+        raise BadRecord(f"longer than {MAX_LINE_BYTES:,} bytes")
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadRecord("not UTF-8 text") from None
+    if not _depth_ok(line):
+        raise BadRecord(f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        rec = json.loads(line, parse_float=_finite, parse_constant=_no_constant)
+    except BadRecord:
+        raise
+    except (ValueError, RecursionError):
+        raise BadRecord("not JSON") from None
     if not isinstance(rec, dict):
-        raise TypeError(f"a JSON {type(rec).__name__}, not a trial record")
+        raise BadRecord(f"a JSON {type(rec).__name__}, not a trial record")
     if rec.get("event") == "baseline":
-        return "baseline", int(rec["trial_id"])
+        tid = rec.get("trial_id")
+        if not _num_ok(tid, int) or tid < 1:
+            raise BadRecord("a baseline event without a trial id")
+        return "baseline", tid
     if "status" not in rec or "trial_id" not in rec:
-        raise KeyError("no status/trial_id: not a workbench trial")
-    return "trial", TrialResult.from_record(rec)
+        raise BadRecord("no status/trial_id: not a workbench trial")
+    _check_trial(rec)
+    try:
+        return "trial", TrialResult.from_record(rec)
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
+        where = str(e).split(" ", 1)[0] if str(e).startswith("Knobs.") else "a field"
+        raise BadRecord(f"{where} fails validation ({type(e).__name__})") from None
 
 
-def read_records(lines: list[str]) -> tuple[list[TrialResult], int | None, list[tuple[int, Exception]]]:
-    """(trials, the last explicit baseline id, [(line index, error) of unreadable lines]) of log lines."""
+def read_records(lines: Iterable[str | bytes]) -> tuple[list[TrialResult], int | None, list[tuple[int, Exception]]]:
+    """(trials, the last explicit baseline id, [(line index, BadRecord) of unusable lines]) of log lines.
+
+    Never raises on content (see `parse_record`); the errors never quote the lines.
+    """
     trials: list[TrialResult] = []
     baseline_id: int | None = None
     bad: list[tuple[int, Exception]] = []
@@ -372,7 +675,7 @@ def read_records(lines: list[str]) -> tuple[list[TrialResult], int | None, list[
             continue
         try:
             kind, value = parse_record(line)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except BadRecord as e:
             bad.append((i, e))
             continue
         if kind == "baseline":
@@ -380,6 +683,13 @@ def read_records(lines: list[str]) -> tuple[list[TrialResult], int | None, list[
         else:
             trials.append(value)
     return trials, baseline_id, bad
+
+
+def bad_lines_text(bad: Sequence[tuple[int, Exception]], *, first_line: int = 1, last: int | None = None) -> str:
+    """"line 3 (not JSON), line 9 (...)" for a warning: line numbers and reasons, never the content."""
+    parts = [f"{'last line' if last is not None and i == last else f'line {first_line + i}'} ({e})" for i, e in bad[:3]]
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return ", ".join(parts) + more
 
 
 def default_participant() -> str:
@@ -414,6 +724,11 @@ def _locked(path: Path) -> Iterator[Any]:
         finally:
             if _LOCKS:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    """One JSONL line (newline included) of a record."""
+    return (json.dumps(record, default=_json_default, allow_nan=False) + "\n").encode("utf-8")
 
 
 def _ms(s: float | None) -> float | None:
