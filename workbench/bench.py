@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,7 @@ from torch import nn
 from .knobs import Knobs
 from .measure import TrialResult
 from .progress import TrialProgress, search, shown
-from .results import Comparison, ResultLog, compare
+from .results import Comparison, ResultLog, compare, safe_file_name
 from .runner import Progress, TrialInterrupted, check_knobs, run_trial, trial_thread
 from .stats import Noise
 from .workload import StepFn, Workload, move_to
@@ -319,10 +318,5 @@ def _log_path(log: str | os.PathLike | None, name: str, participant: str | None 
     if p.suffix == ".jsonl":
         return p
     if participant is not None:
-        p = p / _safe_name(participant)
-    return p / (_safe_name(name) + ".jsonl")
-
-
-def _safe_name(name: str) -> str:
-    """A file-name-safe version of a workbench or participant name."""
-    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", name.strip()).strip(".") or "_"
+        p = p / safe_file_name(participant)
+    return p / (safe_file_name(name, what="workbench") + ".jsonl")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import hashlib
 import json
 import math
 import os
@@ -690,6 +691,33 @@ def bad_lines_text(bad: Sequence[tuple[int, Exception]], *, first_line: int = 1,
     parts = [f"{'last line' if last is not None and i == last else f'line {first_line + i}'} ({e})" for i, e in bad[:3]]
     more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
     return ", ".join(parts) + more
+
+
+MAX_NAME_CHARS = 1000  # a participant or workbench name longer than this is refused
+FILE_NAME_CHARS = 64  # the file/folder name made from it stays this short (well under NAME_MAX = 255 bytes)
+
+
+def safe_file_name(name: str, *, what: str = "participant") -> str:
+    """A short, stable, file-name-safe form of a participant or workbench name.
+
+    Letters, digits and `_.@-` are kept (other characters become `_`); a name that had to change
+    this way, or is longer than FILE_NAME_CHARS, gets a short hash of the full name appended so two
+    names never share a file. The full name stays inside every record. ValueError names the rule
+    for a name that cannot be used at all (not text, empty, over MAX_NAME_CHARS characters).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a {what} name must be text (str) such as 'ana', got {type(name).__name__}")
+    if not name.strip():
+        raise ValueError(f"the {what} name is empty: pass a name such as 'ana'")
+    if len(name) > MAX_NAME_CHARS:
+        raise ValueError(f"the {what} name has {len(name):,} characters; the limit is {MAX_NAME_CHARS:,}: "
+                         "pass a shorter name")
+    safe = re.sub(r"[^A-Za-z0-9_.@-]+", "_", name.strip()).strip(".")
+    plain = re.fullmatch(r"[A-Za-z0-9_.@\s-]*", name.strip()) is not None  # only spaces change: no hash
+    if plain and safe.strip("_") and len(safe) <= FILE_NAME_CHARS:
+        return safe
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{safe[: FILE_NAME_CHARS - 11].rstrip('.')}-{digest}" if safe.strip("_") else f"_-{digest}"
 
 
 def default_participant() -> str:
