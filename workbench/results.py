@@ -231,15 +231,17 @@ class ResultLog:
             f.seek(end - 1)
             if f.read(1) != b"\n":  # an unterminated line (unlocked writers): start a new one
                 data = b"\n" + data
+        fd = f.fileno()
         try:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())  # on disk before the trial counts as recorded
+            view = memoryview(data)
+            while view:  # unbuffered: a short write is retried, a failed one leaves nothing pending
+                view = view[os.write(fd, view):]
+            os.fsync(fd)  # on disk before the trial counts as recorded
         except OSError:
             with contextlib.suppress(OSError):  # no partial line left to corrupt the next append
-                f.truncate(end)
+                os.ftruncate(fd, end)
             raise
-        self._offset = f.tell()
+        self._offset = f.seek(0, os.SEEK_END)
 
     def _write_failed(self, e: OSError, what: str) -> None:
         """Remember the failure and warn once per cause, saying how to keep the trials."""
@@ -744,7 +746,7 @@ def _locked(path: Path) -> Iterator[Any]:
     key = os.path.abspath(path)
     with _THREAD_LOCKS_GUARD:
         thread_lock = _THREAD_LOCKS.setdefault(key, threading.Lock())
-    with thread_lock, open(path, "a+b") as f:
+    with thread_lock, open(path, "a+b", buffering=0) as f:  # unbuffered: a failed write leaves nothing behind
         if _LOCKS:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # blocks while another process appends
         try:
