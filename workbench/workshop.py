@@ -474,20 +474,24 @@ class WatchView:
         import ipywidgets as widgets
 
         self.summary = widgets.HTML("")
-        try:
-            import altair as alt
-
-            self.chart: Any = alt.JupyterChart(embed_options={"renderer": "svg"})
-        except ImportError:  # no altair: the summary alone
-            self.chart = None
-        self.widget = widgets.VBox([self.summary] + ([self.chart] if self.chart is not None else []))
+        self.chart: Any = None  # one altair JupyterChart, made at the first update
+        self.widget = widgets.VBox([self.summary])
         self.draws = 0
 
     def update(self, workshop: Workshop) -> None:
         """Show `workshop`'s current summary and chart in place of the previous ones."""
         self.summary.value = workshop.summary().to_html(index=False, na_rep="–", float_format="{:.2f}".format)
-        if self.chart is not None:
-            self.chart.chart = workshop.chart()
+        try:
+            chart = workshop.chart()
+        except ImportError:  # no altair: the summary alone
+            chart = None
+        if chart is not None and self.chart is None:
+            import altair as alt
+
+            self.chart = alt.JupyterChart(chart, embed_options={"renderer": "svg"})
+            self.widget.children = (self.summary, self.chart)
+        elif chart is not None:
+            self.chart.chart = chart  # the same widget redraws where it is
         self.draws += 1
 
 
