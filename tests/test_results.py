@@ -6,6 +6,8 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import workbench as wb
 from workbench.measure import TrialResult
@@ -370,3 +372,43 @@ def test_the_frame_is_a_copy_and_follows_replaced_trials():
     assert log.frame().loc[0, "verdict"] == "baseline"
     log.trials = log.trials[:2]  # someone replaced the list: the table starts over
     assert list(log.frame()["trial_id"]) == [1, 2]
+
+
+# ---- property tests: arbitrary bytes and arbitrary JSON never raise from the readers -------------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+                    max_leaves=30)
+FIELDS = ["status", "trial_id", "samples_per_s", "step_times_s", "batch_size", "amp", "losses", "env", "notes",
+          "peak_memory_bytes", "checkpoint", "event", "participant"]
+RECORDS = st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=8)  # near-misses of a real record
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.binary(max_size=300) | RECORDS.map(lambda d: json.dumps(d).encode()), max_size=6))
+def test_reading_arbitrary_lines_never_raises(tmp_path, chunks):
+    import warnings as w
+
+    from workbench.results import read_records
+
+    trials, _, _ = read_records(b"\n".join(chunks).split(b"\n"))
+    assert all(isinstance(r.samples_per_s, (float, int, type(None))) for r in trials)
+    path = tmp_path / "fuzz.jsonl"
+    path.write_bytes(b"\n".join(chunks))
+    with w.catch_warnings(record=True) as caught:
+        w.simplefilter("always")
+        log = ResultLog(path)
+    assert all(issubclass(c.category, UserWarning) for c in caught)  # the documented warning only
+    log.frame()  # whatever was accepted can be tabled
+
+
+@settings(max_examples=150, deadline=None)
+@given(JSON)
+def test_parse_record_of_arbitrary_json_raises_only_bad_record(value):
+    from workbench.results import BadRecord, parse_record
+
+    try:
+        kind, _ = parse_record(json.dumps(value))
+    except BadRecord:
+        return
+    assert kind in ("trial", "baseline")

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, TinyNet, tiny_data
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import workbench as wb
 from workbench.measure import TrialResult
@@ -410,3 +412,21 @@ def test_watch_view_updates_one_summary_and_one_chart_in_place(tmp_path):
     assert len(view.widget.children) == 2 and view.widget.children[1] is chart  # no stale copies
     assert "<table" in view.summary.value and view.draws == 3
     assert sorted(chart.chart.data["participant"]) == ["ana", "ben"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=2000))
+def test_gathering_arbitrary_bytes_never_raises(tmp_path, data):
+    import shutil
+
+    folder = tmp_path / "fuzz"
+    shutil.rmtree(folder, ignore_errors=True)
+    learner_log(folder, "ana", [fake(0.010)])
+    (folder / "eve").mkdir()
+    (folder / "eve" / "x.jsonl").write_bytes(data)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ws = gather(folder)
+    assert all(issubclass(c.category, UserWarning) for c in caught)
+    assert "ana" in ws.participants
+    ws.summary()
