@@ -215,12 +215,13 @@ class Workbench:
 
         return panel(self, **kwargs)
 
-    def chart(self) -> Any:
-        """The comparison chart of all trials as a plain altair Chart (save to HTML/PNG)."""
+    def chart(self, last: int | None = 30) -> Any:
+        """The comparison chart as a plain altair Chart (save to HTML/PNG): the baseline, the last
+        `last` trials and the best of each configuration; `last=None` draws every trial."""
         require_notebook("bench.chart()", ("altair",))
         from .charts import comparison_chart
 
-        return comparison_chart(self.results)
+        return comparison_chart(self.results, last=last)
 
     def diagnose(self, *, progress: bool | None = None, **kwargs: Any) -> Any:
         """Why is the step slow, and what to try next (see diagnose/)."""
