@@ -6,6 +6,7 @@ enough to stop or to change knobs during. No assertion depends on timing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -283,3 +284,27 @@ def _wait_for(cond, timeout: float = WAIT_S) -> bool:
             raise AssertionError("condition not reached in time")
         time.sleep(0.01)
     return True
+
+
+def test_a_long_log_updates_the_chart_data_and_shows_the_default_view(bench):
+    """200 trials: each new one reaches the chart as new data in the same chart; the chart, table
+    and picker hold the baseline, the recent trials and the best of each configuration."""
+    from workbench.charts import LAST_N
+
+    first = bench.trials[0] if bench.trials else bench.run()
+    for i in range(200):
+        bench.log.append(dataclasses.replace(first, samples_per_s=(first.samples_per_s or 1.0) * (1 + 0.001 * i),
+                                             knobs=first.knobs.replace(batch_size=8 + i % 5)))
+    p = Panel(bench)
+    try:
+        redraws = []
+        p.chart.observe(lambda change: redraws.append(change), names="chart")
+        last = bench.log.append(dataclasses.replace(first, knobs=first.knobs.replace(batch_size=9)))
+        drawn = chart_data(p.chart)
+        assert last.trial_id in set(drawn["trial_id"]) and redraws == []  # a data update, not a new chart
+        assert LAST_N <= len(drawn) < len(bench.trials)
+        assert f"of {len(bench.trials)} trials" in p.chart.spec["title"]["text"]
+        assert len(p.trial_pick.options) == len(drawn)
+        assert p.table.value.count("<tr") == len(drawn) + 1  # a header row and one per trial drawn
+    finally:
+        p.close()
