@@ -375,11 +375,13 @@ class TrialResult:
         return d
 
     @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> TrialResult:
-        """Rebuild a result from `to_record()` output (as read back from the JSONL log)."""
+    def from_record(cls, rec: dict[str, Any], knobs: Knobs | None = None) -> TrialResult:
+        """Rebuild a result from `to_record()` output (as read back from the JSONL log); `knobs`:
+        the record's knobs when the caller already built them (a reader caching repeats)."""
         from .knobs import knob_names
 
-        knobs = Knobs.from_dict({k: rec[k] for k in knob_names() if k in rec})
+        if knobs is None:
+            knobs = Knobs.from_dict({k: rec[k] for k in knob_names() if k in rec})
         kw = {k: rec[k] for k in cls.__dataclass_fields__ if k in rec and k != "knobs"}
         for k in ("step_times_s", "data_wait_s", "notes"):
             kw[k] = tuple(kw.get(k) or ())

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .knobs import Knobs
+from .knobs import Knobs, knob_names
 from .measure import STATUSES, TrialResult
 from .stats import Comparison, Noise, critical, decide, estimate_noise
 
@@ -444,6 +444,7 @@ class _Table:
         self.labels: list[str] = []
         self.speedups: list[float | None] = []
         self.verdicts: list[str] = []
+        self.label_of: dict[int, str] = {}  # id(knobs) -> label against the current baseline
 
     def sync(self, log: ResultLog) -> _Table:
         """Take in the trials appended to `log` since the last call (all of them if it changed)."""
@@ -495,31 +496,37 @@ class _Table:
         """Labels, speedups and verdicts for every trial against `base` under `noise`."""
         key = None if base is None else (base.trial_id, base.knobs, base.samples_per_s)
         if key != self.base_key:
-            self.base_key, self.judged_noise = key, noise
-            self.labels, self.speedups, self.verdicts = [], [], []
-        elif noise != self.judged_noise:
-            self.judged_noise = noise
-            self._rejudge(base, noise)
+            self.base_key, self.judged_noise = key, None
+            self.labels, self.speedups, self.verdicts, self.label_of = [], [], [], {}
+        start = len(self.labels)
         base_knobs = base.knobs if base is not None else None
         comparable = base is not None and _usable(base)
-        for r in self.trials[len(self.labels):]:
-            self.labels.append(r.knobs.label(base_knobs))
+        own = np.log(np.asarray([base.samples_per_s or 0.0], dtype=float)) if comparable else None
+        for r in self.trials[start:]:
+            label = self.label_of.get(id(r.knobs))
+            if label is None:  # repeats share one Knobs object (the reader caches them)
+                label = self.label_of[id(r.knobs)] = r.knobs.label(base_knobs)
+            self.labels.append(label)
             speedup, verdict = None, ""
             if comparable and _usable(r):
                 if r.trial_id == base.trial_id:
                     speedup, verdict = 1.0, "baseline"
-                else:
-                    c = compare(base, r, noise=noise)
-                    speedup, verdict = c.speedup, c.verdict
+                else:  # decide()'s ratio of one trial each: exp(mean log b - mean log a), to the bit
+                    rate = np.log(np.asarray([r.samples_per_s], dtype=float))
+                    speedup, verdict = math.exp(float(rate.mean() - own.mean())), "?"
             self.speedups.append(speedup)
             self.verdicts.append(verdict)
+        if noise != self.judged_noise:  # every verdict again, else only the new trials'
+            self.judged_noise, start = noise, 0
+        todo = [i for i in range(start, len(self.verdicts)) if self.verdicts[i] not in ("", "baseline")]
+        if todo:
+            self._verdicts(base, noise, todo)
 
-    def _rejudge(self, base: TrialResult | None, noise: Noise) -> None:
-        """New noise, same baseline: verdicts again, bisecting each side of the baseline's rate."""
-        if base is None or not _usable(base):
-            return
-        idx = [i for i, v in enumerate(self.verdicts) if v and v != "baseline"]
-        rate = {i: float(self.trials[i].samples_per_s or 0.0) for i in idx}
+    def _verdicts(self, base: TrialResult, noise: Noise, todo: list[int]) -> None:
+        """`compare(base, trial).verdict` for the trials `todo`, bisecting each side of the baseline's
+        rate: where the verdict at both ends of a run of trials sorted by rate agrees, it holds in
+        between (it changes at thresholds of the gap), so n trials cost O(log n) comparisons."""
+        rate = {i: float(self.trials[i].samples_per_s or 0.0) for i in todo}
         own = float(base.samples_per_s or 0.0)
         memo: dict[int, str] = {}
 
@@ -528,7 +535,7 @@ class _Table:
                 memo[i] = compare(base, self.trials[i], noise=noise).verdict
             return memo[i]
 
-        for side in ([i for i in idx if rate[i] < own], [i for i in idx if rate[i] >= own]):
+        for side in ([i for i in todo if rate[i] < own], [i for i in todo if rate[i] >= own]):
             side.sort(key=rate.__getitem__)
             stack = [(0, len(side) - 1)] if side else []
             while stack:
@@ -557,15 +564,11 @@ _INTS = ("peak_memory_bytes", "samples_per_step")
 _TEXTS = ("message", "started_at", "where", "traceback", "participant")
 
 
+_KNOBS_SEEN: dict[tuple[Any, ...], Knobs] = {}
+
+
 class BadRecord(ValueError):
     """A log line that is not a usable workbench record; its message never quotes the line."""
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise BadRecord("a number out of range (infinite)")
-    return value
 
 
 def _no_constant(name: str) -> Any:
@@ -626,6 +629,22 @@ def _check_trial(rec: dict[str, Any]) -> None:
         raise BadRecord("trace_path is not text")
 
 
+def _knobs_of(rec: dict[str, Any]) -> Knobs:
+    """The record's Knobs, validated once per distinct configuration (a long log repeats a few)."""
+    names = knob_names()  # read each time: a notebook may register a knob of its own
+    items = (len(names), *((k, type(rec[k]).__name__, tuple(rec[k]) if isinstance(rec[k], list) else rec[k])
+                           for k in names if k in rec))
+    try:
+        knobs = _KNOBS_SEEN.get(items)
+    except TypeError:  # a dict or nested list where a knob value belongs: validation says which
+        return Knobs.from_dict({k: rec[k] for k in names if k in rec})
+    if knobs is None:
+        knobs = Knobs.from_dict({k: rec[k] for k in names if k in rec})
+        if len(_KNOBS_SEEN) < 4096:
+            _KNOBS_SEEN[items] = knobs
+    return knobs
+
+
 def parse_record(line: str | bytes) -> tuple[str, Any]:
     """One JSONL line of a log: ("baseline", trial id) or ("trial", TrialResult).
 
@@ -643,7 +662,7 @@ def parse_record(line: str | bytes) -> tuple[str, Any]:
     if not _depth_ok(line):
         raise BadRecord(f"nested deeper than {MAX_DEPTH} levels")
     try:
-        rec = json.loads(line, parse_float=_finite, parse_constant=_no_constant)
+        rec = json.loads(line, parse_constant=_no_constant)  # 1e400 parses as inf: the range checks catch it
     except BadRecord:
         raise
     except (ValueError, RecursionError):
@@ -659,7 +678,7 @@ def parse_record(line: str | bytes) -> tuple[str, Any]:
         raise BadRecord("no status/trial_id: not a workbench trial")
     _check_trial(rec)
     try:
-        return "trial", TrialResult.from_record(rec)
+        return "trial", TrialResult.from_record(rec, knobs=_knobs_of(rec))
     except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
         where = str(e).split(" ", 1)[0] if str(e).startswith("Knobs.") else "a field"
         raise BadRecord(f"{where} fails validation ({type(e).__name__})") from None
