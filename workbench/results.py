@@ -592,6 +592,16 @@ def _num_ok(x: Any, kind: type | tuple[type, ...] = (int, float)) -> bool:
     return not isinstance(x, bool) and isinstance(x, kind) and 0 <= x < 1e300
 
 
+def _numbers_ok(v: Any, low: float) -> bool:
+    """A list of numbers in [low, 1e300) (C-speed min/max; anything not comparable fails)."""
+    if not isinstance(v, list):
+        return False
+    try:
+        return not v or (min(v) >= low and max(v) < 1e300)
+    except TypeError:  # text, None, lists or objects among the numbers
+        return False
+
+
 def _check_number(rec: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> None:
     v = rec.get(key)
     if v is not None and not _num_ok(v, kind):
@@ -611,11 +621,10 @@ def _check_trial(rec: dict[str, Any]) -> None:
         _check_number(rec, key, int)
     for key in ("step_times_s", "data_wait_s"):
         v = rec.get(key) or []
-        if not isinstance(v, list) or not all(_num_ok(x) for x in v):
+        if not _numbers_ok(v, 0.0):
             raise BadRecord(f"{key} is not a list of numbers >= 0")
     losses = rec.get("losses") or []
-    if not isinstance(losses, list) or not all(x is None or _num_ok(abs(x) if isinstance(x, (int, float)) else x)
-                                               for x in losses):
+    if not _numbers_ok([x for x in losses if x is not None] if isinstance(losses, list) else losses, -1e300):
         raise BadRecord("losses is not a list of numbers")
     for key in _TEXTS:
         if not isinstance(rec.get(key, ""), str):
