@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import functools
 import json
 import os
 import stat
@@ -299,7 +300,7 @@ class Workshop:
                 "participant": participant,
                 "workload": path.stem,
                 "trial_id": r.trial_id,
-                "label": r.knobs.label(base.knobs if base is not None else None),
+                "label": _label(r.knobs, base.knobs if base is not None else None),
                 "status": r.status,
                 "samples_per_s": r.samples_per_s,
                 "speedup": None, "speedup_low": None, "speedup_high": None, "verdict": "",
@@ -322,7 +323,7 @@ class Workshop:
                 c = compare(a_side, b_side, noise=noise[participant])  # the same verdict as bench.compare
                 row.update(speedup=c.speedup, speedup_low=c.low, speedup_high=c.high,
                            verdict=c.verdict)
-            row.update({k: v for k, v in r.knobs.to_dict().items() if k not in row})
+            row.update({k: v for k, v in _knob_dict(r.knobs).items() if k not in row})
             row["checkpoint"] = ",".join(r.knobs.checkpoint)
             row["started_at"] = r.started_at
             row["message"] = r.message
@@ -506,6 +507,18 @@ def _in_kernel() -> bool:
     except ImportError:
         return False
     return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _label(knobs: Knobs, base: Knobs | None) -> str:
+    """`knobs.label(base)`, once per pair (a class runs the same few configurations)."""
+    return knobs.label(base)
+
+
+@functools.lru_cache(maxsize=4096)
+def _knob_dict(knobs: Knobs) -> dict[str, Any]:
+    """`knobs.to_dict()`, once per configuration (callers copy what they keep)."""
+    return knobs.to_dict()
 
 
 def _baseline(log: _Log, participant: str, default_name: str) -> TrialResult | None:
