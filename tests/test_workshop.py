@@ -332,6 +332,9 @@ def test_a_hostile_shared_folder_gathers_exactly_the_valid_rows(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the same bad files are not reported again
         assert not ws.refresh()
+        (folder / "mallory" / "empty.jsonl").unlink()
+        ws.refresh()
+    assert "mallory/empty.jsonl" not in ws.skipped  # a removed file is no longer listed
 
 
 def test_gather_warns_per_bad_line_and_keeps_the_rest(tmp_path):

@@ -222,7 +222,11 @@ class Workshop:
     def _refresh(self) -> bool:
         changed = False
         seen = set()
-        for key, path, st in self._candidates():
+        candidates = self._candidates()
+        listed = {key for key, _, _ in candidates}
+        for gone in [k for k in self.skipped if k not in listed]:  # a bad file removed: no longer listed
+            del self.skipped[gone]
+        for key, path, st in candidates:
             if stat.S_ISDIR(st.st_mode):
                 self._skip(key, "a folder, not a log file (the logs inside it are read as usual)")
                 continue
