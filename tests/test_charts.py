@@ -130,3 +130,58 @@ def test_clicking_a_point_reports_its_trial_id_across_redraws(log: ResultLog) ->
 def test_picked_trial_reads_point_selections() -> None:
     assert picked_trial([{"trial_id": 4}]) == 4
     assert picked_trial([]) is None and picked_trial(None) is None
+
+
+# ---- a long log: the default view, the stated total, data updates --------------------------------
+def long_results(n: int = 120) -> ResultLog:
+    log = ResultLog(None)
+    for i in range(n):
+        log.append(fake(wb.Knobs(batch_size=8 * (1 + i % 4)), step_ms=10.0 + (i % 7)))
+    return log
+
+
+def test_the_default_view_is_baseline_recent_and_best_of_each_configuration():
+    from workbench.charts import LAST_N, chart_view
+
+    df = long_results().frame()
+    view = chart_view(df)
+    ids = set(view["trial_id"])
+    assert 1 in ids  # the baseline
+    assert set(df["trial_id"].iloc[-LAST_N:]) <= ids  # the last N
+    for _, g in df.groupby("label"):  # the best of each configuration
+        assert g.loc[g["samples_per_s"].idxmax(), "trial_id"] in ids
+    assert len(view) < len(df) and view.attrs["total"] == len(df)
+    assert list(view["trial_id"]) == sorted(ids)
+    assert len(chart_view(df, last=None)) == len(df)
+    with pytest.raises(ValueError, match="last"):
+        chart_view(df, last=-1)
+
+
+def test_the_chart_states_the_total_and_draws_all_on_request():
+    df = long_results().frame()
+    spec = comparison_chart(df).to_dict()
+    drawn = chart_data(spec)
+    assert len(drawn) < len(df) and f"{len(drawn)} of {len(df)} trials" in spec["title"]["text"]
+    assert "last=None" in spec["title"]["text"]
+    everything = comparison_chart(df, last=None).to_dict()
+    assert len(chart_data(everything)) == len(df) and everything["title"]["text"] == f"{len(df)} trials"
+
+
+def test_update_chart_replaces_only_the_data_and_the_title():
+    from workbench.charts import update_chart
+
+    log = long_results(10)
+    jc = alt.JupyterChart(comparison_chart(ResultLog(None).frame()))
+    assert not update_chart(jc, log.frame())  # from the empty placeholder: a new chart
+    charts = []
+    jc.observe(lambda change: charts.append(change), names="chart")
+    before = jc.spec
+    for _ in range(3):
+        log.append(fake(wb.Knobs(batch_size=24), step_ms=9.0))
+        assert update_chart(jc, log.frame())
+    assert charts == []  # no new altair chart per trial
+    assert len(chart_data(jc)) == 13 and "13 trials" in jc.spec["title"]["text"]
+    strip = ("datasets", "title")
+    assert {k: v for k, v in jc.spec.items() if k not in strip} == {k: v for k, v in before.items() if k not in strip}
+    fresh = comparison_chart(log.frame()).to_dict()  # the same picture a new chart would give
+    assert chart_data(fresh).equals(chart_data(jc))

@@ -9,6 +9,7 @@ next trial succeeds.
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import signal
@@ -267,3 +268,85 @@ def test_a_dying_worker_never_raises_into_the_main_thread(tmp_path):
     assert r.status == "error" and r.where == "data" and "DataLoader worker" in r.message
     time.sleep(0.5)  # give a stray SIGCHLD time to arrive
     assert bench.run().ok and psutil.Process().children(recursive=True) == []
+
+
+# ---- write faults: a measured trial survives any failure to record it (docs/reliability.md) -------
+def _fsync_fails(code):
+    def fail(fd):
+        raise OSError(code, os.strerror(code))
+    return fail
+
+
+WRITE_FAULTS = {  # fault -> the errno the log's writes (or its folder) fail with
+    "disk-full": errno.ENOSPC,
+    "read-only": errno.EROFS,
+    "permission": errno.EACCES,
+    "io-error": errno.EIO,
+}
+
+
+@pytest.mark.parametrize("fault", [*WRITE_FAULTS, "vanished-folder"])
+def test_write_fault_matrix(fault, tmp_path, monkeypatch):
+    import shutil
+
+    bench = wb.Workbench(TinyNet(), SquareDataset(), loss_fn=torch.nn.CrossEntropyLoss(), steps=2, warmup_steps=0,
+                         log=tmp_path / "share", participant="ana", knobs=wb.Knobs(batch_size=8))
+    first = bench.run()
+    on_disk = bench.log.path.read_bytes()
+    if fault == "vanished-folder":
+        shutil.rmtree(tmp_path / "share")  # the share went away between trials: it is made again
+        assert bench.run().ok and len(ResultLog(bench.log.path).trials) == 1
+        assert list(bench.results["trial_id"]) == [1, 2]
+        return
+    monkeypatch.setattr(os, "fsync", _fsync_fails(WRITE_FAULTS[fault]))
+    with pytest.warns(RuntimeWarning, match=r"bench\.log\.save") as caught:
+        results = [bench.run(), bench.run(num_workers=0, batch_size=4)]
+    assert len(caught) == 1 and os.strerror(WRITE_FAULTS[fault]) in str(caught[0].message)
+    assert all(r.ok for r in results) and [r.trial_id for r in results] == [2, 3]
+    assert list(bench.results["trial_id"]) == [1, 2, 3]  # kept in memory and in the table
+    assert bench.log.path.read_bytes() == on_disk  # earlier lines intact, nothing half-written
+    assert ResultLog(bench.log.path).trials[0] == first
+    monkeypatch.undo()
+    saved = bench.log.save(tmp_path / "elsewhere")
+    assert [r.trial_id for r in ResultLog(saved).trials] == [1, 2, 3]
+
+
+def test_trace_write_fault_keeps_the_trial(tmp_path, monkeypatch):
+    from torch.profiler import profile
+
+    bench = wb.Workbench(TinyNet(), SquareDataset(), loss_fn=torch.nn.CrossEntropyLoss(), steps=2, warmup_steps=0,
+                         log=tmp_path, knobs=wb.Knobs(batch_size=8))
+
+    def full(self, path):
+        with open(path, "w") as f:
+            f.write('{"traceEvents": [')  # half a trace, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(profile, "export_chrome_trace", full)
+    r = bench.run(trace=True)
+    assert r.ok and r.trace_path is None and any("No space left" in n for n in r.notes)
+    assert not list(tmp_path.glob("*.trace.json"))  # the half-written trace was removed
+    assert bench.results["trial_id"].tolist() == [1]
+
+
+def test_tensorboard_write_fault_warns_once_and_keeps_the_trials(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from workbench import export
+
+    bench = wb.Workbench(TinyNet(), SquareDataset(), loss_fn=torch.nn.CrossEntropyLoss(), steps=2, warmup_steps=0,
+                         log=tmp_path, knobs=wb.Knobs(batch_size=8))
+    bench.run()
+    bench.run(batch_size=4)
+    real = export._write_run
+    calls = []
+
+    def full(*a):
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(*a)
+
+    monkeypatch.setattr(export, "_write_run", full)
+    with pytest.warns(RuntimeWarning, match=r"No space left.*1 of 2 trials exported.*elsewhere"):
+        runs = bench.to_tensorboard(tmp_path / "runs")
+    assert len(runs) == 1 and len(bench.trials) == 2

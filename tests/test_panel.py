@@ -6,6 +6,7 @@ enough to stop or to change knobs during. No assertion depends on timing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -321,3 +322,27 @@ def test_a_chart_click_explains_the_trial_against_the_baseline(panel: Panel, ben
     assert "backward" in panel.explanation.value and "aten::" in panel.explanation.value
     panel._on_chart_pick(3)  # both traced now: explained on the spot
     assert "#3 explained against baseline #1" in panel.explanation.value and len(bench.trials) == 3
+
+
+def test_a_long_log_updates_the_chart_data_and_shows_the_default_view(bench):
+    """200 trials: each new one reaches the chart as new data in the same chart; the chart, table
+    and picker hold the baseline, the recent trials and the best of each configuration."""
+    from workbench.charts import LAST_N
+
+    first = bench.trials[0] if bench.trials else bench.run()
+    for i in range(200):
+        bench.log.append(dataclasses.replace(first, samples_per_s=(first.samples_per_s or 1.0) * (1 + 0.001 * i),
+                                             knobs=first.knobs.replace(batch_size=8 + i % 5)))
+    p = Panel(bench)
+    try:
+        redraws = []
+        p.chart.observe(lambda change: redraws.append(change), names="chart")
+        last = bench.log.append(dataclasses.replace(first, knobs=first.knobs.replace(batch_size=9)))
+        drawn = chart_data(p.chart)
+        assert last.trial_id in set(drawn["trial_id"]) and redraws == []  # a data update, not a new chart
+        assert LAST_N <= len(drawn) < len(bench.trials)
+        assert f"of {len(bench.trials)} trials" in p.chart.spec["title"]["text"]
+        assert len(p.trial_pick.options) == len(drawn)
+        assert p.table.value.count("<tr") == len(drawn) + 1  # a header row and one per trial drawn
+    finally:
+        p.close()

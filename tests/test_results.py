@@ -6,10 +6,12 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import workbench as wb
 from workbench.measure import TrialResult
-from workbench.results import ResultLog, compare
+from workbench.results import ResultLog, _sides, compare
 
 
 def fake(times, status="ok", batch=10, **knobs) -> TrialResult:
@@ -189,3 +191,243 @@ def test_verdict_column_has_three_answers():
     words = str(log.noise)
     assert "back-to-back trials of identical knobs typically land within" in words and "pairs" in words
     assert "minutes apart" in words
+
+
+# ---- untrusted content: every bad line skipped with one warning, never its content ---------------
+SECRET = "TOPSECRET-do-not-echo"
+
+
+def hostile_lines(good: dict) -> list[bytes]:
+    """One line of each kind a reader must survive (good records between them)."""
+    inf = {**good, "samples_per_s": 1e400, "message": SECRET}
+    negative = {**good, "batch_size": -5, "message": SECRET}
+    neg_rate = {**good, "samples_per_s": -3.0, "message": SECRET}
+    wrong = {**good, "step_times_s": SECRET}
+    return [
+        b"[" * 100_000 + SECRET.encode(),  # deep nesting (RecursionError in json before)
+        b'{"x": "' + SECRET.encode() * 100_000 + b'"}',  # a huge line
+        json.dumps(inf).replace("Infinity", "1e400").encode(),
+        json.dumps({**good, "samples_per_s": float("nan"), "message": SECRET}).encode(),  # NaN literal
+        json.dumps(negative).encode(),
+        json.dumps(neg_rate).encode(),
+        json.dumps(wrong).encode(),
+        bytes(range(256)) + SECRET.encode(),  # binary garbage
+        json.dumps([SECRET]).encode(),
+        json.dumps({**good, "trial_id": True}).encode(),
+        json.dumps({**good, "amp": SECRET}).encode(),  # a knob failing validation
+    ]
+
+
+def test_hostile_log_lines_are_skipped_with_one_warning_naming_the_lines(tmp_path):
+    good = ResultLog(None).append(fake([0.01, 0.011, 0.012]))
+    rec = json.loads(json.dumps(good.to_record()))
+    path = tmp_path / "log.jsonl"
+    lines = [json.dumps(rec).encode(), *hostile_lines(rec), json.dumps({**rec, "trial_id": 2}).encode()]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.warns(UserWarning) as caught:
+        log = ResultLog(path)
+    assert [r.trial_id for r in log.trials] == [1, 2]
+    text = " ".join(str(w.message) for w in caught)
+    assert len(caught) == 1 and "log.jsonl" in text and "line 2 (" in text and "12 unreadable" in text  # the garbage holds a newline: two lines
+    assert SECRET not in text and "\\x" not in text
+    assert log.append(fake([0.01, 0.01])).trial_id == 3  # the log stays usable
+
+
+def test_parse_record_rejects_deep_nesting_before_parsing():
+    from workbench.results import BadRecord, parse_record
+
+    with pytest.raises(BadRecord, match="nested deeper"):
+        parse_record("[" * 200 + "]" * 200)
+    with pytest.raises(BadRecord, match="longer than"):
+        parse_record("1" * (2 << 20))
+    assert parse_record('{"event": "baseline", "trial_id": 3}') == ("baseline", 3)
+    with pytest.raises(BadRecord):  # brackets inside strings do not count, but the record is foreign
+        parse_record(json.dumps({"message": "[" * 100}))
+
+
+# ---- a measured trial survives any write failure ----------------------------------------------
+@pytest.mark.parametrize("err", ["ENOSPC", "EROFS", "EACCES", "EIO"])
+def test_a_failed_write_keeps_the_trial_warns_once_and_cuts_the_partial_line(tmp_path, monkeypatch, err):
+    import errno
+    import os
+
+    log = ResultLog(tmp_path / "log.jsonl")
+    log.append(fake([0.01, 0.011]))
+    first = log.path.read_bytes()
+    real_fsync = os.fsync
+
+    def full(fd):  # the bytes went to the page cache, the disk refuses them
+        raise OSError(getattr(errno, err), os.strerror(getattr(errno, err)))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.warns(RuntimeWarning, match=r"could not write.*bench\.log\.save") as caught:
+        second = log.append(fake([0.012, 0.013], num_workers=1))
+        third = log.append(fake([0.014, 0.013], num_workers=2))
+    assert len(caught) == 1  # once, not per trial
+    assert os.strerror(getattr(errno, err)) in str(caught[0].message)
+    assert (second.trial_id, third.trial_id) == (2, 3) and log.unsaved == 2
+    assert [r.trial_id for r in log.trials] == [1, 2, 3]
+    assert len(log.frame()) == 3
+    assert log.path.read_bytes() == first  # earlier lines intact, no partial line left behind
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    with pytest.warns(RuntimeWarning, match="works again"):
+        log.append(fake([0.01, 0.01], num_workers=3))
+    assert [r.trial_id for r in ResultLog(log.path).trials] == [1, 2, 3, 4] and log.unsaved == 0
+
+
+def test_a_vanished_or_unwritable_folder_keeps_the_trial_and_save_moves_the_log(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    log = ResultLog(tmp_path / "share" / "log.jsonl")
+    log.append(fake([0.01, 0.011]))
+    real_open = builtins.open
+
+    def refuse(file, mode="r", *a, **k):
+        if "share" in str(file) and any(c in mode for c in "aw+"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real_open(file, mode, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", refuse)
+    with pytest.warns(RuntimeWarning, match="Permission denied"):
+        kept = log.append(fake([0.012, 0.013], num_workers=1))
+    log.set_baseline(kept.trial_id)  # a baseline change is kept in memory too
+    assert kept.trial_id == 2 and log.unsaved == 2
+    monkeypatch.undo()
+    moved = log.save(tmp_path / "elsewhere")
+    assert moved == tmp_path / "elsewhere" / "log.jsonl" and log.path == moved and log.unsaved == 0
+    again = ResultLog(moved)
+    assert [r.trial_id for r in again.trials] == [1, 2] and again.baseline.trial_id == 2
+    assert log.append(fake([0.01, 0.01], num_workers=2)).trial_id == 3
+    assert len(ResultLog(moved).trials) == 3
+
+
+def test_an_interrupted_write_leaves_no_partial_line(tmp_path, monkeypatch):
+    import errno
+
+    log = ResultLog(tmp_path / "log.jsonl")
+    log.append(fake([0.01, 0.011]))
+    first = log.path.read_bytes()
+
+    import os
+
+    real_write = os.write
+    calls = []
+
+    def half(fd, data):  # the first write lands half, the next finds the disk full
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half)
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        log.append(fake([0.012, 0.013], num_workers=1))
+    assert log.path.read_bytes() == first
+    monkeypatch.undo()
+    with pytest.warns(RuntimeWarning, match="works again"):
+        log.append(fake([0.012, 0.013], num_workers=2))
+    assert [r.trial_id for r in ResultLog(log.path).trials] == [1, 2, 3]
+
+
+def test_a_full_filesystem_for_real(tmp_path):
+    """A 64 KiB tmpfs filled to the brim: every trial comes back and stays; earlier lines read back."""
+    import os
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs is not permitted here")
+    try:
+        log = ResultLog(mnt / "log.jsonl")
+        log.append(fake([0.01] * 30))
+        (mnt / "filler").write_bytes(b"\0" * (64 * 1024 - log.path.stat().st_size - 4096 - 100))
+        with pytest.warns(RuntimeWarning, match="No space left"):
+            for i in range(40):  # ~1.4 KB each: the disk fills up on the way
+                log.append(fake([0.01 + i * 1e-4] * 30, num_workers=i % 3))
+        assert len(log.trials) == 41 and log.unsaved > 0 and len(log.frame()) == 41
+        written = ResultLog(log.path).trials  # every line on disk is whole
+        assert [r.trial_id for r in written] == list(range(1, len(written) + 1))
+        assert written[0] == log.trials[0]
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
+
+
+# ---- incremental results: the same frame, the same verdicts as compare ----------------------------
+def test_incremental_verdicts_equal_compare_after_appends_and_noise_changes():
+    rng = np.random.default_rng(1)
+    log = ResultLog(None)
+    for i in range(120):
+        workers = int(rng.integers(0, 6))  # repeats of identical knobs: the noise changes as they come
+        step = 0.01 * (1 + 0.04 * workers) * (1 + 0.05 * rng.standard_normal())
+        log.append(fake([step, step * 1.01], num_workers=workers))
+        if i % 17 == 0 or i > 110:
+            df = log.frame()
+            base, noise = log.baseline, log.noise
+            for r, speedup, verdict in zip(log.trials, df["speedup"], df["verdict"]):
+                if r.trial_id == base.trial_id:
+                    assert verdict == "baseline"
+                    continue
+                c = compare(*_sides(log.trials, base, r), noise=noise)  # the table pools each side's repeats
+                assert (verdict, speedup) == (c.verdict, c.speedup), r.trial_id
+    verdicts = set(log.frame()["verdict"])
+    assert {"beyond noise", "within noise"} <= verdicts  # both sides of the threshold were exercised
+    log.set_baseline(5)
+    df = log.frame()
+    assert df.loc[df["trial_id"] == 5, "verdict"].item() == "baseline"
+    assert all(v == compare(*_sides(log.trials, log.baseline, r), noise=log.noise).verdict
+               for r, v in zip(log.trials, df["verdict"]) if r.trial_id != 5)
+
+
+def test_the_frame_is_a_copy_and_follows_replaced_trials():
+    log = ResultLog(None)
+    for w in range(4):
+        log.append(fake([0.01, 0.011], num_workers=w))
+    df = log.frame()
+    df.loc[0, "verdict"] = "edited"
+    assert log.frame().loc[0, "verdict"] == "baseline"
+    log.trials = log.trials[:2]  # someone replaced the list: the table starts over
+    assert list(log.frame()["trial_id"]) == [1, 2]
+
+
+# ---- property tests: arbitrary bytes and arbitrary JSON never raise from the readers -------------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+                    max_leaves=30)
+FIELDS = ["status", "trial_id", "samples_per_s", "step_times_s", "batch_size", "amp", "losses", "env", "notes",
+          "peak_memory_bytes", "checkpoint", "event", "participant"]
+RECORDS = st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=8)  # near-misses of a real record
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.binary(max_size=300) | RECORDS.map(lambda d: json.dumps(d).encode()), max_size=6))
+def test_reading_arbitrary_lines_never_raises(tmp_path, chunks):
+    import warnings as w
+
+    from workbench.results import read_records
+
+    trials, _, _ = read_records(b"\n".join(chunks).split(b"\n"))
+    assert all(isinstance(r.samples_per_s, (float, int, type(None))) for r in trials)
+    path = tmp_path / "fuzz.jsonl"
+    path.write_bytes(b"\n".join(chunks))
+    with w.catch_warnings(record=True) as caught:
+        w.simplefilter("always")
+        log = ResultLog(path)
+    assert all(issubclass(c.category, UserWarning) for c in caught)  # the documented warning only
+    log.frame()  # whatever was accepted can be tabled
+
+
+@settings(max_examples=150, deadline=None)
+@given(JSON)
+def test_parse_record_of_arbitrary_json_raises_only_bad_record(value):
+    from workbench.results import BadRecord, parse_record
+
+    try:
+        kind, _ = parse_record(json.dumps(value))
+    except BadRecord:
+        return
+    assert kind in ("trial", "baseline")

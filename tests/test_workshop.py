@@ -9,12 +9,15 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import ROOT, TinyNet, tiny_data
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import workbench as wb
 from workbench.measure import TrialResult
@@ -281,3 +284,153 @@ def test_learner_session_runs_the_prescribed_trials_into_the_shared_folder(tmp_p
     assert [r.knobs for r in bench.trials] == [bench.knobs(**k) for k in TRIALS]
     ws = gather(tmp_path)
     assert ws.participants == ["ana"] and len(ws.summary()) == len(TRIALS) - 1
+
+
+# ---- the shared folder is a boundary: hostile files never take the instructor down ---------------
+SECRET = "TOPSECRET-do-not-echo"
+
+
+def hostile_folder(tmp_path: Path) -> tuple[Path, Path, int]:
+    """A class folder with two honest learners and one file of every hostile kind; (folder, outside
+    file, number of valid rows)."""
+    folder = tmp_path / "class"
+    learner_log(folder, "ana", [fake(0.010), fake(0.008, seed=1, num_workers=2)])
+    learner_log(folder, "ben", [fake(0.011), fake(0.012, seed=2, num_workers=2), fake(0.012, seed=3, amp="bf16")])
+    good = json.loads((folder / "ana" / "demo-cnn.jsonl").read_text().splitlines()[0])
+    bad = folder / "mallory"
+    bad.mkdir()
+    (bad / "deep.jsonl").write_bytes(b"[" * 100_000)
+    (bad / "huge.jsonl").write_bytes(b'{"a": "' + b"x" * (2 << 20) + b'"}\n')
+    (bad / "inf.jsonl").write_text(json.dumps({**good, "samples_per_s": 1e300}).replace("1e+300", "1e400") + "\n")
+    (bad / "negative.jsonl").write_text(json.dumps({**good, "batch_size": -5}) + "\n")
+    (bad / "negrate.jsonl").write_text(json.dumps({**good, "samples_per_s": -1.0}) + "\n")
+    (bad / "knobs.jsonl").write_text(json.dumps({**good, "amp": "fp8", "message": SECRET}) + "\n")
+    (bad / "garbage.jsonl").write_bytes(bytes(range(256)) * 10 + SECRET.encode())
+    (bad / "empty.jsonl").write_bytes(b"")
+    (bad / "dir.jsonl").mkdir()
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text(json.dumps({**good, "message": SECRET}) + "\n")  # a valid log: must not be read
+    (bad / "link.jsonl").symlink_to(outside)
+    (folder / "linkdir").symlink_to(tmp_path, target_is_directory=True)  # a way out, not followed
+    os.mkfifo(bad / "fifo.jsonl")
+    (bad / "dotdot.jsonl").symlink_to(Path("..") / ".." / "outside.jsonl")
+    return folder, outside, 5
+
+
+def test_a_hostile_shared_folder_gathers_exactly_the_valid_rows(tmp_path):
+    folder, outside, n = hostile_folder(tmp_path)
+    with pytest.warns(UserWarning) as caught:
+        ws = gather(folder)  # the FIFO would block a plain open(); the deep line would recurse
+    assert len(ws.results) == n and sorted(ws.participants) == ["ana", "ben"]
+    text = [str(w.message) for w in caught]
+    assert SECRET not in " ".join(text)
+    bad = ["deep", "huge", "inf", "negative", "negrate", "knobs", "garbage", "empty", "dir", "link", "fifo", "dotdot"]
+    for name in bad:
+        assert sum(f"mallory/{name}.jsonl" in t for t in text) == 1, name
+    assert set(ws.skipped) == {f"mallory/{name}.jsonl" for name in bad}
+    assert "symbolic link" in ws.skipped["mallory/link.jsonl"] and "FIFO" in ws.skipped["mallory/fifo.jsonl"]
+    assert str(outside) not in " ".join(ws.results["uid"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same bad files are not reported again
+        assert not ws.refresh()
+        (folder / "mallory" / "empty.jsonl").unlink()
+        ws.refresh()
+    assert "mallory/empty.jsonl" not in ws.skipped  # a removed file is no longer listed
+
+
+def test_gather_warns_per_bad_line_and_keeps_the_rest(tmp_path):
+    path = learner_log(tmp_path, "ana", [fake(0.010), fake(0.008, seed=1, num_workers=2)])
+    with open(path, "ab") as f:
+        f.write(b"[" * 5000 + b"\n" + b'{"status": "ok", "trial_id": "' + SECRET.encode() + b'"}\n')
+    with pytest.warns(UserWarning, match=r"line 3 \(nested deeper.*line 4 \(trial_id") as caught:
+        ws = gather(tmp_path)
+    assert len(ws.results) == 2 and SECRET not in str(caught[0].message)
+
+
+def test_gather_rereads_only_appended_bytes_and_new_files(tmp_path, monkeypatch):
+    for who in ("ana", "ben", "cho"):
+        learner_log(tmp_path, who, [fake(0.010), fake(0.008, seed=1, num_workers=2)])
+    ws = gather(tmp_path)
+    real_read = os.read
+    read = []
+
+    def counting(fd, n):
+        data = real_read(fd, n)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "read", counting)
+    assert not ws.refresh() and read == []  # nothing changed: nothing read
+    log = ResultLog(tmp_path / "ana" / "demo-cnn.jsonl", participant="ana")
+    before = log.path.stat().st_size
+    monkeypatch.setattr(os, "read", real_read)
+    log.append(fake(0.009, seed=4, num_workers=1))
+    added = log.path.stat().st_size - before
+    monkeypatch.setattr(os, "read", counting)
+    assert ws.refresh() and sum(read) == added and len(ws.results) == 7
+    read.clear()
+    monkeypatch.setattr(os, "read", real_read)
+    new = learner_log(tmp_path, "dan", [fake(0.010)])
+    monkeypatch.setattr(os, "read", counting)
+    assert ws.refresh() and sum(read) == new.stat().st_size and len(ws.results) == 8
+    # a replaced file (same name, new content) is read again from the start
+    monkeypatch.setattr(os, "read", real_read)
+    new.unlink()
+    learner_log(tmp_path, "dan", [fake(0.010), fake(0.01, seed=5, num_workers=2)])
+    assert ws.refresh() and len(ws.results) == 9
+
+
+def test_long_and_odd_participant_names_get_a_short_stable_file_name(tmp_path):
+    from workbench.results import FILE_NAME_CHARS, safe_file_name
+
+    long = "Ana " + "de la Cruz " * 27  # 300 characters
+    assert len(long) >= 300
+    bench = wb.Workbench(TinyNet(), tiny_data(), loss_fn=torch.nn.CrossEntropyLoss(), log=tmp_path,
+                         name="tiny", participant=long, steps=2, warmup_steps=0)
+    r = bench.run()
+    assert r.ok and r.participant == long  # the full name is kept in the rows
+    assert len(bench.log.path.parent.name) <= FILE_NAME_CHARS
+    assert bench.log.path.parent.name == safe_file_name(long)  # stable
+    assert gather(tmp_path).participants == [long]
+    odd = {"../../etc", "..", "日本語", "a/b", "a\x00b", "ana", "x" * 200, "x" * 201}
+    names = {safe_file_name(n) for n in odd}
+    assert len(names) == len(odd)  # distinct names, distinct files
+    assert all(n and len(n) <= FILE_NAME_CHARS and "/" not in n and "\x00" not in n and n not in (".", "..")
+               for n in names)
+    with pytest.raises(ValueError, match="limit is 1,000"):
+        safe_file_name("x" * 1001)
+
+
+def test_watch_view_updates_one_summary_and_one_chart_in_place(tmp_path):
+    from workbench.workshop import WatchView
+
+    learner_log(tmp_path, "ana", [fake(0.010), fake(0.008, seed=1, num_workers=2)])
+    ws = gather(tmp_path)
+    view = WatchView()
+    view.update(ws)
+    chart = view.chart
+    learner_log(tmp_path, "ben", [fake(0.011), fake(0.009, seed=1, num_workers=2)])
+    ws.refresh()
+    view.update(ws)
+    view.update(ws)
+    assert len(view.widget.children) == 2 and view.widget.children[1] is chart  # no stale copies
+    assert "<table" in view.summary.value and view.draws == 3
+    assert sorted(chart.chart.data["participant"]) == ["ana", "ben"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=2000))
+def test_gathering_arbitrary_bytes_never_raises(tmp_path, data):
+    import shutil
+
+    folder = tmp_path / "fuzz"
+    shutil.rmtree(folder, ignore_errors=True)
+    learner_log(folder, "ana", [fake(0.010)])
+    (folder / "eve").mkdir()
+    (folder / "eve" / "x.jsonl").write_bytes(data)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ws = gather(folder)
+    assert all(issubclass(c.category, UserWarning) for c in caught)
+    assert "ana" in ws.participants
+    ws.summary()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,7 @@ from torch import nn
 from .knobs import Knobs
 from .measure import TrialResult
 from .progress import TrialProgress, search, shown
-from .results import Comparison, ResultLog, compare
+from .results import Comparison, ResultLog, compare, safe_file_name
 from .runner import Progress, TrialInterrupted, check_knobs, run_trial, trial_thread
 from .stats import MARGIN, Noise
 from .workload import StepFn, Workload, move_to
@@ -227,12 +226,13 @@ class Workbench:
 
         return panel(self, **kwargs)
 
-    def chart(self) -> Any:
-        """The comparison chart of all trials as a plain altair Chart (save to HTML/PNG)."""
+    def chart(self, last: int | None = 30) -> Any:
+        """The comparison chart as a plain altair Chart (save to HTML/PNG): the baseline, the last
+        `last` trials and the best of each configuration; `last=None` draws every trial."""
         require_notebook("bench.chart()", ("altair",))
         from .charts import comparison_chart
 
-        return comparison_chart(self.results)
+        return comparison_chart(self.results, last=last)
 
     def diagnose(self, *, progress: bool | None = None, **kwargs: Any) -> Any:
         """Why is the step slow, and what to try next (see diagnose/)."""
@@ -338,10 +338,5 @@ def _log_path(log: str | os.PathLike | None, name: str, participant: str | None 
     if p.suffix == ".jsonl":
         return p
     if participant is not None:
-        p = p / _safe_name(participant)
-    return p / (_safe_name(name) + ".jsonl")
-
-
-def _safe_name(name: str) -> str:
-    """A file-name-safe version of a workbench or participant name."""
-    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", name.strip()).strip(".") or "_"
+        p = p / safe_file_name(participant)
+    return p / (safe_file_name(name, what="workbench") + ".jsonl")

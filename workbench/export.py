@@ -13,9 +13,11 @@ Sits above the core; needs the optional `tensorboard` package (`pip install "tun
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -75,23 +77,38 @@ def to_tensorboard(trials: Iterable[TrialResult], logdir: str | os.PathLike = "r
     written: list[Path] = []
     for i, (r, hp) in enumerate(zip(trials, hparams_of(trials))):
         run_dir = folder / (f"trial-{r.trial_id:04d}" if r.trial_id is not None else f"trial-unnumbered-{i}")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for old in run_dir.glob(EVENTS_GLOB):  # a repeated export replaces this trial's run
-            old.unlink()
-        metrics = headline(r)
-        with SummaryWriter(log_dir=str(run_dir)) as w:
-            for summary in hparams(hp, metrics):  # experiment, session start, session end
-                w.file_writer.add_summary(summary)
-            for tag, value in metrics.items():
-                w.add_scalar(tag, value, 0)
-            for step, t in enumerate(r.step_times_s, start=1):
-                w.add_scalar("step/time_ms", t * 1e3, step)
-            for step, t in enumerate(r.data_wait_s, start=1):
-                w.add_scalar("step/data_wait_ms", t * 1e3, step)
-            for step, loss in enumerate(r.losses, start=1):
-                if math.isfinite(loss):
-                    w.add_scalar("step/loss", loss, step)
-            if r.message or r.notes:
-                w.add_text("notes", "\n\n".join([r.message, *r.notes]).strip(), 0)
+        try:
+            _write_run(SummaryWriter, hparams, r, hp, run_dir)
+        except OSError as e:  # a full disk, read-only or vanished folder: say so once, keep what was written
+            for partial in run_dir.glob(EVENTS_GLOB):
+                with contextlib.suppress(OSError):
+                    partial.unlink()
+            warnings.warn(f"could not write TensorBoard runs to {folder} ({e.strerror or type(e).__name__}); "
+                          f"{len(written)} of {len(trials)} trials exported. The trials are unchanged "
+                          "(bench.trials): export again with another folder, bench.to_tensorboard('elsewhere')",
+                          RuntimeWarning, stacklevel=2)
+            break
         written.append(run_dir)
     return written
+
+
+def _write_run(writer_cls: Any, hparams: Any, r: TrialResult, hp: dict[str, Any], run_dir: Path) -> None:
+    """One trial's run: hparams records, headline scalars, per-step series, notes."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for old in run_dir.glob(EVENTS_GLOB):  # a repeated export replaces this trial's run
+        old.unlink()
+    metrics = headline(r)
+    with writer_cls(log_dir=str(run_dir)) as w:
+        for summary in hparams(hp, metrics):  # experiment, session start, session end
+            w.file_writer.add_summary(summary)
+        for tag, value in metrics.items():
+            w.add_scalar(tag, value, 0)
+        for step, t in enumerate(r.step_times_s, start=1):
+            w.add_scalar("step/time_ms", t * 1e3, step)
+        for step, t in enumerate(r.data_wait_s, start=1):
+            w.add_scalar("step/data_wait_ms", t * 1e3, step)
+        for step, loss in enumerate(r.losses, start=1):
+            if math.isfinite(loss):
+                w.add_scalar("step/loss", loss, step)
+        if r.message or r.notes:
+            w.add_text("notes", "\n\n".join([r.message, *r.notes]).strip(), 0)

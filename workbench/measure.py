@@ -375,12 +375,14 @@ class TrialResult:
         return d
 
     @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> TrialResult:
-        """Rebuild a result from `to_record()` output (as read back from the JSONL log)."""
+    def from_record(cls, rec: dict[str, Any], knobs: Knobs | None = None) -> TrialResult:
+        """Rebuild a result from `to_record()` output (as read back from the JSONL log); `knobs`:
+        the record's knobs when the caller already built them (a reader caching repeats)."""
         from .knobs import knob_names
 
-        names = [*knob_names(), *(rec.get("user_knobs") or ())]  # a knob whose cell has not run stays, unknown
-        knobs = Knobs.from_dict({k: rec[k] for k in names if k in rec}, keep_unknown=True)
+        if knobs is None:
+            names = [*knob_names(), *(rec.get("user_knobs") or ())]  # a knob whose cell has not run stays, unknown
+            knobs = Knobs.from_dict({k: rec[k] for k in names if k in rec}, keep_unknown=True)
         kw = {k: rec[k] for k in cls.__dataclass_fields__ if k in rec and k != "knobs"}
         for k in ("step_times_s", "data_wait_s", "notes"):
             kw[k] = tuple(kw.get(k) or ())

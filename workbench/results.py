@@ -9,13 +9,16 @@ running alternating confirmation rounds.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import getpass
+import hashlib
 import itertools
 import json
 import math
 import os
 import platform
+import re
 import threading
 import time
 import warnings
@@ -27,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .knobs import KNOBS, Knobs
+from .knobs import KNOBS, Knobs, knob_names
 from .measure import STATUSES, TrialResult
 from .stats import MARGIN, Comparison, Noise, adjacent_noise, critical, decide, decide_sequential, estimate_noise
 
@@ -207,8 +210,16 @@ class ResultLog:
         self._baseline_id: int | None = None
         self._observers: list[Callable[[TrialResult], None]] = []
         self._offset = 0  # bytes of the file already read into `trials`
+        self._unsaved: list[bytes] = []  # records a failed write kept in memory (written with the next append)
+        self.write_error: OSError | None = None  # the last write failure, None once writes work again
+        self._warned: set[str] = set()
+        self._table = _Table()
         if self.path is not None and self.path.exists():
-            self._load()
+            try:
+                self._load()
+            except OSError as e:  # unreadable (permissions, a vanished share): start empty, say so
+                self._write_failed(e, "read")
+        self._table.sync(self)  # rows, speedups and verdicts once, so `results` after a trial is cheap
 
     # ---- persistence ------------------------------------------------------------------------
     def _load(self) -> None:
@@ -219,69 +230,161 @@ class ResultLog:
     def _read_new(self, f: Any) -> None:
         """Parse complete lines after `_offset` of the locked, open file `f` (binary, a+)."""
         f.seek(self._offset)
-        data = f.read()
+        data = f.read(max(0, MAX_FILE_BYTES - self._offset) + 1)
+        if len(data) + self._offset > MAX_FILE_BYTES:
+            self._warn_once("size", f"{self.path}: the log is over {MAX_FILE_BYTES:,} bytes; trials after that "
+                                    "point are not read (start a new log: Workbench(log=...))")
+            data = data[: data.rfind(b"\n", 0, MAX_FILE_BYTES - self._offset) + 1]
+            if not data:
+                return
         if not data:
             return
         complete = data[: data.rfind(b"\n") + 1]
         tail = data[len(complete):]
-        lines = complete.decode("utf-8", errors="replace").splitlines()
-        trials, baseline_id, bad = read_records(lines)
+        trials, baseline_id, bad = read_records(complete.split(b"\n"))
         self.trials += trials
         if baseline_id is not None:
             self._baseline_id = baseline_id
-        for i, e in bad:
-            warnings.warn(f"{self.path}: skipped unreadable line {self._line_no(i)}: {e}", stacklevel=4)
+        if bad:
+            where = f" (after byte {self._offset})" if self._offset else ""
+            warnings.warn(f"{self.path}: skipped {len(bad)} unreadable line(s){where}: {bad_lines_text(bad)}",
+                          stacklevel=4)
         self._offset += len(complete)
         if tail:
-            # Writers hold the lock until their line ends, so an unterminated last line under the
-            # lock is what a crash mid-write left behind. Keep the fragment beside the log and cut
-            # it from the log, so the next record starts on a line of its own.
-            warnings.warn(f"{self.path}: skipped unreadable last line (truncated by a crash?): "
-                          f"{tail[:60].decode('utf-8', errors='replace')!r}", stacklevel=4)
-            if _LOCKS:
-                with open(self.path.with_suffix(".broken"), "ab") as b:
-                    b.write(tail + b"\n")
-                f.truncate(self._offset)
-            else:  # unlocked: it may be another process's line in progress; leave it, skip it
-                self._offset += len(tail)
+            self._cut_tail(f, tail)
 
-    def _line_no(self, i: int) -> str:
-        return f"{i + 1} after byte {self._offset}" if self._offset else f"{i + 1}"
+    def _cut_tail(self, f: Any, tail: bytes) -> None:
+        """An unterminated last line: cut it off (locked), keeping it in `<log>.broken` when that works."""
+        # Writers hold the lock until their line ends, so an unterminated last line under the lock
+        # is what a crash or a full disk mid-write left behind. Cut it so the next record starts on
+        # a line of its own; unlocked (no fcntl), it may be another process's line: skip it.
+        warnings.warn(f"{self.path}: skipped an unterminated last line of {len(tail):,} bytes "
+                      "(a write cut short by a crash or a full disk)", stacklevel=5)
+        if not _LOCKS:
+            self._offset += len(tail)
+            return
+        broken = self.path.with_suffix(".broken")
+        try:
+            with open(broken, "ab") as b:
+                b.write(tail + b"\n")
+        except OSError:  # no room for the copy either: the fragment is dropped, the log still heals
+            with contextlib.suppress(OSError):
+                if broken.stat().st_size == 0:
+                    broken.unlink()
+        try:
+            f.truncate(self._offset)
+        except OSError:  # read-only: leave it; the next append starts on a new line anyway
+            self._offset += len(tail)
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self.path is None:
-            return
-        with _locked(self.path) as f:
-            self._read_new(f)
-            self._append_line(f, record)
+        if self.path is not None:
+            self._persist(lambda: _line(record))
 
-    def _append_line(self, f: Any, record: dict[str, Any]) -> None:
-        line = (json.dumps(record, default=_json_default, allow_nan=False) + "\n").encode("utf-8")
+    def _persist(self, make_line: Callable[[], bytes]) -> None:
+        """Append the line `make_line()` builds under the lock (after reading the others' appends),
+        behind any lines earlier failures kept; on OSError keep it in memory and warn once."""
+        line = None
+        try:
+            with _locked(self.path) as f:
+                self._read_new(f)
+                line = make_line()
+                self._append_lines(f, [*self._unsaved, line])
+        except OSError as e:
+            self._unsaved.append(line if line is not None else make_line())
+            self._write_failed(e, "write")
+            return
+        self._unsaved.clear()
+        if self.write_error is not None:
+            self.write_error = None
+            warnings.warn(f"{self.path}: writing works again; the trials kept in memory are now in the log",
+                          RuntimeWarning, stacklevel=4)
+
+    def _append_lines(self, f: Any, lines: list[bytes]) -> None:
+        """Write whole lines and fsync; on failure cut the file back to where it was, then re-raise."""
         end = f.seek(0, os.SEEK_END)
+        data = b"".join(lines)
         if end:
             f.seek(end - 1)
             if f.read(1) != b"\n":  # an unterminated line (unlocked writers): start a new one
-                line = b"\n" + line
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the trial counts as recorded
-        self._offset = f.tell()
+                data = b"\n" + data
+        fd = f.fileno()
+        try:
+            view = memoryview(data)
+            while view:  # unbuffered: a short write is retried, a failed one leaves nothing pending
+                view = view[os.write(fd, view):]
+            os.fsync(fd)  # on disk before the trial counts as recorded
+        except OSError:
+            with contextlib.suppress(OSError):  # no partial line left to corrupt the next append
+                os.ftruncate(fd, end)
+            raise
+        self._offset = f.seek(0, os.SEEK_END)
+
+    def _write_failed(self, e: OSError, what: str) -> None:
+        """Remember the failure and warn once per cause, saying how to keep the trials."""
+        self.write_error = e
+        why = e.strerror or type(e).__name__
+        self._warn_once(f"{what}:{e.errno}", (
+            f"could not {what} the result log {self.path} ({why}). Trials stay in memory (bench.results); "
+            f"save them elsewhere with bench.log.save('other/folder/log.jsonl'), or free space and the next "
+            f"trial writes them all."))
+
+    def _warn_once(self, key: str, text: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(text, RuntimeWarning, stacklevel=5)
+
+    @property
+    def unsaved(self) -> int:
+        """How many records (trials, baseline changes) are in memory only, after failed writes."""
+        return len(self._unsaved)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write every trial (and the baseline) to `path` and keep logging there; returns the path.
+
+        The way out when the log cannot be written (a full disk, a read-only share): nothing
+        measured is lost. Written to a temporary file first, then renamed into place.
+        """
+        target = Path(path)
+        if target.suffix != ".jsonl":
+            target = target / (self.path.name if self.path is not None else "log.jsonl")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps(_clean(r.to_record()), default=_json_default, allow_nan=False) for r in self.trials]
+        if self._baseline_id is not None:
+            lines.append(json.dumps({"event": "baseline", "trial_id": self._baseline_id}))
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write("".join(x + "\n" for x in lines).encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        self.path, self._offset, self._unsaved, self.write_error = target, target.stat().st_size, [], None
+        return target
 
     # ---- trials -----------------------------------------------------------------------------
     def append(self, result: TrialResult) -> TrialResult:
         """Number the trial after every trial in the file, persist it, tell the observers.
 
         Returns the numbered result. Trials that other processes appended to the same file since
-        the last read join `trials` first (they are not sent to the observers).
+        the last read join `trials` first (they are not sent to the observers). A failed write
+        (full disk, read-only, permissions, a vanished folder) keeps the trial in memory and warns
+        once (see `save`); it never loses the measured result.
         """
         participant = result.participant or self.participant
+        numbered: list[TrialResult] = []
+
+        def number() -> bytes:
+            numbered.append(replace(result, trial_id=self._next_id(), participant=participant))
+            return _line(_clean(numbered[0].to_record()))
+
         if self.path is None:
-            result = replace(result, trial_id=self._next_id(), participant=participant)
+            number()
         else:
-            with _locked(self.path) as f:
-                self._read_new(f)
-                result = replace(result, trial_id=self._next_id(), participant=participant)
-                self._append_line(f, _clean(result.to_record()))
+            self._persist(number)
+        result = numbered[0]
         self.trials.append(result)
         for fn in list(self._observers):
             fn(result)
@@ -333,7 +436,7 @@ class ResultLog:
     @property
     def noise(self) -> Noise:
         """Between-trial noise learnt from this log's repeats of identical knobs (prior until then)."""
-        return noise_of(self.trials)
+        return self._table.sync(self).noise()
 
     def frame(self) -> pd.DataFrame:
         """One row per trial: summary columns first, then every knob, notes and environment.
@@ -344,57 +447,10 @@ class ResultLog:
         with this trial's knobs (just the two trials until repeats exist): "beyond noise", "same speed"
         or "within noise". `samples_per_s_low/high` bound where a repeat of the trial
         would land (95%, from the between-trial noise); `df.attrs["noise"]` holds that noise.
+        Kept up to date as trials arrive: a new trial adds its row, a new noise re-judges cheaply.
         """
-        base = self.baseline
-        noise = self.noise
-        band = math.exp(critical(noise.df) * noise.sigma)
-        rows = []
-        for r in self.trials:
-            rec = r.to_record()
-            row = {
-                "trial_id": r.trial_id,
-                "label": r.knobs.label(base.knobs if base is not None else None),
-                "status": r.status,
-                "samples_per_s": r.samples_per_s,
-                "speedup": None,
-                "verdict": "",
-                "step_time_ms": _ms(r.step_time_s),
-                "step_time_iqr_ms": _ms(r.step_time_iqr_s),
-                "data_wait_share": r.data_wait_share,
-                "peak_memory_mb": r.peak_memory_bytes / 1e6 if r.peak_memory_bytes is not None else None,
-                "startup_s": r.startup_s,
-                "compile_s": r.compile_s,
-                "final_loss": rec["final_loss"],
-                "message": r.message,
-                "samples_per_s_low": r.samples_per_s / band if r.samples_per_s else None,
-                "samples_per_s_high": r.samples_per_s * band if r.samples_per_s else None,
-            }
-            if base is not None and _usable(r) and _usable(base):
-                if r.trial_id == base.trial_id:
-                    row["speedup"], row["verdict"] = 1.0, "baseline"
-                else:
-                    c = compare(*_sides(self.trials, base, r), noise=noise)
-                    row["speedup"], row["verdict"] = c.speedup, c.verdict
-            row.update(r.knobs.to_dict())
-            row["checkpoint"] = ",".join(r.knobs.checkpoint)
-            row["notes"] = "; ".join(r.notes)
-            row["device"] = r.env.get("device", "")
-            row["participant"] = r.participant
-            row["trace_path"] = r.trace_path
-            row["started_at"] = r.started_at
-            rows.append(row)
-        df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=SUMMARY_COLUMNS)
-        for col in ("speedup", "samples_per_s_low", "samples_per_s_high"):
-            if col in df:
-                df[col] = pd.to_numeric(df[col])
-        for col in OPTIONAL_INT_KNOBS:
-            if col in df:
-                df[col] = df[col].astype("Int64")
-        df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
-        if "started_at" in df:
-            df["started_at"] = pd.to_datetime(df["started_at"].replace("", None), errors="coerce")
-        df.attrs["noise"] = noise
-        return df
+        table = self._table.sync(self)
+        return table.frame(self.baseline, table.noise())
 
     def steps_frame(self) -> pd.DataFrame:
         """One row per measured step of every trial: trial_id, step, step_time_s, data_wait_s, loss."""
@@ -427,30 +483,372 @@ def _sides(trials: Sequence[TrialResult], base: TrialResult, r: TrialResult) -> 
             [t for t in upto if t.knobs == r.knobs and (t.trial_id or 0) <= (r.trial_id or 0)] or [r])
 
 
+def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
+    """The columns of these trials' rows that depend on nothing else (no baseline, no noise)."""
+    rows = []
+    for r in trials:
+        row = {
+            "trial_id": r.trial_id, "label": "", "status": r.status, "samples_per_s": r.samples_per_s,
+            "speedup": None, "verdict": "", "step_time_ms": _ms(r.step_time_s),
+            "step_time_iqr_ms": _ms(r.step_time_iqr_s), "data_wait_share": r.data_wait_share,
+            "peak_memory_mb": r.peak_memory_bytes / 1e6 if r.peak_memory_bytes is not None else None,
+            "startup_s": r.startup_s, "compile_s": r.compile_s,
+            "final_loss": next((x for x in reversed(r.losses) if math.isfinite(x)), None),
+            "message": r.message, "samples_per_s_low": None, "samples_per_s_high": None,
+        }
+        row.update(r.knobs.to_dict())
+        row["checkpoint"] = ",".join(r.knobs.checkpoint)
+        row["notes"] = "; ".join(r.notes)
+        row["device"] = r.env.get("device", "")
+        row["participant"] = r.participant
+        row["trace_path"] = r.trace_path
+        row["started_at"] = r.started_at
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    for col in ("speedup", "samples_per_s_low", "samples_per_s_high"):
+        df[col] = df[col].astype(float)
+    for col in OPTIONAL_INT_KNOBS:
+        if col in df:
+            df[col] = df[col].astype("Int64")
+    df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
+    df["started_at"] = pd.to_datetime(df["started_at"].replace("", None), errors="coerce")
+    return df
+
+
+class _Table:
+    """`ResultLog.frame()` kept up to date: each trial's fixed columns built once; labels and
+    speedups per baseline; verdicts re-judged when the noise changes, by calling `compare` at the
+    ends of runs of trials sorted by throughput (a verdict changes at a throughput threshold), so a
+    new noise costs O(log n) comparisons, not n. A test holds every verdict equal to `compare`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.trials: list[TrialResult] = []
+        self.static: pd.DataFrame | None = None
+        self.groups: dict[Knobs, list[float]] = {}  # repeats of identical knobs: the noise evidence
+        self.by_id: dict[int, tuple[Knobs, float]] = {}  # usable trials by id, for back-to-back pairs
+        self.pairs: dict[int, tuple[float, float]] = {}  # first id of a back-to-back pair -> its two rates
+        self._noise: Noise | None = None
+        self.base_key: tuple[Any, ...] | None = None
+        self.judged_noise: Noise | None = None
+        self.labels: list[str] = []
+        self.speedups: list[float | None] = []
+        self.verdicts: list[str] = []
+        self.label_of: dict[int, str] = {}  # id(knobs) -> label against the current baseline
+        self.sides: list[Any] = []  # per row: ((knobs, repeats), (knobs, repeats)) of its comparison, or None
+        self.ids: dict[Knobs, list[int]] = {}  # usable trials' ids per knobs, in log order
+        self.rates: dict[Knobs, list[float]] = {}  # their samples/s
+        self.rate_by_id: dict[int, float] = {}
+        self.mean_log: dict[tuple[Knobs, int], float] = {}
+
+    def sync(self, log: ResultLog) -> _Table:
+        """Take in the trials appended to `log` since the last call (all of them if it changed)."""
+        with self.lock:
+            trials = log.trials
+            n = len(self.trials)
+            if n > len(trials) or any(a is not b for a, b in zip(self.trials, trials)):
+                self.__init__()  # trials were replaced or removed: start over
+                n = 0
+            new = trials[n:]
+            if new:
+                self.trials.extend(new)
+                for r in new:
+                    if _usable(r):
+                        self.groups.setdefault(r.knobs, []).append(float(r.samples_per_s or 0.0))
+                        self._pair(r)
+                        self._noise = None
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)  # all-NA columns in a small part
+                    part = _static_frame(new)
+                    self.static = part if self.static is None else pd.concat([self.static, part], ignore_index=True)
+            return self
+
+    def _pair(self, r: TrialResult) -> None:
+        """Back-to-back repeats (consecutive trial ids, same knobs), as noise_of() finds them."""
+        if r.trial_id is None:
+            return
+        t, rate = r.trial_id, float(r.samples_per_s or 0.0)
+        self.by_id[t] = (r.knobs, rate)
+        before, after = self.by_id.get(t - 1), self.by_id.get(t + 1)
+        if before is not None and before[0] == r.knobs:
+            self.pairs[t - 1] = (before[1], rate)
+        if after is not None and after[0] == r.knobs:
+            self.pairs[t] = (rate, after[1])
+
+    def noise(self) -> Noise:
+        with self.lock:
+            if self._noise is None:
+                pairs = [self.pairs[t] for t in sorted(self.pairs)]
+                self._noise = replace(estimate_noise(list(self.groups.values())), adjacent=adjacent_noise(pairs),
+                                      adjacent_pairs=len(pairs))
+            return self._noise
+
+    def frame(self, base: TrialResult | None, noise: Noise) -> pd.DataFrame:
+        with self.lock:
+            if self.static is None:
+                df = pd.DataFrame(columns=SUMMARY_COLUMNS)
+                df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
+                df.attrs["noise"] = noise
+                return df
+            self._judge(base, noise)
+            df = self.static.copy()
+            df["label"] = self.labels
+            df["speedup"] = np.array([np.nan if v is None else v for v in self.speedups], dtype=float)
+            df["verdict"] = self.verdicts
+        band = math.exp(critical(noise.df) * noise.sigma)
+        rate = df["samples_per_s"].astype(float)
+        rate = rate.where(rate > 0)
+        df["samples_per_s_low"], df["samples_per_s_high"] = rate / band, rate * band
+        df.attrs["noise"] = noise
+        return df
+
+    def _judge(self, base: TrialResult | None, noise: Noise) -> None:
+        """Labels, speedups and verdicts for every trial against `base` under `noise` (see _sides)."""
+        key = None if base is None else (base.trial_id, base.knobs, base.samples_per_s)
+        if key != self.base_key:
+            self.base_key, self.judged_noise = key, None
+            self.labels, self.speedups, self.verdicts, self.label_of, self.sides = [], [], [], {}, []
+            self.ids, self.rates, self.mean_log, self.rate_by_id = {}, {}, {}, {}
+        start = len(self.labels)
+        base_knobs = base.knobs if base is not None else None
+        comparable = base is not None and _usable(base)
+        new = self.trials[start:]
+        count = []  # each new trial's place among its knobs' repeats (1 = the first)
+        for r in new:  # first every repeat, so a row before the baseline sees the baseline's earlier repeats
+            if _usable(r):
+                self.ids.setdefault(r.knobs, []).append(r.trial_id or 0)
+                self.rates.setdefault(r.knobs, []).append(float(r.samples_per_s or 0.0))
+                self.rate_by_id[r.trial_id or 0] = float(r.samples_per_s or 0.0)
+            count.append(len(self.ids.get(r.knobs, ())))
+        for r, n in zip(new, count):
+            label = self.label_of.get(id(r.knobs))
+            if label is None:  # repeats share one Knobs object (the reader caches them)
+                label = self.label_of[id(r.knobs)] = r.knobs.label(base_knobs)
+            self.labels.append(label)
+            speedup, verdict, sides = None, "", None
+            if comparable and _usable(r):
+                if r.trial_id == base.trial_id:
+                    speedup, verdict = 1.0, "baseline"
+                else:
+                    sides = self._sides_of(base, r, n)
+                    speedup, verdict = math.exp(self._mean(sides[1]) - self._mean(sides[0])), "?"
+            self.speedups.append(speedup)
+            self.verdicts.append(verdict)
+            self.sides.append(sides)
+        if noise != self.judged_noise:  # every verdict again, else only the new trials'
+            self.judged_noise, start = noise, 0
+        todo = [i for i in range(start, len(self.verdicts)) if self.sides[i] is not None]
+        if todo:
+            self._verdicts(noise, todo)
+
+    def _sides_of(self, base: TrialResult, r: TrialResult, n: int) -> tuple[tuple[Knobs, int], tuple[Knobs, int]]:
+        """`_sides(trials, base, r)` as (knobs, how many of its repeats) for each side: prefixes of the
+        per-knobs lists, since a side is every usable repeat up to a trial id (`n`: r's place in its list)."""
+        if r.knobs == base.knobs:  # a repeat of the baseline's knobs: one trial each, by id
+            return (base.knobs, -(base.trial_id or 0)), (r.knobs, -(r.trial_id or 0))
+        upto = max(r.trial_id or 0, base.trial_id or 0)
+        na = bisect.bisect_right(self.ids.get(base.knobs, []), upto)
+        return (base.knobs, na or -(base.trial_id or 0)), (r.knobs, n)
+
+    def _rates_of(self, side: tuple[Knobs, int]) -> list[float]:
+        knobs, n = side
+        return [self.rate_by_id[-n]] if n < 0 else self.rates[knobs][:n]
+
+    def _mean(self, side: tuple[Knobs, int]) -> float:
+        """Mean log samples/s of a side, computed as decide() does (to the bit)."""
+        if side not in self.mean_log:
+            self.mean_log[side] = float(np.log(np.asarray(self._rates_of(side), dtype=float)).mean())
+        return self.mean_log[side]
+
+    def _verdicts(self, noise: Noise, todo: list[int]) -> None:
+        """The verdict of each row in `todo`. Rows whose B side is one trial and that share an A side
+        are bisected along B's rate on each side of A (the verdict changes only at thresholds of the
+        gap), so many such rows cost O(log n) decisions; rows with repeats are decided one by one."""
+        memo: dict[tuple[Any, ...], str] = {}
+
+        def verdict(i: int) -> str:
+            a, b = self.sides[i]
+            k = (a, b)
+            if k not in memo:
+                memo[k] = decide(self._rates_of(a), self._rates_of(b), noise).verdict
+            return memo[k]
+
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i in todo:
+            a, b = self.sides[i]
+            if b[1] == 1 or b[1] < 0:  # one trial on B's side: bisectable within its A side
+                up = self._mean(b) >= self._mean(a)
+                groups.setdefault((a, up), []).append(i)
+            else:
+                self.verdicts[i] = verdict(i)
+        for side in groups.values():
+            side.sort(key=lambda i: self._mean(self.sides[i][1]))
+            stack = [(0, len(side) - 1)]
+            while stack:
+                lo, hi = stack.pop()
+                if verdict(side[lo]) == verdict(side[hi]) or hi - lo <= 1:
+                    for j in range(lo, hi + 1):
+                        self.verdicts[side[j]] = memo.get(self.sides[side[j]]) or verdict(side[lo])
+                    continue
+                mid = (lo + hi) // 2
+                stack += [(lo, mid), (mid, hi)]
+
+
 def _padded(values: Sequence[float], n: int) -> list[float]:
     """`values` cut or NaN-padded to n entries (a failed trial may have fewer losses than step times)."""
     out = [float(v) for v in values[:n]]
     return out + [float("nan")] * (n - len(out))
 
 
-def parse_record(line: str) -> tuple[str, Any]:
+MAX_LINE_BYTES = 1 << 20  # a trial record is a few KB; a longer line is not one of ours
+MAX_FILE_BYTES = 1 << 30  # a log beyond 1 GiB is read up to there (with a warning)
+MAX_DEPTH = 16  # JSON nesting a trial record never needs (it uses 3): deeper lines are refused unparsed
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(r"[\[\]{}]")
+_NUMBERS = ("samples_per_s", "data_wait_share", "startup_s", "compile_s")
+_INTS = ("peak_memory_bytes", "samples_per_step")
+_TEXTS = ("message", "started_at", "where", "traceback", "participant")
+
+
+_KNOBS_SEEN: dict[tuple[Any, ...], Knobs] = {}
+
+
+class BadRecord(ValueError):
+    """A log line that is not a usable workbench record; its message never quotes the line."""
+
+
+def _no_constant(name: str) -> Any:
+    raise BadRecord(f"a {name} number (not finite)")
+
+
+def _depth_ok(line: str) -> bool:
+    """True when the JSON text nests no deeper than MAX_DEPTH (cheap unless it has many brackets)."""
+    if line.count("[") + line.count("{") <= MAX_DEPTH:
+        return True
+    depth = 0
+    for b in _BRACKETS.findall(_STRINGS.sub("", line)):
+        depth += 1 if b in "[{" else -1
+        if depth > MAX_DEPTH:
+            return False
+    return True
+
+
+def _num_ok(x: Any, kind: type | tuple[type, ...] = (int, float)) -> bool:
+    """A JSON number of `kind`, >= 0 and within float range (bools and huge ints are not)."""
+    return not isinstance(x, bool) and isinstance(x, kind) and 0 <= x < 1e300
+
+
+def _numbers_ok(v: Any, low: float) -> bool:
+    """A list of numbers in [low, 1e300) (C-speed min/max; anything not comparable fails)."""
+    if not isinstance(v, list):
+        return False
+    try:
+        return not v or (min(v) >= low and max(v) < 1e300)
+    except TypeError:  # text, None, lists or objects among the numbers
+        return False
+
+
+def _check_number(rec: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> None:
+    v = rec.get(key)
+    if v is not None and not _num_ok(v, kind):
+        raise BadRecord(f"{key} is not a number >= 0")
+
+
+def _check_trial(rec: dict[str, Any]) -> None:
+    """Types and ranges of a trial record's fields: BadRecord naming the first field that fails."""
+    if rec.get("status") not in STATUSES:
+        raise BadRecord("status is not a known trial status")
+    tid = rec.get("trial_id")
+    if not _num_ok(tid, int) or tid < 1:
+        raise BadRecord("trial_id is not an int >= 1")
+    for key in _NUMBERS:
+        _check_number(rec, key, (int, float))
+    for key in _INTS:
+        _check_number(rec, key, int)
+    for key in ("step_times_s", "data_wait_s"):
+        v = rec.get(key) or []
+        if not _numbers_ok(v, 0.0):
+            raise BadRecord(f"{key} is not a list of numbers >= 0")
+    losses = rec.get("losses") or []
+    if not _numbers_ok([x for x in losses if x is not None] if isinstance(losses, list) else losses, -1e300):
+        raise BadRecord("losses is not a list of numbers")
+    for key in _TEXTS:
+        if not isinstance(rec.get(key, ""), str):
+            raise BadRecord(f"{key} is not text")
+    if not isinstance(rec.get("notes") or [], list) or not all(isinstance(n, str) for n in rec.get("notes") or []):
+        raise BadRecord("notes is not a list of text")
+    for key in ("env", "extra"):
+        if not isinstance(rec.get(key) or {}, dict):
+            raise BadRecord(f"{key} is not an object")
+    if rec.get("trace_path") is not None and not isinstance(rec["trace_path"], str):
+        raise BadRecord("trace_path is not text")
+
+
+def _knobs_of(rec: dict[str, Any]) -> Knobs:
+    """The record's Knobs, validated once per distinct configuration (a long log repeats a few).
+
+    Your own knobs (`user_knobs`) stay in the row even before their cell has run again (unknown)."""
+    user = rec.get("user_knobs") or []
+    if not isinstance(user, list) or not all(isinstance(n, str) and n.isidentifier() for n in user):
+        raise BadRecord("user_knobs is not a list of knob names")
+    names = [*knob_names(), *user]  # read each time: a notebook may register a knob of its own
+    items = (tuple(names), *((k, type(rec[k]).__name__, tuple(rec[k]) if isinstance(rec[k], list) else rec[k])
+                             for k in names if k in rec))
+    try:
+        knobs = _KNOBS_SEEN.get(items)
+    except TypeError:  # a dict or nested list where a knob value belongs: validation says which
+        return Knobs.from_dict({k: rec[k] for k in names if k in rec}, keep_unknown=True)
+    if knobs is None:
+        knobs = Knobs.from_dict({k: rec[k] for k in names if k in rec}, keep_unknown=True)
+        if len(_KNOBS_SEEN) < 4096:
+            _KNOBS_SEEN[items] = knobs
+    return knobs
+
+
+def parse_record(line: str | bytes) -> tuple[str, Any]:
     """One JSONL line of a log: ("baseline", trial id) or ("trial", TrialResult).
 
-    Raises ValueError/KeyError/TypeError for anything else (a truncated line, another program's
-    record), so readers can skip it with a warning.
+    Treats the line as untrusted: raises BadRecord (a ValueError whose message never quotes the
+    line) for a line over MAX_LINE_BYTES, nesting deeper than MAX_DEPTH, not JSON, infinite or
+    NaN numbers, fields of the wrong type or range, or knobs that fail `Knobs` validation.
     """
-    rec = json.loads(line)
+    if len(line) > MAX_LINE_BYTES:
+        raise BadRecord(f"longer than {MAX_LINE_BYTES:,} bytes")
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadRecord("not UTF-8 text") from None
+    if not _depth_ok(line):
+        raise BadRecord(f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        rec = json.loads(line, parse_constant=_no_constant)  # 1e400 parses as inf: the range checks catch it
+    except BadRecord:
+        raise
+    except (ValueError, RecursionError):
+        raise BadRecord("not JSON") from None
     if not isinstance(rec, dict):
-        raise TypeError(f"a JSON {type(rec).__name__}, not a trial record")
+        raise BadRecord(f"a JSON {type(rec).__name__}, not a trial record")
     if rec.get("event") == "baseline":
-        return "baseline", int(rec["trial_id"])
+        tid = rec.get("trial_id")
+        if not _num_ok(tid, int) or tid < 1:
+            raise BadRecord("a baseline event without a trial id")
+        return "baseline", tid
     if "status" not in rec or "trial_id" not in rec:
-        raise KeyError("no status/trial_id: not a workbench trial")
-    return "trial", TrialResult.from_record(rec)
+        raise BadRecord("no status/trial_id: not a workbench trial")
+    _check_trial(rec)
+    try:
+        return "trial", TrialResult.from_record(rec, knobs=_knobs_of(rec))
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
+        where = str(e).split(" ", 1)[0] if str(e).startswith("Knobs.") else "a field"
+        raise BadRecord(f"{where} fails validation ({type(e).__name__})") from None
 
 
-def read_records(lines: list[str]) -> tuple[list[TrialResult], int | None, list[tuple[int, Exception]]]:
-    """(trials, the last explicit baseline id, [(line index, error) of unreadable lines]) of log lines."""
+def read_records(lines: Iterable[str | bytes]) -> tuple[list[TrialResult], int | None, list[tuple[int, Exception]]]:
+    """(trials, the last explicit baseline id, [(line index, BadRecord) of unusable lines]) of log lines.
+
+    Never raises on content (see `parse_record`); the errors never quote the lines.
+    """
     trials: list[TrialResult] = []
     baseline_id: int | None = None
     bad: list[tuple[int, Exception]] = []
@@ -459,7 +857,7 @@ def read_records(lines: list[str]) -> tuple[list[TrialResult], int | None, list[
             continue
         try:
             kind, value = parse_record(line)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except BadRecord as e:
             bad.append((i, e))
             continue
         if kind == "baseline":
@@ -467,6 +865,40 @@ def read_records(lines: list[str]) -> tuple[list[TrialResult], int | None, list[
         else:
             trials.append(value)
     return trials, baseline_id, bad
+
+
+def bad_lines_text(bad: Sequence[tuple[int, Exception]], *, first_line: int = 1, last: int | None = None) -> str:
+    """"line 3 (not JSON), line 9 (...)" for a warning: line numbers and reasons, never the content."""
+    parts = [f"{'last line' if last is not None and i == last else f'line {first_line + i}'} ({e})" for i, e in bad[:3]]
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return ", ".join(parts) + more
+
+
+MAX_NAME_CHARS = 1000  # a participant or workbench name longer than this is refused
+FILE_NAME_CHARS = 64  # the file/folder name made from it stays this short (well under NAME_MAX = 255 bytes)
+
+
+def safe_file_name(name: str, *, what: str = "participant") -> str:
+    """A short, stable, file-name-safe form of a participant or workbench name.
+
+    Letters, digits and `_.@-` are kept (other characters become `_`); a name that had to change
+    this way, or is longer than FILE_NAME_CHARS, gets a short hash of the full name appended so two
+    names never share a file. The full name stays inside every record. ValueError names the rule
+    for a name that cannot be used at all (not text, empty, over MAX_NAME_CHARS characters).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a {what} name must be text (str) such as 'ana', got {type(name).__name__}")
+    if not name.strip():
+        raise ValueError(f"the {what} name is empty: pass a name such as 'ana'")
+    if len(name) > MAX_NAME_CHARS:
+        raise ValueError(f"the {what} name has {len(name):,} characters; the limit is {MAX_NAME_CHARS:,}: "
+                         "pass a shorter name")
+    safe = re.sub(r"[^A-Za-z0-9_.@-]+", "_", name.strip()).strip(".")
+    plain = re.fullmatch(r"[A-Za-z0-9_.@\s-]*", name.strip()) is not None  # only spaces change: no hash
+    if plain and safe.strip("_") and len(safe) <= FILE_NAME_CHARS:
+        return safe
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{safe[: FILE_NAME_CHARS - 11].rstrip('.')}-{digest}" if safe.strip("_") else f"_-{digest}"
 
 
 def default_participant() -> str:
@@ -493,7 +925,7 @@ def _locked(path: Path) -> Iterator[Any]:
     key = os.path.abspath(path)
     with _THREAD_LOCKS_GUARD:
         thread_lock = _THREAD_LOCKS.setdefault(key, threading.Lock())
-    with thread_lock, open(path, "a+b") as f:
+    with thread_lock, open(path, "a+b", buffering=0) as f:  # unbuffered: a failed write leaves nothing behind
         if _LOCKS:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # blocks while another process appends
         try:
@@ -501,6 +933,11 @@ def _locked(path: Path) -> Iterator[Any]:
         finally:
             if _LOCKS:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    """One JSONL line (newline included) of a record."""
+    return (json.dumps(record, default=_json_default, allow_nan=False) + "\n").encode("utf-8")
 
 
 def _ms(s: float | None) -> float | None:

@@ -14,7 +14,9 @@ Core module: imports only torch and the standard library.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import errno
 import os
 import pickle
 import re
@@ -51,8 +53,14 @@ class TraceFiles:
 def trace_file(directory: str | os.PathLike | None, stem: str, kind: str = "trace") -> Path:
     """A fresh `<stem>-<kind>-<time>-<id>.pt.trace.json` in `directory` (the log's folder; the
     temp dir when there is no log). The suffix is what HolisticTraceAnalysis and TensorBoard look for."""
-    folder = Path(directory) if directory is not None else Path(tempfile.gettempdir()) / "workbench-traces"
-    folder.mkdir(parents=True, exist_ok=True)
+    fallback = Path(tempfile.gettempdir()) / "workbench-traces"
+    folder = Path(directory) if directory is not None else fallback
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only or vanished log folder must not fail the trial: trace to the temp dir
+        folder = fallback
+        with contextlib.suppress(OSError):  # if even that fails, capture() notes it; the trial stands
+            folder.mkdir(parents=True, exist_ok=True)
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem) or "trial"
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return folder / f"{safe}-{kind}-{stamp}-{uuid.uuid4().hex[:6]}.pt.trace.json"
@@ -73,7 +81,14 @@ def capture(step: Callable[[], Any], path: str | os.PathLike, *, device: torch.d
     written: dict[str, Any] = {}
 
     def ready(prof: profile) -> None:  # called once, after the last active step
-        prof.export_chrome_trace(str(path))
+        try:
+            prof.export_chrome_trace(str(path))
+            if not _complete_json(path):  # the writer may not report a full disk: check the end
+                raise OSError(errno.ENOSPC, "the trace file was cut short")
+        except (OSError, RuntimeError) as e:  # a full disk, read-only folder: no half-written trace left
+            written["error"] = e if isinstance(e, OSError) else OSError(errno.EIO, str(e))
+            _remove(path)
+            return
         if keep_averages:
             written["averages"] = prof.key_averages()
 
@@ -100,6 +115,10 @@ def capture(step: Callable[[], Any], path: str | os.PathLike, *, device: torch.d
     finally:
         if recording:
             _stop_memory_history()
+    if "error" in written:
+        e = written["error"]
+        raise OSError(e.errno, f"could not write the trace to {path.parent} ({e.strerror or e}); "
+                               "free space or pass a writable log folder") from e
     if not path.exists():
         raise RuntimeError("the profiler produced no trace (was the step interrupted?)")
     snap_path = html_path = None
@@ -134,15 +153,42 @@ def _write_memory_files(snap: dict[str, Any], trace_path: Path, notes: list[str]
     from memory so nothing is unpickled here), and its HTML timeline."""
     base = str(trace_path).removesuffix(".json")
     snap_path = Path(base + ".memory.pickle")
-    with open(snap_path, "wb") as f:
-        pickle.dump(snap, f)
     html_path: Path | None = Path(base + ".memory.html")
+    try:
+        with open(snap_path, "wb") as f:
+            pickle.dump(snap, f)
+    except OSError as e:  # the trace stands; only the snapshot is missing
+        _remove(snap_path)
+        notes.append(f"no memory snapshot: could not write it ({e.strerror or type(e).__name__})")
+        return None, None
     page, note = compat.memory_timeline_html(snap)
     if page is not None:
-        html_path.write_text(page)
+        try:
+            html_path.write_text(page)
+        except OSError as e:
+            _remove(html_path)
+            notes.append(f"no memory timeline page: could not write it ({e.strerror or type(e).__name__})")
+            return snap_path, None
         notes.append("the memory timeline page loads its viewer script from cdn.jsdelivr.net; offline, "
                      "open the .memory.pickle at pytorch.org/memory_viz from a connected machine")
     else:
         notes.append(f"{note}; drag {snap_path.name} onto pytorch.org/memory_viz instead")
         html_path = None
     return snap_path, html_path
+
+
+def _remove(path: Path) -> None:
+    """Delete a half-written file, if it is there and can be deleted."""
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def _complete_json(path: Path) -> bool:
+    """Whether the file ends like a whole JSON document (its last non-blank byte closes it)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 64))
+            end = f.read().rstrip()
+    except OSError:
+        return False
+    return end.endswith((b"}", b"]"))

@@ -8,8 +8,9 @@ How it stays responsive: widget callbacks only record the wanted Knobs and wake 
 thread; the worker waits out the debounce, runs `bench.run(...)` (which holds the workbench's
 lock, so cell-driven and panel-driven trials never overlap), and the kernel's main thread is free
 the whole time. A change made during a trial replaces any queued one (latest wins). Stop sets the
-`cancel` event that `run_trial` checks at every step boundary. The chart and table redraw from
-`bench.results` whenever the ResultLog appends a trial, whoever ran it.
+`cancel` event that `run_trial` checks at every step boundary. The chart and table update from
+`bench.results` whenever the ResultLog appends a trial, whoever ran it: the chart gets new data,
+not a new chart, and draws the baseline, the recent trials and the best of each configuration.
 
 ipywidgets and altair are imported inside `Panel` only; without a notebook front-end `panel()`
 prints how to use the workbench from code instead.
@@ -121,7 +122,6 @@ class Panel:
         # ---- chart and table -------------------------------------------------------------------
         from ..charts import comparison_chart, on_trial_pick
 
-        self._comparison_chart = comparison_chart
         self.chart = alt.JupyterChart(comparison_chart(bench.results), embed_options={"renderer": "svg"})
         self.trial_pick = W.Dropdown(description="trial", options=[], layout=W.Layout(width="360px"))
         self.baseline_button = W.Button(description="set as baseline", icon="flag")
@@ -345,13 +345,16 @@ class Panel:
 
     def redraw(self) -> None:
         """Chart, table and trial picker from `bench.results` (what is in the log right now)."""
+        from ..charts import chart_view, update_chart
+
         with self._draw_lock:
-            df = self.bench.results
-            self.chart.chart = self._comparison_chart(df)  # a new chart: the JupyterChart redraws
-            self.table.value = table_html(df) + noise_html(df.attrs.get("noise"))
+            df = self.bench.results  # kept up to date by the log: cheap on a long log
+            update_chart(self.chart, df)  # new rows into the same chart (a new chart only at the first trial)
+            shown = chart_view(df)  # the table and picker list what the chart draws, not 10,000 rows
+            self.table.value = table_html(shown) + noise_html(df.attrs.get("noise"))
             self.trace_line.value = trace_html(self.bench.trials)
             picked = self.trial_pick.value
-            options = [(f"#{r.trial_id} {r.label} ({r.status})", int(r.trial_id)) for r in df.iloc[::-1].itertuples()]
+            options = [(f"#{r.trial_id} {r.label} ({r.status})", int(r.trial_id)) for r in shown.iloc[::-1].itertuples()]
             self.trial_pick.options = options
             ids = [v for _, v in options]
             self.trial_pick.value = picked if picked in ids else (ids[0] if ids else None)
