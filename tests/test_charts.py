@@ -130,3 +130,17 @@ def test_clicking_a_point_reports_its_trial_id_across_redraws(log: ResultLog) ->
 def test_picked_trial_reads_point_selections() -> None:
     assert picked_trial([{"trial_id": 4}]) == 4
     assert picked_trial([]) is None and picked_trial(None) is None
+
+
+def test_legend_is_titled_for_what_it_shows_and_lists_only_kinds_that_occurred() -> None:
+    log = ResultLog(None)
+    log.append(fake(wb.Knobs(), step_ms=10))
+    log.append(fake(wb.Knobs(num_workers=2), step_ms=6))
+    log.append(fake(wb.Knobs(amp="fp16"), status="nan", step_ms=12))
+    spec = comparison_chart(log.frame()).to_dict()
+    top = spec["vconcat"][0]["layer"]
+    scales = [e["scale"] for layer in top for key, e in layer.get("encoding", {}).items() if key in ("color", "shape")]
+    assert scales and all(s["domain"] == ["baseline", "ok", "nan"] for s in scales)  # no error/oom/interrupted
+    legends = [e["legend"]["title"] for layer in top for key, e in layer.get("encoding", {}).items()
+               if key == "color" and e.get("legend")]
+    assert legends and set(legends) == {"baseline / status"}

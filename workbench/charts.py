@@ -66,9 +66,13 @@ def comparison_chart(results: pd.DataFrame, *, width: int = WIDTH) -> alt.TopLev
     highlight = alt.condition(picked, alt.value(1.0), alt.value(0.25))
     x = alt.X("trial:N", sort=list(data["trial"]), title=None,
               axis=alt.Axis(labelAngle=-25, labelLimit=180))
-    legend = alt.Legend(title="trial", symbolOpacity=1)  # not faded by the band's or bars' opacity
-    color = alt.Color("kind:N", scale=alt.Scale(domain=KINDS, range=KIND_COLORS), legend=legend)
-    shape = alt.Shape("kind:N", scale=alt.Scale(domain=KINDS, range=KIND_SHAPES), legend=legend)
+    # The legend names what a mark's colour and shape say, and only the kinds these trials have.
+    seen = [k for k in KINDS if k in set(data["kind"])]
+    legend = alt.Legend(title="baseline / status", symbolOpacity=1)  # not faded by the band's or bars' opacity
+    color = alt.Color("kind:N", scale=alt.Scale(domain=seen, range=[KIND_COLORS[KINDS.index(k)] for k in seen]),
+                      legend=legend)
+    shape = alt.Shape("kind:N", scale=alt.Scale(domain=seen, range=[KIND_SHAPES[KINDS.index(k)] for k in seen]),
+                      legend=legend)
     # Views carry no data of their own: the rows sit once at the top (smaller spec, faster to build).
     base = alt.Chart().encode(x=x)
     below = alt.Chart().encode(x=x.axis(labels=False, ticks=False))  # the top view names the trials

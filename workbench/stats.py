@@ -165,7 +165,7 @@ class Comparison:
             f"<td>{', '.join(f'{r:,.1f}' for r in rates)}</td></tr>"
             for side, ids, rates in (("A", self.a_trials, self.a_rates), ("B", self.b_trials, self.b_rates)))
         color = "#2e7d32" if self.beyond_noise else "#616161"
-        return (f'<p style="color:{color}"><b>{html.escape(self.verdict)}</b>: {html.escape(str(self))}</p>'
+        return (f'<p style="color:{color}">{html.escape(str(self))}</p>'  # the sentence says the verdict once
                 f'<table class="wb-comparison"><tr><th></th><th>trials</th><th>samples/s</th></tr>{rows}</table>'
                 f"<p><small>{html.escape(str(self.noise))}</small></p>")
 
