@@ -235,6 +235,7 @@ def shut_down_kernels(base: str, token: str) -> None:
         urllib.request.urlopen(req, timeout=30).close()
 
 
+@pytest.mark.timeout(RUN_ALL_TIMEOUT_MS // 1000 + 300)  # a notebook's Run All, plus opening and closing it
 @pytest.mark.parametrize("name", OTHERS)
 def test_notebook_reads_cleanly_in_a_real_browser(lab, browser, name) -> None:
     base, token = lab
@@ -248,6 +249,7 @@ def test_notebook_reads_cleanly_in_a_real_browser(lab, browser, name) -> None:
     print(f"\n{name}: {line} (browser run-all {wall_s:.0f} s)")
 
 
+@pytest.mark.timeout(RUN_ALL_TIMEOUT_MS // 1000 + 2 * TRIAL_TIMEOUT_MS // 1000 + 300)
 def test_quickstart_panel_in_a_real_browser(lab, browser, tmp_path) -> None:
     base, token = lab
     started = time.monotonic()
