@@ -271,7 +271,7 @@ def test_quickstart_panel_in_a_real_browser(lab, browser, tmp_path) -> None:
         assert panel.locator(".wb-knob-pin_memory input").is_disabled()  # a no-op on CPU
         # finished, as a reader sees it: a full bar, "N/N steps", Stop no longer red, every column reachable
         assert "progress-bar-success" in panel.locator(".progress-bar").first.get_attribute("class")
-        assert re.fullmatch(r"(\d+)/\1 steps", panel.locator(".widget-label").filter(has_text="steps").first.inner_text())
+        assert re.fullmatch(r"(\d+)/\1 steps", panel.locator(".wb-rate").inner_text().strip())
         assert "mod-danger" not in (panel.locator(".wb-stop").get_attribute("class") or "")
         box = panel.locator(".wb-table-box").evaluate(
             "b => ({scroll: getComputedStyle(b).overflowX, fits: b.scrollWidth <= b.clientWidth,"

@@ -145,6 +145,7 @@ class Panel:
         self.widget.add_class("wb-panel")
         self.run_button.add_class("wb-run")
         self.stop_button.add_class("wb-stop")
+        self.rate.add_class("wb-rate")
         self.chart.add_class("wb-chart")
 
         # ---- the trial queue (its own thread) and the observer -------------------------------
