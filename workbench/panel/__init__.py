@@ -146,6 +146,7 @@ class Panel:
         self.run_button.add_class("wb-run")
         self.stop_button.add_class("wb-stop")
         self.rate.add_class("wb-rate")
+        self.table.add_class("wb-table")
         self.chart.add_class("wb-chart")
 
         # ---- the trial queue (its own thread) and the observer -------------------------------
