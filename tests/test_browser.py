@@ -276,7 +276,8 @@ def test_quickstart_panel_in_a_real_browser(lab, browser, tmp_path) -> None:
         box = panel.locator(".wb-table-box").evaluate(
             "b => ({scroll: getComputedStyle(b).overflowX, fits: b.scrollWidth <= b.clientWidth,"
             " inside: b.getBoundingClientRect().right <= b.closest('.wb-panel').getBoundingClientRect().right + 1,"
-            " headers: [...b.querySelectorAll('th')].map(h => h.textContent)})")
+            " headers: [...b.querySelectorAll('th')].map(h => h.textContent),"
+            " rights: [b, b.parentElement, b.closest('.wb-table'), b.closest('.wb-panel')].map(e => e && e.getBoundingClientRect().right)})")
         assert box["inside"] and (box["fits"] or box["scroll"] in ("auto", "scroll")), box
         assert {"final loss", "message"} <= set(box["headers"]), box["headers"]
 

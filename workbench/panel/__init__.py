@@ -129,7 +129,7 @@ class Panel:
         self.baseline_button.on_click(lambda _: self._set_baseline())
         self.repeat_button.on_click(lambda _: self.repeat(self.trial_pick.value))
         self.verdict = W.HTML("")
-        self.table = W.HTML("", layout=W.Layout(width="100%"))  # its box scrolls; the panel never clips it
+        self.table = W.HTML("")  # stretched to the panel's width; its box scrolls (view.table_html)
         self.widget = W.VBox([
             W.HTML(f"<b>Tuning Workbench</b> · {bench.name} on {bench.device} · each change runs "
                    f"{bench.warmup_steps} warm-up + {bench.steps} measured steps"),

@@ -55,7 +55,8 @@ def table_html(df: pd.DataFrame) -> str:
     if "message" in df.columns:  # a long failure message wraps instead of widening every row
         styler = styler.set_properties(subset=["message"], **{"white-space": "normal", "min-width": "16em"})
     # The widget's content box is a flex item that would grow to the table's width; let it shrink, so the box scrolls.
-    shrink = "<style>.wb-table .widget-html-content{min-width:0;flex:1 1 auto}</style>"
+    shrink = ("<style>.wb-table{min-width:0;max-width:100%}"
+              ".wb-table .widget-html-content{min-width:0;flex:1 1 auto}</style>")
     return (f'{shrink}<div class="wb-table-box" style="max-height:320px;max-width:100%;overflow:auto">'
             f"{styler.to_html()}</div>")
 
