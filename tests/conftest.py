@@ -68,3 +68,31 @@ def make_bench(tmp_path):
         return wb.Workbench(model if model is not None else TinyNet(), data if data is not None else tiny_data(), **kw)
 
     return make
+
+
+@pytest.hookimpl(trylast=True)  # after `-m`/`-k` deselection: only what will really run counts
+def pytest_collection_modifyitems(config, items):
+    """When the browser test runs the notebooks (Chromium present, test selected), skip nbval's
+    second run of the same notebooks: a cell that raises shows a traceback in the browser and stops
+    Run All, which that test fails on, so nbval would only repeat the work (~10 CPU-minutes here)."""
+    covered = {_notebook_of(i) for i in items} - {None}
+    if not covered:
+        return
+    dropped = [i for i in items if str(getattr(i, "path", "")).endswith(".ipynb") and Path(i.path).name in covered]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [i for i in items if i not in dropped]
+
+
+def _chromium_here(item) -> bool:
+    return item.get_closest_marker("browser") is not None and Path("/usr/bin/chromium").exists()
+
+
+def _notebook_of(item) -> str | None:
+    """The notebook a browser test item runs (its `name` parameter, or the quickstart's)."""
+    if not _chromium_here(item):
+        return None
+    spec = getattr(item, "callspec", None)
+    if spec is not None and "name" in spec.params:
+        return spec.params["name"]
+    return "01_quickstart.ipynb" if "quickstart" in item.name else None

@@ -185,3 +185,31 @@ def test_update_chart_replaces_only_the_data_and_the_title():
     assert {k: v for k, v in jc.spec.items() if k not in strip} == {k: v for k, v in before.items() if k not in strip}
     fresh = comparison_chart(log.frame()).to_dict()  # the same picture a new chart would give
     assert chart_data(fresh).equals(chart_data(jc))
+
+
+def test_legend_is_titled_for_what_it_shows_and_lists_only_kinds_that_occurred() -> None:
+    log = ResultLog(None)
+    log.append(fake(wb.Knobs(), step_ms=10))
+    log.append(fake(wb.Knobs(num_workers=2), step_ms=6))
+    log.append(fake(wb.Knobs(amp="fp16"), status="nan", step_ms=12))
+    spec = comparison_chart(log.frame()).to_dict()
+    top = spec["vconcat"][0]["layer"]
+    scales = [e["scale"] for layer in top for key, e in layer.get("encoding", {}).items() if key in ("color", "shape")]
+    assert scales and all(s["domain"] == ["baseline", "ok", "nan"] for s in scales)  # no error/oom/interrupted
+    legends = [e["legend"]["title"] for layer in top for key, e in layer.get("encoding", {}).items()
+               if key == "color" and e.get("legend")]
+    assert legends and set(legends) == {"baseline / status"}
+
+
+def test_a_new_kind_of_trial_rebuilds_the_legend_instead_of_swapping_data():
+    from workbench.charts import update_chart
+
+    log = long_results(5)
+    jc = alt.JupyterChart(comparison_chart(log.frame()))
+    log.append(fake(wb.Knobs(batch_size=24), step_ms=9.0))
+    assert update_chart(jc, log.frame())  # same kinds: a data update
+    log.append(fake(wb.Knobs(amp="fp16"), status="nan", step_ms=12))
+    assert not update_chart(jc, log.frame())  # a nan trial: the legend must list it, so a new chart
+    domains = [e["scale"]["domain"] for layer in jc.spec["vconcat"][0]["layer"]
+               for key, e in layer.get("encoding", {}).items() if key == "color"]
+    assert domains and all("nan" in d for d in domains)

@@ -143,9 +143,10 @@ def test_widget_change_runs_a_trial_and_grows_chart_and_table(panel: Panel, benc
     (result,) = bench.trials
     assert result.ok and result.knobs.num_workers == 1
     assert list(chart_data(panel.chart)["trial_id"]) == [1]
-    assert "wb-results" in panel.table.value and "samples_per_s" in panel.table.value
+    assert "wb-results" in panel.table.value and "samples/s" in panel.table.value  # display.FORMATS' header
     assert phase(panel) == "ok" and "#1" in panel.status.value
     assert panel.progress.value == panel.progress.max == 4  # 1 warm-up + 3 measured steps
+    assert panel.rate.value == "4/4 steps" and panel.stop_button.button_style == ""  # finished, nothing to stop
     panel.block_boxes["blocks.1"].value = True
     assert panel.wait(WAIT_S)
     assert bench.trials[-1].knobs.checkpoint == ("blocks.1",)

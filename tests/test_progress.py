@@ -102,3 +102,17 @@ def test_a_notebook_without_ipywidgets_gets_a_text_bar(monkeypatch):
     bar = P.make_bar(total=3, file=io.StringIO())
     assert type(bar) is tqdm.std.tqdm
     bar.close()
+
+
+def test_trial_bar_ends_full_when_ok_and_where_it_stopped_when_failed():
+    from workbench.progress import TrialBar
+
+    ok, failed = TrialBar("ok"), TrialBar("failed")
+    for bar, end in ((ok, None), (failed, "error")):
+        bar("measuring", 6, 8)
+        bar("done", 8, 8)  # the runner's final report, after a failure too
+        if end:
+            bar(end, 8, 8)  # bench.run's end state
+        bar.close()
+    assert ok.bar.n == 8 and not ok.failed
+    assert failed.bar.n == 6 and failed.failed  # never a full bar for a failed trial

@@ -276,9 +276,10 @@ def test_checkpointing_lowers_measured_peak_memory(make_bench):
 def test_fp16_on_cpu_runs_and_warns(make_bench):
     if torch.cuda.is_available():
         pytest.skip("CPU-only behaviour")
-    with pytest.warns(UserWarning, match="far slower"):
+    with pytest.warns(UserWarning, match="can be slower than fp32") as caught:
         r = make_bench().run(amp="fp16")
     assert r.status in ("ok", "nan") and any("fp16" in n for n in r.notes)
+    assert [w.filename for w in caught if "fp16" in str(w.message)] == [__file__]  # once, at the user's call
 
 
 @pytest.mark.slow
@@ -327,7 +328,9 @@ def test_derive_is_a_pure_function_of_the_raw_samples():
     assert derive(raw, knobs) == (fields, notes)  # same input, same output
     assert fields["status"] == "nan" and "measured step 3" in fields["message"]
     assert fields["samples_per_s"] == pytest.approx(32 / 0.6) and fields["samples_per_step"] == 8
-    assert fields["step_time_s"] == pytest.approx(0.1) and fields["compile_s"] == pytest.approx(1.2 - 0.2)
+    assert fields["step_time_s"] == pytest.approx(0.1) and fields["compile_s"] is None  # nothing compiled
+    compiled, _ = derive(raw, wb.Knobs(batch_size=8, num_workers=1, compile="default"))
+    assert compiled["compile_s"] == pytest.approx(1.2 - 0.2)
     assert fields["data_wait_share"] == pytest.approx(0.05 / 0.6)
     assert any(n.startswith("disturbed") for n in notes) and any("re-forked" in n for n in notes)
     assert any(n.startswith("noisy") for n in notes)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import sys
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .knobs import Knobs
+from .knobs import Knobs, device_notes
 from .measure import TrialResult
 from .progress import TrialProgress, search, shown
 from .results import Comparison, ResultLog, compare, safe_file_name
@@ -22,6 +24,20 @@ from .stats import MARGIN, Noise
 from .workload import StepFn, Workload, move_to
 
 DEFAULT_LOG_DIR = "workbench-runs"
+
+
+
+LOUD_NOTES = ("amp='fp16' on CPU",)  # notes worth a warning in the caller's cell, not only in `notes`
+
+
+def warn_at_caller(message: str) -> None:
+    """A UserWarning attributed to the first frame outside this package (the user's cell or script),
+    so the notebook shows the user's call, not the trial thread's internals."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 class Workbench:
@@ -145,6 +161,10 @@ class Workbench:
         """
         k = self.knobs(knobs, **changes)
         check_knobs(self.workload, k)  # a ValueError here, in the caller's thread, records nothing
+        if threading.current_thread() is threading.main_thread():  # a cell or a script: warn there, once
+            for note in device_notes(k, self.device.type, has_conv=self.workload.has_conv):
+                if note.startswith(LOUD_NOTES):
+                    warn_at_caller(note)
         trace_dir = (self.log.path.parent if self.log.path is not None else None) if trace else None
         with self._lock, shown(progress, desc=self.name) as state:  # bars and callbacks poll it, off the trial thread
             stop = cancel or threading.Event()
@@ -156,8 +176,12 @@ class Workbench:
                                            loader_timeout_s=self.loader_timeout_s, trace=trace,
                                            trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s)
             try:
-                return self.log.append(_wait(future))
+                result = _wait(future)
+                if not result.ok:  # the bar ends in the trial's status, not the runner's "done"
+                    state.set(result.status, state.done, state.total)
+                return self.log.append(result)
             except TrialInterrupted as e:  # KeyboardInterrupt raised inside the trial (a callback)
+                state.set("interrupted", state.done, state.total)
                 e.result = self.log.append(e.result)
                 raise
             except KeyboardInterrupt:  # Ctrl-C in this thread: stop at the next step boundary

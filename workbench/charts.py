@@ -96,18 +96,26 @@ def comparison_chart(results: pd.DataFrame, *, width: int = WIDTH, last: int | N
         return (alt.Chart(pd.DataFrame({"text": [EMPTY_TEXT]}))
                 .mark_text(size=14, color="gray").encode(text="text:N")
                 .properties(width=width, height=60, title="Throughput per trial"))
-    chart = _chart_shape(tuple(data.columns), width).copy(deep=False)  # the views are built once
+    kinds = tuple(k for k in KINDS if k in set(data["kind"]))
+    chart = _chart_shape(tuple(data.columns), width, kinds).copy(deep=False)  # the views are built once
+    chart.usermeta = {"workbench": _shape_key(data)}  # update_chart swaps data only while this holds
     chart.title = alt.Title(view_title(len(data), len(results)), anchor="start", fontSize=12, fontWeight="normal")
     chart.datasets = {DATASET: _records(data)}
     return chart
 
 
-@functools.lru_cache(maxsize=8)
-def _chart_shape(columns: tuple[str, ...], width: int) -> alt.VConcatChart:
+def _shape_key(data: pd.DataFrame) -> dict[str, list[str]]:
+    """What the chart's shape depends on: the columns and the kinds of trial present (the legend)."""
+    return {"columns": [str(c) for c in data.columns], "kinds": [k for k in KINDS if k in set(data["kind"])]}
+
+
+@functools.lru_cache(maxsize=16)
+def _chart_shape(columns: tuple[str, ...], width: int, kinds: tuple[str, ...]) -> alt.VConcatChart:
     """The comparison chart without its data: three linked views over the named dataset.
 
-    Nothing in it depends on the rows (only on which columns exist), so it is built once and
-    copied per call; altair's chart construction is the slow part (~0.2 s here)."""
+    Nothing in it depends on the rows, only on which columns exist and which kinds of trial the
+    legend lists, so it is built once per such shape and copied per call; altair's chart
+    construction is the slow part (~0.2 s here)."""
     data = pd.DataFrame(columns=list(columns))
     picked = alt.selection_point(name=PICK, fields=["trial_id"], on="click", clear="dblclick")
     highlight = alt.condition(picked, alt.value(1.0), alt.value(0.25))
@@ -115,9 +123,13 @@ def _chart_shape(columns: tuple[str, ...], width: int) -> alt.VConcatChart:
     # arrive, so the panel replaces only the data (see update_chart).
     x = alt.X("trial:N", sort=alt.EncodingSortField(field="trial_id", op="min"), title=None,
               axis=alt.Axis(labelAngle=-25, labelLimit=180))
-    legend = alt.Legend(title="trial", symbolOpacity=1)  # not faded by the band's or bars' opacity
-    color = alt.Color("kind:N", scale=alt.Scale(domain=KINDS, range=KIND_COLORS), legend=legend)
-    shape = alt.Shape("kind:N", scale=alt.Scale(domain=KINDS, range=KIND_SHAPES), legend=legend)
+    # The legend names what a mark's colour and shape say, and only the kinds these trials have.
+    seen = list(kinds)
+    legend = alt.Legend(title="baseline / status", symbolOpacity=1)  # not faded by the band's or bars' opacity
+    color = alt.Color("kind:N", scale=alt.Scale(domain=seen, range=[KIND_COLORS[KINDS.index(k)] for k in seen]),
+                      legend=legend)
+    shape = alt.Shape("kind:N", scale=alt.Scale(domain=seen, range=[KIND_SHAPES[KINDS.index(k)] for k in seen]),
+                      legend=legend)
     # Views carry no data of their own: the rows sit once at the top (smaller spec, faster to build).
     base = alt.Chart().encode(x=x)
     below = alt.Chart().encode(x=x.axis(labels=False, ticks=False))  # the top view names the trials
@@ -172,7 +184,8 @@ def update_chart(jupyter_chart: Any, results: pd.DataFrame, *, last: int | None 
     """
     spec = getattr(jupyter_chart, "spec", None) or {}
     data = chart_frame(chart_view(results, last))
-    if data.empty or DATASET not in (spec.get("datasets") or {}):
+    same_shape = (spec.get("usermeta") or {}).get("workbench") == (None if data.empty else _shape_key(data))
+    if data.empty or DATASET not in (spec.get("datasets") or {}) or not same_shape:  # e.g. a first failed trial
         jupyter_chart.chart = comparison_chart(results, last=last)
         return False
     new = dict(spec)
@@ -180,7 +193,6 @@ def update_chart(jupyter_chart: Any, results: pd.DataFrame, *, last: int | None 
     new["title"] = {**spec.get("title", {}), "text": view_title(len(data), len(results))}
     jupyter_chart.spec = new
     return True
-
 
 
 def _tooltip(data: pd.DataFrame) -> list[alt.Tooltip]:

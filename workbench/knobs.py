@@ -872,14 +872,17 @@ def device_notes(knobs: Knobs, device_type: str, *, has_conv: bool = True) -> li
         notes.append("pin_memory is a no-op on MPS (unified memory): the loader does not pin, copies are synchronous")
     if knobs.prefetch_factor is not None and knobs.num_workers == 0:
         notes.append("prefetch_factor is a no-op with num_workers=0 (the main process loads)")
+    if knobs.data == "cached":
+        notes.append("data='cached' trains on one batch over and over: its loss is not comparable with the loader's")
     if knobs.persistent_workers and knobs.data == "cached":
         notes.append("persistent_workers is a no-op with data='cached'")
     if knobs.compile == "reduce-overhead" and device_type != "cuda":
         notes.append("compile='reduce-overhead' uses CUDA graphs; on this device it acts like 'default'")
     if knobs.amp == "fp16" and device_type == "cpu":
         notes.append(
-            "amp='fp16' on CPU runs but is usually far slower than fp32 or bf16 there (emulated on "
-            "CPUs without fp16 units); use amp='bf16' on CPU"
+            "amp='fp16' on CPU runs, but a CPU without fp16 arithmetic (AVX512-FP16 or AMX-FP16) converts "
+            "to and from fp32 around each op, so it can be slower than fp32; compare it with fp32 and "
+            "bf16 on this machine before keeping it"
         )
     if knobs.amp == "bf16" and device_type == "mps":
         notes.append("amp='bf16' needs macOS 14+ on MPS; fp16 is the safer choice there")

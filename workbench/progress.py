@@ -16,6 +16,7 @@ from typing import Any
 HZ = 4.0  # readers look at most this often (the panel, terminal bars)
 
 Snapshot = tuple[str, int, int]  # (phase, steps done, steps total)
+FAILED_PHASES = ("error", "oom", "nan", "interrupted")  # a trial's end state when it did not finish ok
 Callback = Callable[[str, int, int], None]
 
 
@@ -135,15 +136,23 @@ class TrialBar:
 
     def __init__(self, desc: str = "trial", *, leave: bool = True) -> None:
         self.bar = make_bar(desc=desc, total=1, unit="step", leave=leave)
+        self.steps = 0  # the last step count seen before the trial's end state
+        self.failed = False
 
     def __call__(self, phase: str, done: int, total: int) -> None:
         self.bar.total = max(1, total)
-        self.bar.n = done
+        self.failed = phase in FAILED_PHASES
+        if phase != "done" and not self.failed:
+            self.steps = done
+        # "done" is the runner's final report (also after a failure); a failed end keeps the bar where it stopped
+        self.bar.n = self.steps if self.failed else done
         self.bar.set_postfix_str(phase, refresh=False)
         self.bar.refresh()
 
     def close(self) -> None:
         self.bar.close()
+        if self.failed and hasattr(self.bar, "container"):  # tqdm.notebook: red, never a green 100%
+            self.bar.disp(bar_style="danger", check_delay=False)
 
 
 @contextlib.contextmanager

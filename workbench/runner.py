@@ -23,7 +23,6 @@ import statistics
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -151,9 +150,6 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
          trace: bool = False, trace_dir: str | os.PathLike | None = None) -> TrialResult:
     device = workload.device
     notes = device_notes(knobs, device.type, has_conv=workload.has_conv)
-    for note in notes:
-        if note.startswith("amp='fp16' on CPU"):
-            warnings.warn(note, stacklevel=4)  # a trap worth more than a quiet note
     started = now_iso()
     stage = Stage()
     total = warmup_steps + steps
@@ -352,6 +348,7 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
     steady = statistics.median(raw.step_times_s)  # compile_s = warm-up time beyond steady-state steps
     warm = raw.warm_times_s
     compile_s = max(0.0, sum(warm) - steady * len(warm)) if warm else 0.0
+    compile_s = compile_s if knobs.compile != "off" else None  # nothing compiled: empty, not a small number
     status, message = "ok", ""
     bad = [i for i, x in enumerate(raw.losses) if not math.isfinite(x)]
     if bad:

@@ -269,7 +269,7 @@ class Comparison:
             f"<td>{', '.join(f'{r:,.1f}' for r in rates)}</td></tr>"
             for side, ids, rates in (("A", self.a_trials, self.a_rates), ("B", self.b_trials, self.b_rates)))
         color = {"faster": "#2e7d32", "slower": "#c62828", "same": "#1565c0"}.get(self.answer, "#616161")
-        return (f'<p style="color:{color}"><b>{html.escape(self.verdict)}</b>: {html.escape(str(self))}</p>'
+        return (f'<p style="color:{color}">{html.escape(str(self))}</p>'  # the sentence says the verdict once
                 f'<table class="wb-comparison"><tr><th></th><th>trials</th><th>samples/s</th></tr>{rows}</table>'
                 f"<p><small>{html.escape(str(self.noise))}</small></p>")
 

@@ -398,7 +398,8 @@ class Workshop:
         one = alt.Chart().mark_rule(color="black", strokeDash=[4, 3]).encode(y=alt.datum(1.0))
         return (alt.layer(bars, points, one, data=data)
                 .properties(width=width, height=220)
-                .facet(column=alt.Column("knob:N", title=None, header=alt.Header(labelLimit=260)))
+                .facet(column=alt.Column("knob:N", title=None,  # one line per word: a title as wide as its panel
+                                         header=alt.Header(labelLimit=width, labelExpr="split(datum.label, ' ')")))
                 .properties(title="The same change on every learner's machine (bar: 95% interval)"))
 
     def watch(self, every_s: float = 5.0, *, callback: Callable[[Workshop], Any] | None = None,

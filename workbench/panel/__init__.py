@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..knobs import Knobs
 from ..measure import TrialResult
-from ..progress import Poller, TrialProgress
+from ..progress import FAILED_PHASES, Poller, TrialProgress
 from ..runner import check_knobs
 from ..stats import ANSWER_WORDS
 from .controls import GROUPS, KnobControls
@@ -107,7 +107,7 @@ class Panel:
         self.block_boxes = self.knob_controls.block_boxes
         self.knob_controls.observe(self._on_change)
         self.run_button = W.Button(description="Run", icon="play", tooltip="measure the current knobs now")
-        self.stop_button = W.Button(description="Stop", icon="stop", button_style="danger",
+        self.stop_button = W.Button(description="Stop", icon="stop", button_style="",  # red only while a trial runs
                                     tooltip="cancel the running trial at the next step (recorded as interrupted)")
         self.run_button.on_click(lambda _: self._on_change(force=True))
         self.stop_button.on_click(lambda _: self.stop())
@@ -132,7 +132,7 @@ class Panel:
         self.baseline_button.on_click(lambda _: self._set_baseline())
         self.repeat_button.on_click(lambda _: self.repeat(self.trial_pick.value))
         self.verdict = W.HTML("")
-        self.table = W.HTML("")
+        self.table = W.HTML("")  # stretched to the panel's width; its box scrolls (view.table_html)
         self.widget = W.VBox([
             W.HTML(f"<b>Tuning Workbench</b> · {bench.name} on {bench.device} · each change runs "
                    f"{bench.warmup_steps} warm-up + {bench.steps} measured steps"),
@@ -149,6 +149,8 @@ class Panel:
         self.widget.add_class("wb-panel")
         self.run_button.add_class("wb-run")
         self.stop_button.add_class("wb-stop")
+        self.rate.add_class("wb-rate")
+        self.table.add_class("wb-table")
         self.chart.add_class("wb-chart")
 
         # ---- the trial queue (its own thread) and the observer -------------------------------
@@ -250,6 +252,7 @@ class Panel:
         self._measure_start = None
         self.progress.value, self.progress.bar_style = 0, "info"
         self.rate.value = ""
+        self.stop_button.button_style = "danger"
         label = knobs.label(self._base_knobs())
         self._set_status("starting", f"{what}starting: {label}")
         try:
@@ -258,18 +261,22 @@ class Panel:
         except (ValueError, TypeError) as e:  # knobs the workload cannot take (unknown block, batch too big)
             self._set_status("error", f"not run: {e}")
             return None
+        finally:
+            self.stop_button.button_style = ""  # nothing left to stop
         self.progress.bar_style = "success" if result.ok else "danger"
         if result.ok:  # the poller may not have seen the last step before "done"
             self.progress.value = self.progress.max
+        done, total = self.progress.value, self.progress.max
+        self.rate.value = f"{total}/{total} steps" if result.ok else f"{result.status} after {done}/{total} steps"
         self._set_status(result.status, what + result_line(result, self.bench))
         return result
 
     def _progress(self, phase: str, done: int, total: int) -> None:
         """`bench.run`'s progress callback: (phase, steps done, steps total); runs in the worker."""
         now = time.monotonic()
-        if phase == "done":  # run_trial's final report, also after a failure: keep the bar where it stopped
+        if phase == "done" or phase in FAILED_PHASES:  # the trial's end: keep the bar where it stopped
             self.progress.max = max(1, total)  # a trial shorter than one poll shows only this state
-            self._set_status(phase, PHASES[phase])
+            self._set_status(phase, PHASES.get(phase, phase))
             return
         self.progress.max, self.progress.value = max(1, total), done
         if phase == "measuring":

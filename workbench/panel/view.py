@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from ..display import tidy
 from ..measure import TrialResult
 
 if TYPE_CHECKING:
@@ -43,19 +44,21 @@ def result_line(r: TrialResult, bench: Workbench) -> str:
 
 
 def table_html(df: pd.DataFrame) -> str:
-    """The results table, newest first, status coloured (pandas Styler → HTML)."""
+    """The results table, newest first, status coloured, figures as `display.tidy` shows them; a box
+    that scrolls both ways, so every column stays reachable in a narrow notebook."""
     if df.empty:
         return "<i>No trials yet.</i>"
-    view = df[[c for c in TABLE_COLUMNS if c in df.columns]].iloc[::-1]
-    styler = (view.style
-              .format({"samples_per_s": "{:,.1f}", "speedup": "{:.2f}×", "step_time_ms": "{:.2f}",
-                       "data_wait_share": "{:.0%}", "peak_memory_mb": "{:,.1f}", "final_loss": "{:.4f}"},
-                      na_rep="–")
+    styler = (tidy(df.iloc[::-1], [c for c in TABLE_COLUMNS if c in df.columns])
               .map(lambda s: f"color:{STATUS_COLORS.get(s, '#000')};font-weight:bold", subset=["status"])
-              .hide(axis="index")
               .set_table_styles([{"selector": "th, td", "props": "white-space: nowrap; padding: 1px 8px; font-size: 12px"}])
               .set_table_attributes('class="wb-results"'))
-    return f'<div style="max-height:320px;overflow:auto">{styler.to_html()}</div>'
+    if "message" in df.columns:  # a long failure message wraps instead of widening every row
+        styler = styler.set_properties(subset=["message"], **{"white-space": "normal", "min-width": "16em"})
+    # The widget's content box is a flex item that would grow to the table's width; let it shrink, so the box scrolls.
+    shrink = ("<style>.wb-table{min-width:0;max-width:100%}"
+              ".wb-table .widget-html-content{min-width:0;flex:1 1 auto}</style>")
+    return (f'{shrink}<div class="wb-table-box" style="max-height:320px;max-width:100%;overflow:auto">'
+            f"{styler.to_html()}</div>")
 
 
 def noise_html(noise: Any) -> str:
