@@ -380,7 +380,7 @@ TRIAL_THREAD_NAME = "workbench-trial"
 
 
 def trial_thread() -> concurrent.futures.ThreadPoolExecutor:
-    """The single thread every Workbench runs its trials on (one at a time, one OpenMP pool)."""
+    """The one thread for trials started off the main thread (the panel) and for analyses (one OpenMP pool)."""
     global _TRIAL_THREAD
     if _TRIAL_THREAD is None:
         _TRIAL_THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=TRIAL_THREAD_NAME)
