@@ -54,6 +54,11 @@ def script_rate(demo: str, size: str, knobs: wb.Knobs, workdir: Path) -> float:
     """Run the generated loop as a plain `python` process; the samples/s it prints."""
     path = workdir / f"loop_{demo}.py"
     path.write_text(PREAMBLE.format(demo=demo, size=size) + knobs.to_code(steps=WARMUP + STEPS, warmup=WARMUP))
+    return run_script(path, knobs)
+
+
+def run_script(path: Path, knobs: wb.Knobs) -> float:
+    """Run a generated loop as its own `python` process (main thread, fresh allocator); its samples/s."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=600)
     m = re.search(r"([\d.]+) samples/s", out.stdout)

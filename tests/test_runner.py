@@ -308,13 +308,51 @@ def test_ctrl_c_in_the_calling_thread_stops_the_trial_and_records_it(make_bench)
     assert bench.run(batch_size=4).ok  # the trial thread is free again
 
 
-def test_trials_run_on_one_dedicated_thread(make_bench):
-    names = []
-    bench = make_bench(step_fn=counting_step(10**9, None))
+def _step_threads(bench) -> list[str]:
+    """Spy on the step: the names of the threads that ran it."""
+    names: list[str] = []
     original = bench.workload.step_fn
     bench.workload.step_fn = lambda m, b: (names.append(threading.current_thread().name), original(m, b))[1]
-    bench.run()
+    return names
+
+
+def test_a_trial_from_the_main_thread_runs_on_it_like_the_users_loop(make_bench):
+    """Issue 23: the thread decides the malloc arena and the OpenMP pool, so a cell's trial runs inline."""
+    bench = make_bench(step_fn=counting_step(10**9, None))
+    names = _step_threads(bench)
+    assert threading.current_thread() is threading.main_thread()
+    assert bench.run().ok
+    assert names and set(names) == {threading.main_thread().name}
+
+
+def test_trials_from_other_threads_run_on_one_dedicated_thread(make_bench):
+    """The panel's worker (any non-main caller) hands its trials to the one trial thread."""
+    bench = make_bench(step_fn=counting_step(10**9, None))
+    names = _step_threads(bench)
+    results = []
+    for _ in range(2):
+        caller = threading.Thread(target=lambda: results.append(bench.run()), name="panel-worker")
+        caller.start()
+        caller.join()
+    assert [r.ok for r in results] == [True, True]
     assert set(names) == {names[0]} and names[0].startswith("workbench-trial")
+
+
+def test_an_inline_trial_failure_is_a_result_and_interrupts_propagate(make_bench):
+    """submit_trial on the main thread: a failing trial is a done Future; Ctrl-C outside a trial propagates."""
+    from workbench.runner import submit_trial
+
+    def boom():
+        raise RuntimeError("user code")
+
+    future = submit_trial(boom)
+    assert future.done() and isinstance(future.exception(), RuntimeError)
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        submit_trial(interrupt)
 
 
 def test_derive_is_a_pure_function_of_the_raw_samples():

@@ -19,7 +19,7 @@ from .knobs import Knobs, device_notes
 from .measure import TrialResult
 from .progress import TrialProgress, search, shown
 from .results import Comparison, ResultLog, compare, safe_file_name
-from .runner import Progress, TrialInterrupted, check_knobs, run_trial, trial_thread
+from .runner import Progress, TrialInterrupted, check_knobs, run_trial, submit_trial
 from .stats import MARGIN, Noise
 from .workload import StepFn, Workload, move_to
 
@@ -168,13 +168,13 @@ class Workbench:
         trace_dir = (self.log.path.parent if self.log.path is not None else None) if trace else None
         with self._lock, shown(progress, desc=self.name) as state:  # bars and callbacks poll it, off the trial thread
             stop = cancel or threading.Event()
-            # Every trial runs on the one trial thread, whoever asks (a cell, the panel, the CLI):
-            # each thread that calls into torch gets its own OpenMP pool, and two pools spinning
-            # on two cores made the same knobs measure 5x apart depending on the caller.
-            future = trial_thread().submit(run_trial, self.workload, k, warmup_steps=self.warmup_steps,
-                                           steps=self.steps, progress=state, cancel=stop,
-                                           loader_timeout_s=self.loader_timeout_s, trace=trace,
-                                           trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s)
+            # A trial runs where the user's own loop would: inline when called from the main thread
+            # (a cell, a script, the CLI), else (the panel) on the one trial thread. The thread
+            # decides the OpenMP pool and the malloc arena, and so the figure (issue 23).
+            future = submit_trial(run_trial, self.workload, k, warmup_steps=self.warmup_steps,
+                                  steps=self.steps, progress=state, cancel=stop,
+                                  loader_timeout_s=self.loader_timeout_s, trace=trace,
+                                  trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s)
             try:
                 result = _wait(future)
                 if not result.ok:  # the bar ends in the trial's status, not the runner's "done"
