@@ -75,10 +75,10 @@ def test_diagnose_json():
 
 @pytest.mark.slow
 def test_tune_json():
-    out = _cli("tune", "--demo", "mlp-memory", *TINY, "--budget", "2", "--json")
+    out = _cli("tune", "--demo", "mlp-memory", *TINY, "--budget", "2", "--budget-s", "600", "--json")
     doc = _document(out, "tune")
     res = doc["result"]
-    assert doc["ok"] and res["trials_used"] <= 2 and res["budget"] == 2
+    assert doc["ok"] and res["trials_used"] <= 2 and res["budget"] == 2 and res["budget_s"] == 600
     assert res["best_knobs"]["batch_size"] >= 1 and res["start"]["status"] == "ok"
     assert isinstance(res["steps"], list) and res["steps"][0]["stage"] == "start"
 

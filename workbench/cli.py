@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for cmd, text in (("run", "run one measured trial and print its result"),
                       ("diagnose", "find the bottleneck: short-circuit test, profiler, memory, FLOPs, verdict"),
-                      ("tune", "greedy search in the recommended order, keeping only wins beyond noise"),
+                      ("tune", "race candidates (the recommended order, pairs, stacks of near-misses) and keep a win beyond noise"),
                       ("explain", "why B is faster than A (the defaults): traced steps compared by phase and op")):
         p = sub.add_parser(cmd, help=text, description=text, epilog=epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,7 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--trace", action="store_true",
                            help="profile 3 steps after the measured window into a Chrome-trace JSON next to the log")
         if cmd == "tune":
-            p.add_argument("--budget", type=int, default=12, help="maximum number of trials")
+            p.add_argument("--budget", type=int, default=None,
+                           help="maximum number of trials (default 24 without --budget-s, else no cap)")
+            p.add_argument("--budget-s", type=float, default=None, dest="budget_s",
+                           help="seconds the search may take (the primary budget; e.g. 300)")
         if cmd == "explain":
             add_explain_arguments(p)
         add_knob_arguments(p.add_argument_group("knobs (defaults: the demo's own)"))
@@ -316,7 +319,7 @@ def _run(args: argparse.Namespace, as_json: bool = False, rank: int = 0) -> Any:
         if args.command == "diagnose":
             out = bench.diagnose(progress=progress)
         else:
-            out = bench.tune(budget=args.budget, progress=progress)
+            out = bench.tune(budget=args.budget, budget_s=args.budget_s, progress=progress)
         if as_json:
             return 0, out
         print(str(out))
