@@ -13,30 +13,29 @@ from typing import Any
 
 import pandas as pd
 
-# column -> (header with its unit, format). Columns not listed keep their name and pandas' format.
-FORMATS: dict[str, tuple[str, Any]] = {
-    "samples_per_s": ("samples/s", "{:,.1f}"),
-    "samples_per_s_low": ("samples/s low", "{:,.1f}"),
-    "samples_per_s_high": ("samples/s high", "{:,.1f}"),
-    "per_rank_samples_per_s": ("samples/s per rank", "{:,.1f}"),
-    "speedup": ("speedup ×", "{:.2f}×"),
-    "speedup_low": ("95% low ×", "{:.2f}×"),
-    "speedup_high": ("95% high ×", "{:.2f}×"),
-    "median_speedup": ("median speedup ×", "{:.2f}×"),
-    "efficiency": ("efficiency", "{:.0%}"),
-    "step_time_ms": ("step ms", "{:,.2f}"),
-    "step_time_iqr_ms": ("step IQR ms", "{:,.2f}"),
-    "step_time_s": ("step ms", lambda s: f"{s * 1e3:,.2f}"),
-    "no_comm_step_s": ("no-comm step ms", lambda s: f"{s * 1e3:,.2f}"),
-    "data_wait_share": ("data wait %", "{:.0%}"),
-    "exposed_comm_share": ("exposed comm %", "{:.0%}"),
-    "peak_memory_mb": ("peak MB", "{:,.1f}"),
-    "startup_s": ("first batch s", "{:.2f}"),
-    "compile_s": ("compile s", "{:.1f}"),
-    "final_loss": ("final loss", "{:.4f}"),
-    "allreduce_bytes": ("all-reduce MB", lambda b: f"{b / 1e6:,.2f}"),
-    "allreduce_per_step": ("all-reduces / step", "{:.0f}"),
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.2f}"
+
+
+# Columns that share a format, listed together: {format: {column: header with its unit}}.
+_BY_FORMAT: dict[Any, dict[str, str]] = {
+    "{:,.1f}": {"samples_per_s": "samples/s", "samples_per_s_low": "samples/s low",
+                "samples_per_s_high": "samples/s high", "per_rank_samples_per_s": "samples/s per rank",
+                "peak_memory_mb": "peak MB"},
+    "{:.2f}×": {"speedup": "speedup ×", "speedup_low": "95% low ×", "speedup_high": "95% high ×",
+                "median_speedup": "median speedup ×"},
+    "{:.0%}": {"efficiency": "efficiency", "data_wait_share": "data wait %", "exposed_comm_share": "exposed comm %"},
+    "{:,.2f}": {"step_time_ms": "step ms", "step_time_iqr_ms": "step IQR ms"},
+    _ms: {"step_time_s": "step ms", "no_comm_step_s": "no-comm step ms"},
+    "{:.2f}": {"startup_s": "first batch s"},
+    "{:.1f}": {"compile_s": "compile s"},
+    "{:.4f}": {"final_loss": "final loss"},
+    (lambda b: f"{b / 1e6:,.2f}"): {"allreduce_bytes": "all-reduce MB"},
+    "{:.0f}": {"allreduce_per_step": "all-reduces / step"},
 }
+# column -> (header with its unit, format). Columns not listed keep their name and pandas' format.
+FORMATS: dict[str, tuple[str, Any]] = {col: (head, fmt) for fmt, cols in _BY_FORMAT.items() for col, head in cols.items()}
 CACHED_LOSS = "{:.4f} (1 batch: not comparable)"  # data="cached" trains on one batch over and over
 SCROLL = "display:block;max-width:100%;overflow-x:auto"  # a wide table scrolls inside its box
 

@@ -131,6 +131,22 @@ def _find(bench: Any, knobs: Knobs) -> TrialResult | None:
     return next((r for r in reversed(bench.trials) if r.ok and r.knobs == knobs), None)
 
 
+def _compile_lines(bench: Any) -> list[str]:
+    """What the latest compiled trial in the log says about compile: time, breaks, pay-back."""
+    compiled = [r for r in bench.trials if r.ok and r.knobs.compile != "off"]
+    if not compiled:
+        return []
+    c, wl = compiled[-1], bench.workload
+    eager = _find(bench, c.knobs.replace(compile="off"))
+    speed = c.samples_per_s / eager.samples_per_s if eager and eager.samples_per_s and c.samples_per_s else None
+    lines = [f"trial #{c.trial_id} ({c.knobs.label()}):",
+             *explain_compile(c.extra.get("compile"), speedup=speed, device_type=wl.device.type,
+                              num_parameters=wl.num_parameters, compile_s=c.compile_s)]
+    if eager is None:
+        lines.append("run bench.run(compile='off', ...) with the same other knobs to see whether it pays")
+    return lines
+
+
 def diagnose(bench: Any, knobs: Knobs | None = None, *, reuse: bool = True, profile: bool = True,
              memory: bool = True, flops: bool = True, loader: bool = True, profile_steps: int = 3) -> Diagnosis:
     """Diagnose `knobs` (default: the baseline's knobs, else the workbench defaults).
@@ -191,19 +207,8 @@ def diagnose(bench: Any, knobs: Knobs | None = None, *, reuse: bool = True, prof
             if n is not None:
                 flop_df = mfu_frame(n, base, *(peak or (None, "unknown")))
 
-    compile_lines: list[str] = []
+    compile_lines = _compile_lines(bench)
     compile_info = base.extra.get("compile") if knobs.compile != "off" else None
-    compiled = [r for r in bench.trials if r.ok and r.knobs.compile != "off"]
-    if compiled:
-        c = compiled[-1]
-        eager = _find(bench, c.knobs.replace(compile="off"))
-        speed = c.samples_per_s / eager.samples_per_s if eager and eager.samples_per_s and c.samples_per_s else None
-        compile_lines = [f"trial #{c.trial_id} ({c.knobs.label()}):",
-                         *explain_compile(c.extra.get("compile"), speedup=speed, device_type=wl.device.type,
-                                          num_parameters=wl.num_parameters, compile_s=c.compile_s)]
-        if eager is None:
-            compile_lines.append("run bench.run(compile='off', ...) with the same other knobs to see whether it pays")
-
     mfu = None
     if flop_df is not None:
         v = flop_df.set_index("figure")["value"].get("MFU")

@@ -54,6 +54,31 @@ def phase_split(stages: pd.DataFrame | None) -> str | None:
     return f"the profiled step splits into {parts} (eager, profiler ranges)"
 
 
+def _data_fix(knobs: Knobs, threads: dict[str, Any], base: TrialResult, device: torch.device,
+              cores: int) -> tuple[dict[str, Any], str]:
+    """The next loader change for a data-bound step, and why (workers, then cores, then re-forks)."""
+    workers = knobs.num_workers
+    if workers == 0:
+        w = max(1, cores // 2)
+        change: dict[str, Any] = {"num_workers": w, "persistent_workers": True}
+        if device.type == "cpu":
+            change["cpu_threads"] = max(1, cores - w)
+        return change, ("batches are loaded in the main process between steps; workers prepare the next ones "
+                        "while the step runs" + (" (and one fewer compute thread leaves them a core)"
+                                                 if device.type == "cpu" else ""))
+    if threads["oversubscribed"]:
+        return {"cpu_threads": threads["suggest_cpu_threads"]}, (
+            f"{threads['main_threads']} compute threads + {workers} workers fight over {cores} cores; "
+            "give the workers their own cores")
+    if not knobs.persistent_workers and base.extra.get("epochs"):
+        return {"persistent_workers": True}, "each epoch re-forks the workers; persistent workers start once"
+    if workers < cores:
+        return {"num_workers": workers + 1}, "the workers cannot keep up; one more may (watch the cores)"
+    return ({"prefetch_factor": 4} if (knobs.prefetch_factor or 2) < 4 else {},
+            "every core already loads data: make __getitem__ cheaper (pre-decode, cache decoded "
+            "samples in RAM, pack small files into one array and np.load(mmap_mode='r'))")
+
+
 def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: torch.device,
            ops: pd.DataFrame | None = None, mfu: float | None = None, has_conv: bool = False,
            compile_info: dict[str, Any] | None = None) -> Verdict:
@@ -88,28 +113,7 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
                         f"{data.loader_headroom:.2f}x what the step can consume")
 
     if data.data_bound:
-        workers = knobs.num_workers
-        if workers == 0:
-            w = max(1, cores // 2)
-            change: dict[str, Any] = {"num_workers": w, "persistent_workers": True}
-            if device.type == "cpu":
-                change["cpu_threads"] = max(1, cores - w)
-            why = ("batches are loaded in the main process between steps; workers prepare the next ones "
-                   "while the step runs" + (" (and one fewer compute thread leaves them a core)" if device.type == "cpu" else ""))
-        elif threads["oversubscribed"]:
-            change = {"cpu_threads": threads["suggest_cpu_threads"]}
-            why = (f"{threads['main_threads']} compute threads + {workers} workers fight over {cores} cores; "
-                   "give the workers their own cores")
-        elif not knobs.persistent_workers and base.extra.get("epochs"):
-            change = {"persistent_workers": True}
-            why = "each epoch re-forks the workers; persistent workers start once"
-        elif workers < cores:
-            change = {"num_workers": workers + 1}
-            why = "the workers cannot keep up; one more may (watch the cores)"
-        else:
-            change = {"prefetch_factor": 4} if (knobs.prefetch_factor or 2) < 4 else {}
-            why = ("every core already loads data: make __getitem__ cheaper (pre-decode, cache decoded "
-                   "samples in RAM, pack small files into one array and np.load(mmap_mode='r'))")
+        change, why = _data_fix(knobs, threads, base, device, cores)
         return Verdict("data", "the step waits for the data pipeline", tuple(evidence), change, why)
 
     if threads["oversubscribed"]:

@@ -146,12 +146,9 @@ class Panel:
             self.explanation,
             self.table,
         ])
-        self.widget.add_class("wb-panel")
-        self.run_button.add_class("wb-run")
-        self.stop_button.add_class("wb-stop")
-        self.rate.add_class("wb-rate")
-        self.table.add_class("wb-table")
-        self.chart.add_class("wb-chart")
+        for w, css in ((self.widget, "wb-panel"), (self.run_button, "wb-run"), (self.stop_button, "wb-stop"),
+                       (self.rate, "wb-rate"), (self.table, "wb-table"), (self.chart, "wb-chart")):
+            w.add_class(css)  # what the browser test and the page's CSS find
 
         # ---- the trial queue (its own thread) and the observer -------------------------------
         self.queue = TrialQueue(self._handle, debounce_s=debounce_s,
