@@ -12,7 +12,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 # codegen renders the core's step as text (Knobs.to_code): it sits with the core and imports nothing above it
 CORE = ("knobs", "workload", "step", "runner", "measure", "results", "apply", "progress", "compat", "stats", "system",
         "trace", "codegen", "protocol")
-ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export")
+ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
+              "display")
+MAX_FUNCTION_LINES = 80  # a function a newcomer reads in one screen
 
 
 def module_name(path: Path) -> str:
@@ -99,3 +101,19 @@ def test_the_workbench_satisfies_the_protocol(make_bench):
     from workbench.protocol import Bench
 
     assert isinstance(make_bench(), Bench)
+
+
+def test_every_module_is_placed_in_a_layer():
+    top = {p.stem if p.name != "__init__.py" else p.parent.name for p in PACKAGE.glob("*.py")} | \
+        {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    unplaced = top - set(CORE) - set(ABOVE_CORE) - {"workbench", "__main__", "distributed"}
+    assert not unplaced, f"place {sorted(unplaced)} in CORE or ABOVE_CORE"
+
+
+def test_no_function_is_longer_than_one_screen():
+    long = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path in sorted(PACKAGE.rglob("*.py"))
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"split these functions (at most {MAX_FUNCTION_LINES} lines): {long}"
