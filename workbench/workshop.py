@@ -497,6 +497,7 @@ class WatchView:
         if chart is not None and self.chart is None:
             import altair as alt
 
+            alt.JupyterChart.enable_offline()  # bundle the Vega JS from vl-convert: a classroom may have no internet
             self.chart = alt.JupyterChart(chart, embed_options={"renderer": "svg"})
             self.widget.children = (self.summary, self.chart)
         elif chart is not None:
