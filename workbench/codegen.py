@@ -239,7 +239,12 @@ def loop(p: Program) -> list[str]:
         out += ["rate = (seen - seen0) / (time.perf_counter() - t0) * dist.get_world_size()  # every rank: one shard",
                 "if dist.get_rank() == 0:",
                 '    print(f"{rate:.1f} samples/s (all ranks) over {num_steps - warmup_steps} timed steps")',
-                "", "dist.destroy_process_group()"]
+                "",
+                "# Every rank done with its all-reduces, and the DDP reducer (which holds the group) gone",
+                "# before the group is: a gloo group torn down at interpreter exit can abort the process.",
+                "dist.barrier()",
+                "del step_model, ddp_model",
+                "dist.destroy_process_group()"]
     else:
         out.append('print(f"{(seen - seen0) / (time.perf_counter() - t0):.1f} samples/s '
                    'over {num_steps - warmup_steps} timed steps")')
