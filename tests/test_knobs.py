@@ -323,3 +323,10 @@ def test_grad_clip_norm_validates_runs_and_is_in_the_code(make_bench):
     code = Knobs(grad_clip_norm=0.5, amp="fp16").to_code()
     assert "scaler.unscale_(optimizer)" in code and "torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)" in code
     assert "clip_grad_norm_" not in Knobs().to_code()
+
+
+def test_a_knob_that_is_off_adds_no_work_to_the_measured_step():
+    from workbench.knobs import step_hooks
+
+    assert step_hooks(wb.Knobs()) == []  # grad_clip_norm=None: no per-step call, no fp16 unscale
+    assert len(step_hooks(wb.Knobs(grad_clip_norm=1.0))) == 1
