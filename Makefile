@@ -1,6 +1,6 @@
 # Two commands on a fresh machine (see README.md):
 #   make lab    create/refresh .venv, then open JupyterLab on the quickstart notebook
-#   make test   create/refresh .venv, then lint + every test + every notebook (nbval)
+#   make test   create/refresh .venv, then lint + every test + every notebook (in headless Chromium, else nbval)
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
