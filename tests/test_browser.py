@@ -189,12 +189,26 @@ def offline_page(browser):
     return page, blocked, js_errors
 
 
+# Run All has started once a code cell shows "[*]:" (running) or "[n]:" (ran).
+STARTED_JS = ("() => [...document.querySelectorAll('.jp-InputArea-prompt')]"
+              ".some(e => /\\[(\\*|\\d+)\\]:/.test(e.textContent))")
+
+
 def run_all(page, base: str, token: str, name: str) -> float:
     """Open `name`, Run All, wait for its "notebook ran in" line (or a traceback); the wall seconds."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     started = time.monotonic()
     page.goto(f"{base}/lab/tree/{name}?token={token}")
     page.get_by_text("(ipykernel) | Idle").wait_for(timeout=120_000)
-    page.evaluate("() => window.jupyterapp.commands.execute('runmenu:run-all')")
+    for attempt in range(3):  # a Run All sent before the notebook panel is ready runs nothing: send it again
+        page.evaluate("() => window.jupyterapp.commands.execute('runmenu:run-all')")
+        try:
+            page.wait_for_function(STARTED_JS, timeout=60_000, polling=500)
+            break
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
     page.wait_for_function(
         "() => [...document.querySelectorAll('.jp-OutputArea-output')].some(e => "
         "e.textContent.includes('notebook ran in') || e.textContent.includes('Traceback (most recent call last)'))",
