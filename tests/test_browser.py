@@ -199,7 +199,7 @@ def run_all(page, base: str, token: str, name: str) -> float:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     started = time.monotonic()
-    page.goto(f"{base}/lab/tree/{name}?token={token}")
+    page.goto(f"{base}/lab/tree/{name}?reset&token={token}")  # reset: no tab of the last notebook restored
     page.get_by_text("(ipykernel) | Idle").wait_for(timeout=120_000)
     for attempt in range(3):  # a Run All sent before the notebook panel is ready runs nothing: send it again
         page.evaluate("() => window.jupyterapp.commands.execute('runmenu:run-all')")
