@@ -60,15 +60,17 @@ def one_look(n: int) -> None:
               f"1.3x one pair, no repeats yet {rate(single, n)}", flush=True)
 
 
-def auto(n: int, max_rounds: int = 8) -> None:
+def auto(n: int, max_rounds: int = 8, warm: int = 0) -> None:
     """rounds='auto': error rates under peeking and drift, and rounds to a decision."""
     for pattern in ("jitter", "bursty", "walk", "steps"):
-        line = [f"{pattern}, rounds='auto' max_rounds={max_rounds}:"]
+        line = [f"{pattern}, rounds='auto' max_rounds={max_rounds}, {warm} identical trials in the log before:"]
         for speedup, margin, what in ((1.0, 0.05, "identical ±5%"), (1.0, 0.10, "identical ±10%"),
                                       (1.2, 0.05, "1.2x"), (1.3, 0.05, "1.3x")):
             answers, rounds = {"faster": 0, "slower": 0, "same": 0, "undecided": 0}, []
             for seed in range(n):
                 s = SimBench(200_000 + int(speedup * 1000) * 1000 + seed, pattern, speedup)
+                for _ in range(warm):  # identical repeats already in the log: a learnt back-to-back sd
+                    s.run(A)
                 c = compare(s.run(A), s.run(B), rounds="auto", max_rounds=max_rounds, margin=margin, run=s.run,
                             log=s.log)
                 answers[c.answer] += 1

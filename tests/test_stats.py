@@ -20,7 +20,21 @@ import pytest
 import workbench as wb
 from workbench.measure import TrialResult
 from workbench.results import ResultLog, compare
-from workbench.stats import PRIOR, PRIOR_NOISE, decide, decide_sequential, estimate_noise, look_alpha, t_cdf, t_quantile
+from workbench.stats import (
+    PAIRED_PRIOR_DF,
+    PAIRED_PRIOR_MAX_DF,
+    PAIRED_PRIOR_SD,
+    PRIOR,
+    PRIOR_NOISE,
+    Noise,
+    decide,
+    decide_sequential,
+    estimate_noise,
+    look_alpha,
+    paired_prior,
+    t_cdf,
+    t_quantile,
+)
 
 BATCH = 32
 
@@ -180,8 +194,10 @@ def test_compare_rejects_bad_input():
         compare([a, b], b)
 
 
-def auto(sim: SimBench, **kwargs) -> wb.Comparison:
-    """compare(rounds="auto") from a fresh log: one A B pair, then rounds until decided."""
+def auto(sim: SimBench, warm: int = 0, **kwargs) -> wb.Comparison:
+    """compare(rounds="auto") after `warm` identical trials (0: a fresh log): one A B pair, then rounds."""
+    for _ in range(warm):
+        sim.run(A)
     return compare(sim.run(A), sim.run(B), rounds="auto", run=sim.run, log=sim.log, **kwargs)
 
 
@@ -279,3 +295,44 @@ def test_auto_pairs_only_back_to_back_trials():
 def test_t_distribution_tails():
     assert t_quantile(0.9995, 5) == pytest.approx(6.869, rel=1e-3)
     assert t_cdf(t_quantile(0.99, 3.5), 3.5) == pytest.approx(0.99, abs=1e-9)
+
+
+def test_paired_prior_is_learnt_from_the_logs_back_to_back_repeats():
+    assert paired_prior(None) == paired_prior(PRIOR) == (PAIRED_PRIOR_SD, PAIRED_PRIOR_DF)
+    few = Noise(0.05, 6.0, 2, 1, 0.05, adjacent=0.03, adjacent_pairs=2)
+    assert paired_prior(few) == (PAIRED_PRIOR_SD, PAIRED_PRIOR_DF)  # 2 pairs: not enough to trust
+    many = Noise(0.05, 40.0, 36, 3, 0.05, adjacent=0.03, adjacent_pairs=100)
+    sd, df = paired_prior(many)
+    assert sd == pytest.approx(0.03 * math.sqrt(2)) and df == PAIRED_PRIOR_MAX_DF  # capped: own pairs still count
+
+
+@pytest.mark.parametrize("pattern", ["jitter", "walk"])
+def test_auto_with_a_learnt_prior_keeps_false_alarms_and_decides_sooner(pattern):
+    """8 identical trials in the log first: the paired sd starts from their back-to-back spread.
+    False alarms stay at most 5% under peeking; a real 1.3x effect is found in fewer rounds."""
+    sims = 150
+    alarms = sum(auto(SimBench(40_000 + seed, pattern), warm=8, max_rounds=8).answer in ("faster", "slower")
+                 for seed in range(sims))
+    assert alarms / sims <= 0.05, f"{alarms}/{sims} false alarms with a learnt prior ({pattern})"
+    cold = [auto(SimBench(41_000 + seed, pattern, 1.3), max_rounds=8) for seed in range(60)]
+    warm = [auto(SimBench(41_000 + seed, pattern, 1.3), warm=8, max_rounds=8) for seed in range(60)]
+    assert sum(c.answer == "faster" for c in warm) >= 0.9 * len(warm)
+    assert np.mean([c.rounds for c in warm]) < np.mean([c.rounds for c in cold])
+
+
+def test_same_speed_is_an_equivalence_test_with_its_own_interval():
+    """ "Same speed" is two one-sided tests: the interval it shows is the narrower equivalence one,
+    and it lies within ±margin; a real 12% gap is never called the same within ±10%."""
+    rng = np.random.default_rng(3)
+    d = rng.normal(0, 0.03, 8)
+    c = decide_sequential(np.ones(8), np.exp(d), looks=8, margin=0.10)
+    two_sided = decide_sequential(np.ones(8), np.exp(d), looks=8, margin=0.001)  # undecided: two-sided interval
+    assert c.answer == "same" and c.same and 1 / 1.10 <= c.low and c.high <= 1.10
+    assert two_sided.answer == "undecided" and two_sided.high - two_sided.low > c.high - c.low
+    learnt = Noise(0.05, 40.0, 36, 3, 0.05, adjacent=0.08 / math.sqrt(2), adjacent_pairs=50)
+    false_same = 0
+    for _ in range(300):
+        e = rng.normal(math.log(1.12), 0.08, 9)
+        false_same += any(decide_sequential(np.ones(n), np.exp(e[:n]), learnt, looks=9, margin=0.10).answer == "same"
+                          for n in range(1, 10))
+    assert false_same / 300 <= 0.05

@@ -173,10 +173,13 @@ def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *,
     pa, pb = ([first_a], [first_b]) if paired else ([], [])
     looks = max_rounds + len(pa)
     note, done, t0, c = "", 0, time.perf_counter(), None
+    # The paired sd's prior is learnt from back-to-back repeats already in the log: evidence
+    # independent of these rounds (re-learning it from them would over-trust their own spread).
+    before = log.noise if log is not None else noise_of([*pa, *pb])
 
     def judge() -> Comparison:
         return decide_sequential([r.samples_per_s or 0.0 for r in pa], [r.samples_per_s or 0.0 for r in pb],
-                                 log.noise if log is not None else noise_of([*pa, *pb]), looks=looks,
+                                 before, looks=looks,
                                  margin=margin, a_trials=[r.trial_id for r in pa],
                                  b_trials=[r.trial_id for r in pb], rounds=done, note=note,
                                  seconds=time.perf_counter() - t0, max_rounds=max_rounds)

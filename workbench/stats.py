@@ -21,7 +21,9 @@ Identical trials also drift: the level shifts for a while, then shifts back. `co
 rounds="auto")` therefore judges each B against the A run just before it (per-round log-ratios,
 where a shared level cancels; `paired_interval`) and looks after every round, spending the 5% error
 rate across at most 1 + max_rounds looks (`look_alpha`), so stopping when decided keeps the error
-rates (`decide_sequential`).
+rates (`decide_sequential`). The paired sd starts from what the log already knows (`paired_prior`:
+its back-to-back repeats of identical knobs), and "same speed" is an equivalence test (two
+one-sided tests at the look's rate), so a quiet machine can say "same speed" within a few rounds.
 
 Pure numbers only (numpy and math): no torch, no trials; `results.compare` runs the rounds.
 """
@@ -48,6 +50,7 @@ MARGIN = 0.05  # "same speed": the whole interval lies within ±MARGIN (symmetri
 ANSWER_WORDS = {"faster": "faster", "slower": "slower", "same": "same speed", "undecided": "undecided (within noise)"}
 PAIRED_PRIOR_SD = 0.10  # sd of log(B/A) between back-to-back trials assumed before any pair is measured
 PAIRED_PRIOR_DF = 2.0  # the paired prior counts as this many degrees of freedom (weak: data win by round 3)
+PAIRED_PRIOR_MAX_DF = 6.0  # a paired sd learnt from the log's back-to-back repeats counts as at most this many
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -319,57 +322,93 @@ def look_alpha(look: int, looks: int) -> float:
     return (1 - CONFIDENCE) * look**2 / (looks * (looks + 1) * (2 * looks + 1) / 6)
 
 
-def paired_interval(a_rates: Sequence[float], b_rates: Sequence[float], look: int,
-                    looks: int) -> tuple[float, float, float]:
+def paired_prior(noise: Noise | None = None) -> tuple[float, float]:
+    """(sd, df) of a back-to-back log(B/A) before a comparison's own pairs count.
+
+    Learnt from the log's back-to-back trials of identical knobs when it has at least 3 (one trial's
+    adjacent sd × √2, the sd of a difference of two), weighted as at most PAIRED_PRIOR_MAX_DF degrees
+    of freedom so a comparison's own pairs still move it; else the weak default (10%, 2 df).
+    """
+    if noise is None or noise.adjacent is None or noise.adjacent_pairs < 3:
+        return PAIRED_PRIOR_SD, PAIRED_PRIOR_DF
+    return max(MIN_NOISE, math.sqrt(2) * noise.adjacent), min(float(noise.adjacent_pairs), PAIRED_PRIOR_MAX_DF)
+
+
+def paired_interval(a_rates: Sequence[float], b_rates: Sequence[float], look: int, looks: int,
+                    prior: tuple[float, float] = (PAIRED_PRIOR_SD, PAIRED_PRIOR_DF)) -> tuple[float, float, float]:
     """(mean log-ratio, half-width, paired sd) at `look` of `looks` from back-to-back pairs (A_i, B_i).
 
     Each pair ran back to back, so a level shift between rounds cancels in log(B_i / A_i). The sd of
-    those log-ratios is unknown: it blends a weak prior (PAIRED_PRIOR_SD, PAIRED_PRIOR_DF degrees of
-    freedom) with the pairs' own spread, and the half-width uses Student's t at that look's spent rate.
+    those log-ratios is unknown: it blends `prior` (sd, degrees of freedom; see paired_prior) with
+    the pairs' own spread, and the half-width uses Student's t at that look's spent rate (two-sided).
     """
+    mean, sd, df, n = _paired_sd(a_rates, b_rates, prior)
+    return mean, t_quantile(1 - look_alpha(look, looks) / 2, df) * sd / math.sqrt(n), sd
+
+
+def _paired_sd(a_rates: Sequence[float], b_rates: Sequence[float],
+               prior: tuple[float, float]) -> tuple[float, float, float, int]:
+    """(mean log-ratio, blended sd, its degrees of freedom, pairs)."""
     d = np.log(np.asarray(b_rates, dtype=float)) - np.log(np.asarray(a_rates, dtype=float))
     if len(d) < 1 or len(a_rates) != len(b_rates) or not np.isfinite(d).all():
         raise ValueError("a paired comparison needs equally many positive samples/s figures on each side")
-    n = len(d)
+    prior_sd, prior_df = prior
     ss = float(((d - d.mean()) ** 2).sum())
-    df = PAIRED_PRIOR_DF + n - 1
-    sd = max(MIN_NOISE, math.sqrt((PAIRED_PRIOR_DF * PAIRED_PRIOR_SD**2 + ss) / df))
-    half = t_quantile(1 - look_alpha(look, looks) / 2, df) * sd / math.sqrt(n)
-    return float(d.mean()), half, sd
+    df = prior_df + len(d) - 1
+    return float(d.mean()), max(MIN_NOISE, math.sqrt((prior_df * prior_sd**2 + ss) / df)), df, len(d)
 
 
-def _settled(mean: float, half: float, margin: float) -> bool:
-    beyond = abs(mean) > half and abs(math.exp(mean) - 1) >= MIN_EFFECT
-    return beyond or (mean - half >= -math.log1p(margin) and mean + half <= math.log1p(margin))
+def _halves(sd: float, df: float, n: int, look: int, looks: int) -> tuple[float, float]:
+    """Half-widths at one look: two-sided for "beyond noise", one-sided for "same speed".
+
+    "Same speed within ±margin" is two one-sided tests (TOST: B is not slower by more than the
+    margin, and not faster by more than it), each at the look's spent rate: the standard
+    equivalence test, whose interval is 1 - 2·alpha rather than 1 - alpha.
+    """
+    alpha = look_alpha(look, looks)
+    scale = sd / math.sqrt(n)
+    return t_quantile(1 - alpha / 2, df) * scale, t_quantile(1 - alpha, df) * scale
+
+
+def _answer(mean: float, half: float, half_same: float, margin: float) -> str:
+    """faster/slower, same or undecided from a log-ratio and its two half-widths."""
+    if abs(mean) > half and abs(math.exp(mean) - 1) >= MIN_EFFECT:
+        return "faster" if mean > 0 else "slower"
+    if mean - half_same >= -math.log1p(margin) and mean + half_same <= math.log1p(margin):
+        return "same"
+    return "undecided"
 
 
 def decide_sequential(a_rates: Sequence[float], b_rates: Sequence[float], noise: Noise = PRIOR, *, looks: int,
                       margin: float = MARGIN, a_trials: Sequence[int | None] = (),
                       b_trials: Sequence[int | None] = (), rounds: int = 0, note: str = "",
                       seconds: float | None = None, max_rounds: int | None = None) -> Comparison:
-    """B against A from back-to-back pairs, judged at look len(pairs) of at most `looks` (see paired_interval).
+    """B against A from back-to-back pairs, judged at look len(pairs) of at most `looks`.
 
-    Beyond noise when the interval excludes 1 (and the ratio is MIN_EFFECT away from it); same speed
-    when it lies within ±margin; otherwise undecided, with the extra rounds that would likely settle it
-    if the gap and the spread stay as measured.
+    The paired sd starts from `noise`'s back-to-back figure (paired_prior). Beyond noise when the
+    two-sided interval excludes 1 (and the ratio is MIN_EFFECT away from it); same speed when the
+    equivalence interval lies within ±margin (the interval shown is then that one); otherwise
+    undecided, with the extra rounds that would likely settle it if the gap and spread stay as measured.
     """
     n = len(a_rates)
-    mean, half, sd = paired_interval(a_rates, b_rates, n, max(looks, n))
-    beyond = abs(mean) > half and abs(math.exp(mean) - 1) >= MIN_EFFECT
+    looks = max(looks, n)
+    prior = paired_prior(noise)
+    mean, sd, df, _ = _paired_sd(a_rates, b_rates, prior)
+    half, half_same = _halves(sd, df, n, n, looks)
+    answer = _answer(mean, half, half_same, margin)
+    shown = half_same if answer == "same" else half
     needed = None
-    if not _settled(mean, half, margin):
-        for k in range(1, MAX_ROUNDS_HINT + 1):
-            df = PAIRED_PRIOR_DF + n + k - 1
-            h = t_quantile(1 - look_alpha(n + k, n + k) / 2, df) * sd / math.sqrt(n + k)
-            if _settled(mean, h, margin):
-                needed = k
-                break
+    if answer == "undecided":
+        needed = next((k for k in range(1, MAX_ROUNDS_HINT + 1)
+                       if _answer(mean, *_halves(sd, prior[1] + n + k - 1, n + k, n + k, n + k), margin)
+                       != "undecided"), None)
     return Comparison(a_trials[0] if a_trials else None, b_trials[0] if b_trials else None, math.exp(mean),
-                      math.exp(mean - half), math.exp(mean + half), bool(beyond), tuple(a_trials), tuple(b_trials),
-                      tuple(float(v) for v in a_rates), tuple(float(v) for v in b_rates), rounds, noise, needed,
-                      note, margin, seconds, max_rounds if max_rounds is not None else looks)
+                      math.exp(mean - shown), math.exp(mean + shown), answer in ("faster", "slower"),
+                      tuple(a_trials), tuple(b_trials), tuple(float(v) for v in a_rates),
+                      tuple(float(v) for v in b_rates), rounds, noise, needed, note, margin, seconds,
+                      max_rounds if max_rounds is not None else looks)
 
 
 __all__ = ["ANSWER_WORDS", "CONFIDENCE", "MARGIN", "MIN_EFFECT", "PRIOR", "PRIOR_NOISE", "Comparison", "Noise", "adjacent_noise",
-           "critical", "decide", "decide_sequential", "estimate_noise", "look_alpha", "paired_interval", "t_cdf",
+           "critical", "decide", "decide_sequential", "estimate_noise", "look_alpha", "paired_interval", "paired_prior", "t_cdf",
            "t_quantile"]
