@@ -7,12 +7,15 @@ For each demo, every knob set runs once per round through `bench.run` and once a
 script, in alternating order (round 1: sets forward, workbench first; round 2: sets backward,
 script first; ...), so slow drift hits both sides alike. Reported per knob set: the medians of
 both figures, the workbench/script ratio (median over rounds of the per-round ratio), and each
-side's speedup over the demo's defaults. Goal: every ratio within ±10%. Measures, asserts nothing.
+side's speedup over the demo's defaults, and whether the evidence shows the workbench agreeing with
+the script within ±10% (an equivalence test on the per-round ratios; see `agreement`), differing,
+or cannot tell yet. Goal: every ratio within ±10%. Measures, asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import re
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import workbench as wb
 from workbench.measure import environment
+from workbench.stats import t_quantile
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP, STEPS = 5, 30
@@ -65,6 +69,26 @@ def run_script(path: Path, knobs: wb.Knobs) -> float:
     if out.returncode != 0 or m is None:
         raise RuntimeError(f"the generated loop failed for {knobs}:\n{out.stderr[-2000:]}")
     return float(m.group(1))
+
+
+def agreement(w: list[float], s: list[float], margin: float = 0.10) -> tuple[str, str]:
+    """Does the workbench read like the script? From the per-round log-ratios log(wb/script).
+
+    (95% interval of wb/script, verdict): "agrees within ±10%" when the equivalence interval (two
+    one-sided tests, 90%) lies inside ±margin; "differs" when the 95% interval excludes 1 by more
+    than the margin allows; else "undecided" (more rounds would tell: per-trial noise here is 5-15%).
+    """
+    d = [math.log(a / b) for a, b in zip(w, s) if a > 0 and b > 0 and math.isfinite(a / b)]
+    if len(d) < 2:
+        return "n/a", "undecided (fewer than 2 rounds)"
+    mean, se = statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
+    half, half_same = t_quantile(0.975, len(d) - 1) * se, t_quantile(0.95, len(d) - 1) * se
+    interval = f"{math.exp(mean - half):.2f}…{math.exp(mean + half):.2f}"
+    if abs(mean) + half_same <= math.log1p(margin):
+        return interval, f"agrees within ±{margin:.0%}"
+    if abs(mean) - half > math.log1p(margin):
+        return interval, f"differs by more than {margin:.0%}"
+    return interval, "undecided"
 
 
 def main() -> None:
@@ -108,6 +132,7 @@ def main() -> None:
             "demo": demo, "knobs": knobs.label(benches[demo].defaults),
             "workbench samples/s": statistics.median(w), "script samples/s": statistics.median(s),
             "wb/script": statistics.median(a / b for a, b in zip(w, s)),
+            "wb/script 95%": agreement(w, s)[0], "verdict": agreement(w, s)[1],
             "wb speedup": wb_speedup, "script speedup": sc_speedup, "speedup ratio": wb_speedup / sc_speedup,
         })
     df = pd.DataFrame(rows)
@@ -119,7 +144,8 @@ def main() -> None:
     with pd.option_context("display.width", 200):
         print(df.to_string(index=False, float_format="{:.2f}".format))
     worst = max(abs(df["wb/script"] - 1).max(), abs(df["speedup ratio"] - 1).max())
-    print(f"\nlargest deviation from the script: {worst:.1%} (goal: within 10%)")
+    print(f"\nlargest deviation from the script: {worst:.1%} (goal: within 10%); verdicts: "
+          + ", ".join(f"{v} {n}" for v, n in df["verdict"].value_counts().items()))
 
 
 if __name__ == "__main__":
