@@ -67,9 +67,13 @@ def one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         row.update({"best/default": c.speedup, "vs default": c.verdict})
         print(f"best vs default: {c}", flush=True)
     if args.sweep:
-        vs = bench.compare(top, best, rounds=args.rounds)
-        row.update({"tuner/sweep": vs.speedup, "vs sweep": vs.verdict, "time share": res.seconds / row["sweep_s"]})
-        print(f"tuner's best vs the sweep's best: {vs}", flush=True)
+        row["time share"] = res.seconds / row["sweep_s"]
+        if top.knobs == res.best_knobs:  # two trials of one configuration: their ratio is noise, not a finding
+            row.update({"tuner/sweep": 1.0, "vs sweep": "same knobs"})
+        else:
+            vs = bench.compare(top, best, rounds=args.rounds)
+            row.update({"tuner/sweep": vs.speedup, "vs sweep": vs.verdict})
+            print(f"tuner's best vs the sweep's best: {vs}", flush=True)
     if args.twice:
         second = runs[1]
         row["second best"] = second.best_knobs.label(k0)
@@ -84,6 +88,10 @@ def one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+def _rounds(text: str) -> int | str:
+    return text if text == "auto" else int(text)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--size", default="default", choices=["tiny", "default"])
@@ -95,7 +103,8 @@ def main() -> None:
     p.add_argument("--share", type=float, default=0.4, help="the tuner's budget_s as a share of the sweep's seconds")
     p.add_argument("--budget-s", type=float, default=None, help="the tuner's budget in seconds (without --sweep)")
     p.add_argument("--twice", action="store_true", help="a second, independent tune() on a fresh workbench")
-    p.add_argument("--rounds", type=int, default=2, help="alternating rounds behind every reported ratio")
+    p.add_argument("--rounds", type=_rounds, default=2,
+                   help="alternating rounds behind every reported ratio, or 'auto' (until decided, at most 8)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     args = p.parse_args()
