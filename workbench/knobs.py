@@ -504,6 +504,8 @@ def _fsdp_code(k: Knobs) -> dict[str, list[str]]:
     imports = ["from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard"]
     if k.fsdp_cpu_offload:
         imports.append("from torch.distributed.fsdp import CPUOffloadPolicy")
+    if not k.fsdp_shard:
+        imports.append("from torch import nn  # blocks_of")
     return {"imports": imports, "functions": [] if k.fsdp_shard else [function_source(blocks_of)], "shard": lines}
 
 
