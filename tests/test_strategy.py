@@ -61,7 +61,8 @@ def test_fsdp2_script_shards_blocks_then_root_and_skips_sync_while_accumulating(
     code = k.to_code(steps=3)
     ast.parse(code)
     for piece in ("torchrun --standalone --nproc-per-node=2 train_fsdp2.py", "def blocks_of(",
-                  "fully_shard(unit, **fsdp_options)", "fully_shard(model, **fsdp_options)",
+                  "fully_shard(unit, **fsdp_options)",
+                  'fully_shard(model, **{**fsdp_options, "reshard_after_forward": None})',
                   "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=None)",
                   "set_modules_to_forward_prefetch(units[i + 1:i + 1 + 2])", "CPUOffloadPolicy()",
                   "model.set_requires_gradient_sync((micro + 1) % accum_steps == 0)", "dist.destroy_process_group()"):

@@ -496,7 +496,8 @@ def _fsdp_code(k: Knobs) -> dict[str, list[str]]:
     lines += ["for unit in sorted(units, key=lambda u: -len(next(n for n, m in {model}.named_modules() if m is u)"
               ".split('.'))):",
               "    fully_shard(unit, **fsdp_options)  # deepest first: a unit inside another is sharded before it",
-              "fully_shard({model}, **fsdp_options)  # the root: every parameter left over"]
+              "# the root: every parameter left over; None = FSDP2 keeps a root's parameters for backward",
+              'fully_shard({model}, **{**fsdp_options, "reshard_after_forward": None})']
     if k.fsdp_prefetch is not None:
         n = k.fsdp_prefetch
         lines += [f"for i, unit in enumerate(units):  # prefetch {n} unit(s) ahead in forward and in backward",
@@ -613,8 +614,9 @@ class Knobs:
                                        help="DDP broadcasts rank 0's buffers (BatchNorm statistics) every forward")
     fsdp_reshard_after_forward: bool = declare(True, kind="bool", group="Distributed", widget="checkbox", probe=False,
                                                fuzz=Fuzz((True,), ("yes",)),
-                                               help="FSDP2 frees each unit's gathered parameters after forward and "
-                                                    "gathers them again in backward (less memory, more communication)")
+                                               help="FSDP2 frees each shard unit's gathered parameters after forward "
+                                                    "and gathers them again in backward (less memory, more "
+                                                    "communication); the root follows FSDP2's default")
     fsdp_param_dtype: str = declare("fp32", kind="choice", choices=FSDP_DTYPES, group="Distributed",
                                     widget="dropdown", probe="bf16", fuzz=Fuzz(("fp32",), ("fp16",)),
                                     help="FSDP2 MixedPrecisionPolicy: dtype of the gathered parameters for compute")

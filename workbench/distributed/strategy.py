@@ -133,7 +133,9 @@ class FSDP2Strategy:
         options = dict(reshard_after_forward=knobs.fsdp_reshard_after_forward, mp_policy=mp, offload_policy=offload)
         for _, unit in sorted(zip(names, units), key=lambda nu: -nu[0].count(".")):  # inner units first
             fully_shard(unit, **options)
-        fully_shard(model, **options)  # the root: whatever no unit holds (embeddings, head, norms)
+        # the root: whatever no unit holds (embeddings, head, norms); None = FSDP2's own choice for a root,
+        # no reshard after forward (backward needs its parameters at once), as in a bare FSDP2 loop
+        fully_shard(model, **{**options, "reshard_after_forward": None})
         n = knobs.fsdp_prefetch
         if n is not None:
             for i, unit in enumerate(units):
