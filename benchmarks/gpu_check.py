@@ -443,6 +443,70 @@ def check_ddp(ctx: Context) -> tuple[str, bool, dict]:
     return f"2 ranks: {two.samples_per_s:,.0f} samples/s, scaling efficiency {eff:.0%}", True, {"efficiency": eff}
 
 
+FSDP_FACTORY = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.up, self.down = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def make():
+    torch.manual_seed(0)
+    width = WIDTH
+    model = nn.Sequential(nn.Linear(64, width), *[Block(width) for _ in range(4)], nn.Linear(width, 10))
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(4096, 64, generator=g), torch.randint(0, 10, (4096,), generator=g))
+    return {"model": model, "data": data, "loss_fn": nn.CrossEntropyLoss(), "device": "DEVICE", "name": "fsdp2",
+            "optimizer": lambda p: torch.optim.AdamW(p, lr=1e-3)}
+"""
+
+
+def _torchrun_trial(ctx: Context, *flags: str) -> dict[str, Any]:
+    """One 2-rank trial under torchrun through the CLI (rank 0's JSON result): the ranks start fresh,
+    so this works after CUDA is initialised here (a forked rank could not use it)."""
+    import subprocess
+
+    root = Path(ctx.wb.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ctx.tmp), str(root), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "workbench",
+           "run", "--model", "gck_fsdp:make", "--json", "--quiet", "--steps", str(ctx.size(STEPS, 6)),
+           "--warmup-steps", "2", "--batch-size", str(ctx.size(256, 32)), "--log-path", str(ctx.tmp / "log"), *flags]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ctx.tmp, timeout=240)
+    if out.returncode != 0 or "{" not in out.stdout:
+        raise RuntimeError(f"torchrun exited {out.returncode}: {out.stderr.strip()[-400:]}")
+    return json.JSONDecoder().raw_decode(out.stdout[out.stdout.index("{"):])[0]["result"]  # rank 0's document
+
+
+def check_fsdp2(ctx: Context) -> tuple[str, bool, dict]:
+    if "strategy" not in ctx.knob_names():
+        raise Skip(f"{SKIP_VERSION} (no strategy knob)")
+    if ctx.cuda and ctx.torch.cuda.device_count() < 2:
+        raise Skip(f"skipped: needs 2 GPUs ({ctx.torch.cuda.device_count()} here)")
+    factory = FSDP_FACTORY.replace("WIDTH", str(ctx.size(2048, 64))).replace("DEVICE", ctx.device)
+    (ctx.tmp / "gck_fsdp.py").write_text(factory)
+    ddp = _torchrun_trial(ctx, "--strategy", "ddp")
+    fsdp = _torchrun_trial(ctx, "--strategy", "fsdp2")
+    # bf16 parameters + CPU offload: a third job on the GPU only (offload is a no-op on CPU; the dry run saves ~10 s)
+    mixed = (_torchrun_trial(ctx, "--strategy", "fsdp2", "--fsdp-param-dtype", "bf16", "--fsdp-cpu-offload")
+             if ctx.cuda else {"status": "ok", "losses": [0.0], "samples_per_s": None, "notes": ["not in the dry run"]})
+    same, worst = losses_match(ddp["losses"], fsdp["losses"], rtol=1e-3)
+    share = fsdp["model_state_bytes"] / ddp["model_state_bytes"]
+    good = (all(r["status"] == "ok" for r in (ddp, fsdp, mixed)) and same and share <= 0.65
+            and all(math.isfinite(x) for x in mixed["losses"]))
+    return (f"fsdp2 {fsdp['samples_per_s']:,.0f} vs ddp {ddp['samples_per_s']:,.0f} samples/s; model state "
+            f"{share:.2f}x DDP's; losses within {worst:.1e}; bf16 + CPU offload {mixed['status']} "
+            f"({mixed['samples_per_s'] or 0:,.0f} samples/s)"), good, \
+        {"ddp": ddp["samples_per_s"], "fsdp2": fsdp["samples_per_s"], "bf16_offload": mixed["samples_per_s"],
+         "state_share": share, "notes": mixed.get("notes")}
+
+
 def check_oom(ctx: Context) -> tuple[str, bool, dict]:
     torch = ctx.torch
     hidden = 2**20
@@ -486,6 +550,9 @@ CHECKS: list[Check] = [  # estimates: rough guesses of cold seconds on one GPU (
     Check("trace export + CUDA memory snapshot", "ok; a trace file and a non-empty memory snapshot next to it",
           check_memory_snapshot, 15),
     Check("DDP, NCCL, world_size=2", "ok on 2 GPUs; scaling efficiency reported", check_ddp, 40),
+    Check("FSDP2, NCCL, world_size=2 (torchrun)",
+          "ok on 2 GPUs; losses equal DDP's (1e-3); model state <= 0.65x DDP's; bf16 params + CPU offload ok",
+          check_fsdp2, 60, ("cuda", "cpu")),
     Check("compile='default'", "ok; losses equal eager (1e-3), not all identical", check_compile_default, 50,
           ("cuda", "cpu")),
     Check("compile='reduce-overhead' (CUDA graphs)", "ok; losses equal eager (1e-3) after graph replays, not all identical",

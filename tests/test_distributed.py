@@ -310,7 +310,8 @@ def test_panel_distributed_group_enables_ddp_controls_only_above_one_process(tmp
     W = pytest.importorskip("ipywidgets")
     from workbench.panel.controls import GROUPS, KnobControls
 
-    assert GROUPS["Distributed"][0] == "world_size" and all(n.startswith("ddp_") for n in GROUPS["Distributed"][1:])
+    assert GROUPS["Distributed"][:2] == ["world_size", "strategy"]
+    assert all(n.startswith(("ddp_", "fsdp_")) for n in GROUPS["Distributed"][2:])
     controls = KnobControls(W, make_bench(tmp_path, log=None))
     c = controls.controls
     c["ddp_no_sync"].value = True
@@ -321,6 +322,13 @@ def test_panel_distributed_group_enables_ddp_controls_only_above_one_process(tmp
     c["accum_steps"].value = 2
     k = controls.knobs()
     assert k.world_size == 2 and k.ddp_no_sync and not c["ddp_bucket_cap_mb"].disabled
+    assert c["fsdp_prefetch"].disabled and "strategy='fsdp2'" in c["fsdp_prefetch"].tooltip
+    c["ddp_no_sync"].value = False
+    c["strategy"].value = "fsdp2"
+    c["fsdp_prefetch"].value = 1
+    k = controls.knobs()
+    assert k.strategy == "fsdp2" and k.fsdp_prefetch == 1 and not c["fsdp_prefetch"].disabled
+    assert c["ddp_bucket_cap_mb"].disabled and "strategy='ddp'" in c["ddp_bucket_cap_mb"].tooltip
 
 
 @pytest.mark.slow

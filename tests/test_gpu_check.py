@@ -145,3 +145,11 @@ def test_cpu_dry_run_of_the_device_agnostic_checks(tmp_path):
                   gck.check_bf16_channels_last):
         row = gck.run_one(gck.Check(check.__name__, "", check, 1), ctx)
         assert row.result == gck.PASS, (row.measured, row.detail.get("traceback"))
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_of_the_fsdp2_check_under_torchrun(tmp_path):
+    # The NCCL FSDP2 check's own code (2 of its 3 torchrun jobs, through the CLI) on gloo at a small size.
+    row = gck.run_one(gck.Check("fsdp2", "", gck.check_fsdp2, 1), gck.Context("cpu", tmp_path))
+    assert row.result == gck.PASS, (row.measured, row.detail.get("traceback"))
+    assert "model state 0.5" in row.measured and "losses within" in row.measured

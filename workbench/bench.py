@@ -296,14 +296,15 @@ class Workbench:
 
         return to_tensorboard(self.trials, logdir, name=self.name)
 
-    def scaling(self, world_sizes: tuple[int, ...] = (1, 2), *, progress: bool | None = None,
-                **knobs: Any) -> pd.DataFrame:
-        """One trial per world size with the same other knobs: world_size, samples_per_s,
-        per_rank_samples_per_s, efficiency (see scaling.py for what it means on CPUs)."""
-        from .scaling import scaling
+    def scaling(self, world_sizes: tuple[int, ...] = (1, 2), *, strategies: tuple[str, ...] | None = None,
+                progress: bool | None = None, **knobs: Any) -> pd.DataFrame:
+        """One trial per world size (and per strategy: `strategies=("ddp", "fsdp2")`) with the same other
+        knobs: samples/s, efficiency, peak memory and model state per rank (see scaling.py)."""
+        from .scaling import plan, scaling
 
-        with search(progress, "scaling", log=self.log, total=len(world_sizes)):
-            return scaling(self, world_sizes, **knobs)
+        total = len(plan(self, world_sizes, strategies, knobs))
+        with search(progress, "scaling", log=self.log, total=total):
+            return scaling(self, world_sizes, strategies, **knobs)
 
     def scaling_chart(self, frame: pd.DataFrame) -> Any:
         """The chart of a `scaling()` frame: measured bars vs linear scaling, efficiency labels."""

@@ -271,12 +271,13 @@ def scaling_chart(scaling: pd.DataFrame, *, width: int = 360) -> alt.TopLevelMix
     base = df.iloc[0]
     df["ideal"] = df["world_size"] / base["world_size"] * (base["samples_per_s"] or 0.0)
     df["label"] = df["efficiency"].map(lambda e: "" if e is None or e != e else f"{e:.0%}")
-    x = alt.X("world_size:O", title="processes (world_size)")
+    x = (alt.X("setup:O", sort=None, title="processes x strategy") if "setup" in df.columns
+         else alt.X("world_size:O", title="processes (world_size)"))
     bars = alt.Chart(df).mark_bar(color="#4c78a8").encode(
         x=x, y=alt.Y("samples_per_s:Q", title="global samples/s"),
         tooltip=["world_size", alt.Tooltip("samples_per_s:Q", format=",.0f"),
                  alt.Tooltip("per_rank_samples_per_s:Q", format=",.0f"), alt.Tooltip("efficiency:Q", format=".0%"),
-                 "threads_per_rank", "status"])
+                 "threads_per_rank", *[c for c in ("peak_memory_mb", "model_state_mb") if c in df.columns], "status"])
     ideal = alt.Chart(df).mark_line(strokeDash=[4, 4], color="#222222", point=True).encode(x=x, y="ideal:Q")
     text = alt.Chart(df).mark_text(dy=-8).encode(x=x, y="samples_per_s:Q", text="label:N")
     return (bars + ideal + text).properties(width=width, title="Scaling: measured (bars) vs linear (dashed)")

@@ -5,7 +5,9 @@ DDP), the data, the model, the loop. Every knob writes into those sections throu
 `code` hook (knobs.py: what `TrainStep` does at the same seam at run time); this module only lays
 the sections out, so a new knob never edits it. With `world_size > 1` the program is a
 torchrun-ready DDP script (init_process_group, a DistributedSampler with set_epoch, DDP with the
-ddp_* knobs, no_sync during accumulation); its header and `torchrun_command()` give the command.
+ddp_* knobs, no_sync during accumulation), or with strategy="fsdp2" an FSDP2 script (fully_shard per
+shard unit, then the root; set_requires_gradient_sync during accumulation); its header and
+`torchrun_command()` give the command.
 
 The snippet expects four names to exist where it runs (rename them with keyword arguments):
 `model` (nn.Module), `dataset` (a Dataset yielding (inputs..., target)), `loss_fn(output, target)`
@@ -27,9 +29,10 @@ def _identifier(name: str, what: str) -> str:
     return name
 
 
-def torchrun_command(knobs: Knobs, script: str = "train_ddp.py", *, nnodes: int = 1) -> str:
-    """The torchrun line for the DDP script: `world_size` processes on one node (standalone
+def torchrun_command(knobs: Knobs, script: str | None = None, *, nnodes: int = 1) -> str:
+    """The torchrun line for the DDP (or FSDP2) script: `world_size` processes on one node (standalone
     rendezvous), or per node of `nnodes` with a c10d rendezvous at HOST:29500."""
+    script = script or f"train_{knobs.strategy}.py"
     if nnodes == 1:
         return f"torchrun --standalone --nproc-per-node={knobs.world_size} {script}"
     per_node = max(1, knobs.world_size // nnodes)
@@ -57,6 +60,10 @@ class Program:
     @property
     def ddp(self) -> bool:
         return self.k.world_size > 1
+
+    @property
+    def fsdp(self) -> bool:
+        return self.ddp and self.k.strategy == "fsdp2"
 
     @property
     def accum(self) -> int:
@@ -113,8 +120,9 @@ def imports(p: Program) -> list[str]:
     out = ["import contextlib", "import os", ""] if p.ddp else []
     out += ["import time", "", "import torch", "from torch.utils.data import DataLoader"]
     if p.ddp:
-        out += ["import torch.distributed as dist", "from torch.nn.parallel import DistributedDataParallel as DDP",
-                "from torch.utils.data.distributed import DistributedSampler"]
+        out += ["import torch.distributed as dist"]
+        out += [] if p.fsdp else ["from torch.nn.parallel import DistributedDataParallel as DDP"]
+        out += ["from torch.utils.data.distributed import DistributedSampler"]
     out += list(dict.fromkeys(p.extra["imports"]))
     for source in dict.fromkeys(p.extra["functions"]):
         out += ["", "", source]
@@ -163,7 +171,8 @@ def model_and_optimizer(p: Program) -> list[str]:
     m, out = p.model, ["", f"{p.model} = {p.model}.to(device)"]
     out += p.extra["model"]
     wrapped = m
-    if p.ddp:
+    out += p.extra["shard"]  # FSDP2: fully_shard in place (the optimizer below sees the sharded parameters)
+    if p.ddp and not p.fsdp:
         out += ["# all-reduces gradients in buckets during backward", "ddp_model = DDP(", f"    {m},",
                 '    device_ids=[local_rank] if device.type == "cuda" else None,']
         for arg in p.extra["ddp_args"]:  # the ddp_* knobs' declared code (knobs.py)
@@ -197,6 +206,8 @@ def micro_batch(p: Program) -> list[str]:
     scaled = "loss / accum_steps" if p.accum > 1 else "loss"
     compute.append(f"scaler.scale({scaled}).backward()" if p.extra["scaler"] else f"({scaled}).backward()"
                    if p.accum > 1 else "loss.backward()")
+    if p.fsdp and p.accum > 1:  # FSDP2's no_sync: no reduce-scatter until the last micro-batch
+        return [*body, f"{p.model}.set_requires_gradient_sync((micro + 1) % accum_steps == 0)", *compute]
     if p.ddp and p.k.ddp_no_sync and p.accum > 1:
         return body + ["last_micro = (micro + 1) % accum_steps == 0",
                        "# no all-reduce until the last micro-batch of the optimizer step",
@@ -240,10 +251,10 @@ def loop(p: Program) -> list[str]:
                 "if dist.get_rank() == 0:",
                 '    print(f"{rate:.1f} samples/s (all ranks) over {num_steps - warmup_steps} timed steps")',
                 "",
-                "# Every rank done with its all-reduces, and the DDP reducer (which holds the group) gone",
+                "# Every rank done with its collectives, and the DDP reducer (which holds the group) gone",
                 "# before the group is: a gloo group torn down at interpreter exit can abort the process.",
                 "dist.barrier()",
-                "del step_model, ddp_model",
+                "del step_model" if p.fsdp else "del step_model, ddp_model",
                 "dist.destroy_process_group()"]
     else:
         out.append('print(f"{(seen - seen0) / (time.perf_counter() - t0):.1f} samples/s '

@@ -22,7 +22,7 @@ def _ms(seconds: float) -> str:
 _BY_FORMAT: dict[Any, dict[str, str]] = {
     "{:,.1f}": {"samples_per_s": "samples/s", "samples_per_s_low": "samples/s low",
                 "samples_per_s_high": "samples/s high", "per_rank_samples_per_s": "samples/s per rank",
-                "peak_memory_mb": "peak MB"},
+                "peak_memory_mb": "peak MB", "model_state_mb": "model state MB"},
     "{:.2f}×": {"speedup": "speedup ×", "speedup_low": "95% low ×", "speedup_high": "95% high ×",
                 "median_speedup": "median speedup ×"},
     "{:.0%}": {"efficiency": "efficiency", "data_wait_share": "data wait %", "exposed_comm_share": "exposed comm %"},

@@ -29,11 +29,14 @@ USER_GROUP = "Your knobs"  # knobs declared in a notebook cell with @wb.knob
 # order); "forward" holds context expressions entered around forward+loss, "before_step" runs after
 # backward and before optimizer.step (gradients unscaled), "functions" holds user knobs' source
 CODE_SECTIONS = ("header", "imports", "functions", "setup", "loader_args", "model", "optimizer", "ddp_args",
-                 "ddp_model", "wrap", "scaler", "batch", "forward", "before_step")
+                 "ddp_model", "shard", "wrap", "scaler", "batch", "forward", "before_step")
 # header: comment lines; loader_args: DataLoader keywords; wrap: expressions around "{inner}" (the model
 # the step calls: torch.compile); scaler: lines creating `scaler` (loss scaling: backward and step go
 # through it); batch: lines run on `inputs` after the device move
+# shard: lines that shard the model with FSDP2 (strategy="fsdp2"), in place of the DDP wrapper
 COMM_HOOKS = ("none", "fp16", "bf16")
+STRATEGIES = ("ddp", "fsdp2")
+FSDP_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -434,6 +437,80 @@ def _ddp_flag(name: str, ddp_arg: str, *, help: str) -> Any:
                 ddp_kwargs=kwargs, code=code, fuzz=Fuzz((False, True)), help=help)
 
 
+# ---- FSDP2 (strategy="fsdp2"): torch.distributed.fsdp.fully_shard, applied in distributed/strategy.py --------
+def _strategy_note(k: Knobs, device_type: str) -> str | None:
+    if k.world_size == 1 and k.strategy != "ddp":
+        return f"strategy={k.strategy!r} is a no-op with world_size=1 (one process holds the whole model)"
+    return None
+
+
+def _offload_note(k: Knobs, device_type: str) -> str | None:
+    if k.fsdp_cpu_offload and device_type != "cuda":
+        return "fsdp_cpu_offload is a no-op without a GPU (the sharded parameters already live in CPU memory)"
+    return None
+
+
+def check_strategy(k: Knobs) -> None:
+    """Refuse, with the fix, knobs of one data-parallel strategy set under the other."""
+    changed = [n for n in KNOBS if n.startswith(("fsdp_", "ddp_")) and getattr(k, n) != KNOBS[n].default]
+    fsdp = [n for n in changed if n.startswith("fsdp_")]
+    ddp = [n for n in changed if n.startswith("ddp_")]
+    if fsdp and k.world_size == 1:
+        raise ValueError(f"{', '.join(fsdp)} shard the model across processes: set world_size >= 2 and "
+                         "strategy='fsdp2', or leave them at their defaults")
+    if fsdp and k.strategy != "fsdp2":
+        raise ValueError(f"{', '.join(fsdp)} apply to FSDP2 only: set strategy='fsdp2', or leave them at their defaults")
+    if k.strategy != "fsdp2" or k.world_size == 1:  # one process: both strategies are no-ops (notes)
+        return
+    if ddp:
+        raise ValueError(f"{', '.join(ddp)} apply to DDP only: set them back to their defaults, or strategy='ddp'")
+    if k.amp == "fp16":
+        raise ValueError("amp='fp16' needs a GradScaler that understands sharded gradients, which the workbench does "
+                         "not set up for FSDP2: use amp='bf16' or fsdp_param_dtype='bf16', or strategy='ddp'")
+    if k.compile != "off":
+        raise ValueError("compile with strategy='fsdp2' is not wired up yet (the workbench compiles the whole "
+                         "wrapped model; FSDP2 wants each block compiled before fully_shard, as torchtitan does, and "
+                         "that order is untested here): set compile='off', or strategy='ddp'")
+
+
+FSDP_TORCH_DTYPE = {"fp32": "None", "bf16": "torch.bfloat16"}  # None: FSDP2 keeps the parameters' own dtype
+
+
+def _fsdp_code(k: Knobs) -> dict[str, list[str]]:
+    """The generated script's FSDP2 section: checkpoint wrappers (model section) come first, then
+    fully_shard per shard unit (deepest first), then the root, then the prefetch lists."""
+    if k.world_size == 1 or k.strategy != "fsdp2":
+        return {}
+    from .workload import blocks_of
+
+    mp = (f"MixedPrecisionPolicy(param_dtype={FSDP_TORCH_DTYPE[k.fsdp_param_dtype]}, "
+          f"reduce_dtype={FSDP_TORCH_DTYPE[k.fsdp_reduce_dtype]})")
+    units = (f"[{{model}}.get_submodule(n) for n in {list(k.fsdp_shard)!r}]" if k.fsdp_shard else
+             "[{model}.get_submodule(n) for n in blocks_of({model})]  # the blocks bench.blocks finds")
+    lines = ["# FSDP2: each shard unit gathers its parameters for its forward/backward and frees them after",
+             f"units = {units}",
+             f"fsdp_options = dict(reshard_after_forward={k.fsdp_reshard_after_forward}, mp_policy={mp})"]
+    if k.fsdp_cpu_offload:
+        lines += ['if device.type == "cuda":  # offload parameters, gradients and optimizer state to the CPU',
+                  '    fsdp_options["offload_policy"] = CPUOffloadPolicy()']
+    lines += ["for unit in sorted(units, key=lambda u: -len(next(n for n, m in {model}.named_modules() if m is u)"
+              ".split('.'))):",
+              "    fully_shard(unit, **fsdp_options)  # deepest first: a unit inside another is sharded before it",
+              "# the root: every parameter left over; None = FSDP2 keeps a root's parameters for backward",
+              'fully_shard({model}, **{**fsdp_options, "reshard_after_forward": None})']
+    if k.fsdp_prefetch is not None:
+        n = k.fsdp_prefetch
+        lines += [f"for i, unit in enumerate(units):  # prefetch {n} unit(s) ahead in forward and in backward",
+                  f"    unit.set_modules_to_forward_prefetch(units[i + 1:i + 1 + {n}])",
+                  f"    unit.set_modules_to_backward_prefetch(units[max(0, i - {n}):i][::-1])"]
+    imports = ["from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard"]
+    if k.fsdp_cpu_offload:
+        imports.append("from torch.distributed.fsdp import CPUOffloadPolicy")
+    if not k.fsdp_shard:
+        imports.append("from torch import nn  # blocks_of")
+    return {"imports": imports, "functions": [] if k.fsdp_shard else [function_source(blocks_of)], "shard": lines}
+
+
 @dataclass(frozen=True, init=False)
 class Knobs:
     """One configuration of the training step. Build with keywords; `replace()` to vary one.
@@ -506,8 +583,12 @@ class Knobs:
                                    help="main-process intra-op threads; None = torch's default (with workers, fewer can be faster)")
     world_size: int = declare(1, kind="int", minimum=1, group="Distributed", widget="dropdown", options=(1, 2, 4),
                            note=_world_size_note, fuzz=Fuzz((1,), (0, -1)),  # multi-process trials: test_distributed
-                           help="processes under DistributedDataParallel: one per GPU (NCCL), or gloo CPU "
+                           help="processes under DDP or FSDP2 (see strategy): one per GPU (NCCL), or gloo CPU "
                                 "processes with 1 thread each unless cpu_threads says otherwise")
+    strategy: str = declare("ddp", kind="choice", choices=STRATEGIES, group="Distributed", widget="dropdown",
+                            probe="fsdp2", note=_strategy_note, code=_fsdp_code, fuzz=Fuzz(STRATEGIES, ("fsdp", "zero3")),
+                            help='data parallelism at world_size > 1: "ddp" replicates the model and all-reduces '
+                                 'gradients; "fsdp2" shards parameters, gradients and optimizer state (fully_shard)')
     ddp_no_sync: bool = declare(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
                              note=_no_sync_note, fuzz=Fuzz((False, True)),
                              help="skip the gradient all-reduce on all but the last accumulation micro-batch")
@@ -531,15 +612,41 @@ class Knobs:
                                        note=_ddp_note("ddp_broadcast_buffers"), ddp_kwargs=_broadcast_buffers,
                                        code=_broadcast_code, fuzz=Fuzz((True, False)),
                                        help="DDP broadcasts rank 0's buffers (BatchNorm statistics) every forward")
+    fsdp_reshard_after_forward: bool = declare(True, kind="bool", group="Distributed", widget="checkbox", probe=False,
+                                               fuzz=Fuzz((True,), ("yes",)),
+                                               help="FSDP2 frees each shard unit's gathered parameters after forward "
+                                                    "and gathers them again in backward (less memory, more "
+                                                    "communication); the root follows FSDP2's default")
+    fsdp_param_dtype: str = declare("fp32", kind="choice", choices=FSDP_DTYPES, group="Distributed",
+                                    widget="dropdown", probe="bf16", fuzz=Fuzz(("fp32",), ("fp16",)),
+                                    help="FSDP2 MixedPrecisionPolicy: dtype of the gathered parameters for compute")
+    fsdp_reduce_dtype: str = declare("fp32", kind="choice", choices=FSDP_DTYPES, group="Distributed",
+                                     widget="dropdown", probe="bf16", fuzz=Fuzz(("fp32",), ("fp16",)),
+                                     help="FSDP2 MixedPrecisionPolicy: dtype of the gradient reduce-scatter")
+    fsdp_prefetch: int | None = declare(None, kind="int", minimum=0, optional=True, group="Distributed",
+                                        widget="dropdown", options=(None, 0, 1, 2), probe=1,
+                                        fuzz=Fuzz((None,), (-1,)),
+                                        help="FSDP2 units gathered ahead in forward and backward; None = FSDP2's "
+                                             "default (one ahead in backward)")
+    fsdp_cpu_offload: bool = declare(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
+                                     note=_offload_note, fuzz=Fuzz((False,), ("no",)),
+                                     help="FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state in "
+                                          "CPU memory (GPU only)")
+    fsdp_shard: tuple[str, ...] = declare((), kind="blocks", group="Distributed", widget="dropdown", options=(("bench.blocks, then the root", ()),),
+                                          fuzz=Fuzz(((),)),  # names: test_strategy
+                                          help="FSDP2 shard units (block names); () = the blocks bench.blocks finds, "
+                                               "then the root")
 
     user: tuple = field(default=(), metadata={})  # (name, value) of your own knobs (@knob), defaults left out
 
     def __post_init__(self) -> None:
         # Normalise list -> tuple so Knobs stay hashable and compare by value.
-        if isinstance(self.checkpoint, str):
-            object.__setattr__(self, "checkpoint", (self.checkpoint,) if self.checkpoint else ())
-        elif not isinstance(self.checkpoint, tuple):
-            object.__setattr__(self, "checkpoint", tuple(self.checkpoint))
+        for name in ("checkpoint", "fsdp_shard"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, (value,) if value else ())
+            elif not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
         self.validate()
 
     # ---- validation that needs nothing but the values -------------------------------------
@@ -547,14 +654,16 @@ class Knobs:
         """Raise ValueError/TypeError naming the fix if a value or combination cannot work."""
         for spec in KNOBS.values():
             spec.check(getattr(self, spec.name))
-        for name in self.checkpoint:
-            if not isinstance(name, str) or not name:
-                raise TypeError(
-                    f"Knobs.checkpoint takes block names (strings such as 'blocks.0'), got {name!r}; "
-                    "see bench.blocks for the candidates"
-                )
-        if len(set(self.checkpoint)) != len(self.checkpoint):
-            raise ValueError(f"Knobs.checkpoint names a block twice: {self.checkpoint}; list each once")
+        for knob in ("checkpoint", "fsdp_shard"):
+            names = getattr(self, knob)
+            for name in names:
+                if not isinstance(name, str) or not name:
+                    raise TypeError(
+                        f"Knobs.{knob} takes block names (strings such as 'blocks.0'), got {name!r}; "
+                        "see bench.blocks for the candidates"
+                    )
+            if len(set(names)) != len(names):
+                raise ValueError(f"Knobs.{knob} names a block twice: {names}; list each once")
         if self.persistent_workers and self.num_workers == 0:
             raise ValueError(
                 "persistent_workers=True needs worker processes: set num_workers >= 1 "
@@ -573,6 +682,7 @@ class Knobs:
                 "(DDP's reducer asserts on the skipped all-reduce): set ddp_static_graph=False or "
                 "ddp_no_sync=False"
             )
+        check_strategy(self)
 
     # ---- your own knobs (@knob) ride along in `user`: (name, value) pairs, defaults left out ------
     def __init__(self, **values: Any) -> None:
@@ -615,6 +725,7 @@ class Knobs:
         """Plain-JSON form (checkpoint as a list): every declared knob, then any unknown ones."""
         d = {name: getattr(self, name) for name in KNOBS}
         d["checkpoint"] = list(self.checkpoint)
+        d["fsdp_shard"] = list(self.fsdp_shard)
         d.update((n, v) for n, v in self.user if n not in KNOBS)
         return d
 

@@ -107,14 +107,15 @@ class CpuLoad:
 
 
 def live_tensor_bytes(*groups: Any) -> int:
-    """Bytes of distinct storages reachable from parameters, grads and optimizer state."""
+    """Bytes of distinct storages reachable from parameters, grads and optimizer state (a DTensor's:
+    its local shard's)."""
     seen: set[tuple[int, str]] = set()
     total = 0
 
     def add(t: Any) -> None:
         nonlocal total
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            st = t.untyped_storage()
+            st = local_tensor(t).untyped_storage()
             key = (st.data_ptr(), str(t.device))
             if key not in seen and st.data_ptr() != 0:
                 seen.add(key)
@@ -129,6 +130,21 @@ def live_tensor_bytes(*groups: Any) -> int:
     for g in groups:
         add(g)
     return total
+
+
+def local_tensor(t: Any) -> Any:
+    """This process's part of a tensor: a DTensor's local shard (FSDP2), anything else as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Parameters + gradients + optimizer state this process holds, from its local shards.
+
+    Gradients count once per trainable parameter, at the parameter's size: zero_grad frees them
+    between steps, but every step holds them from backward to the optimizer step."""
+    params = list(model.parameters())
+    grads = sum(t.numel() * t.element_size() for t in map(local_tensor, params) if t.requires_grad)
+    return live_tensor_bytes(params) + grads + live_tensor_bytes(list(optimizer.state.values()))
 
 
 def memory_meter(device_type: str) -> str | None:
@@ -273,6 +289,7 @@ class TrialResult:
     data_wait_s: tuple[float, ...] = ()  # raw per-step host time blocked on the next batch(es)
     data_wait_share: float | None = None  # sum(data wait) / window wall time
     peak_memory_bytes: int | None = None  # peak tensor memory on the device during a step
+    model_state_bytes: int | None = None  # params + grads + optimizer state per process (largest rank's)
     startup_s: float | None = None  # loader start until the first batch is on the device
     compile_s: float | None = None  # warm-up steps' wall time (includes torch.compile)
     samples_per_step: int | None = None  # batch_size * accum_steps actually seen (last batch may be short)
@@ -316,6 +333,7 @@ class TrialResult:
             f"step {self.step_time_s * 1e3:.1f} ms",
             f"data-wait {self.data_wait_share * 100:.0f}%",
             f"peak {fmt_bytes(self.peak_memory_bytes)}",
+            f"model state {fmt_bytes(self.model_state_bytes)}",
             self.status if self.ok else f"{self.status.upper()}: {self.message}",
         ]
         return f"<{head} " + " | ".join(parts) + f" | {self.knobs}>"
@@ -339,6 +357,7 @@ class TrialResult:
         if self.data_wait_share is not None:
             figures.append(("data wait", f"{self.data_wait_share:.0%}"))
         figures.append(("peak memory", fmt_bytes(self.peak_memory_bytes)))
+        figures.append(("model state", fmt_bytes(self.model_state_bytes)))
         final = next((x for x in reversed(self.losses) if math.isfinite(x)), None)
         if final is not None:
             figures.append(("final loss", f"{final:.4g}"))

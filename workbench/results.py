@@ -55,7 +55,7 @@ except ImportError:  # Windows: no lock; one file per process (see ResultLog)
 # The columns a reader wants first; knobs and details follow.
 SUMMARY_COLUMNS = [
     "trial_id", "label", "status", "samples_per_s", "speedup", "verdict", "step_time_ms",
-    "step_time_iqr_ms", "data_wait_share", "peak_memory_mb", "startup_s", "compile_s",
+    "step_time_iqr_ms", "data_wait_share", "peak_memory_mb", "model_state_mb", "startup_s", "compile_s",
     "final_loss", "message",
 ]
 # None = torch's default: nullable Int64 columns (every optional int knob in the registry)
@@ -505,12 +505,14 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
             "speedup": None, "verdict": "", "step_time_ms": _ms(r.step_time_s),
             "step_time_iqr_ms": _ms(r.step_time_iqr_s), "data_wait_share": r.data_wait_share,
             "peak_memory_mb": r.peak_memory_bytes / 1e6 if r.peak_memory_bytes is not None else None,
+            "model_state_mb": r.model_state_bytes / 1e6 if r.model_state_bytes is not None else None,
             "startup_s": r.startup_s, "compile_s": r.compile_s,
             "final_loss": next((x for x in reversed(r.losses) if math.isfinite(x)), None),
             "message": r.message, "samples_per_s_low": None, "samples_per_s_high": None,
         }
         row.update(r.knobs.to_dict())
         row["checkpoint"] = ",".join(r.knobs.checkpoint)
+        row["fsdp_shard"] = ",".join(r.knobs.fsdp_shard)
         row["notes"] = "; ".join(r.notes)
         row["device"] = r.env.get("device", "")
         row["participant"] = r.participant
@@ -715,7 +717,7 @@ MAX_DEPTH = 16  # JSON nesting a trial record never needs (it uses 3): deeper li
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
 _BRACKETS = re.compile(r"[\[\]{}]")
 _NUMBERS = ("samples_per_s", "data_wait_share", "startup_s", "compile_s")
-_INTS = ("peak_memory_bytes", "samples_per_step")
+_INTS = ("peak_memory_bytes", "model_state_bytes", "samples_per_step")
 _TEXTS = ("message", "started_at", "where", "traceback", "participant")
 
 

@@ -41,6 +41,7 @@ from .measure import (
     environment,
     live_tensor_bytes,
     memory_meter,
+    model_state_bytes,
     now_iso,
     profile_peak_bytes,
     release_free_memory,
@@ -88,6 +89,7 @@ class RawTrial:
     foreign_cores: float | None  # cores busy with other processes during the window
     peak_bytes: int | None
     compile_info: dict[str, Any] = field(default_factory=dict)
+    state_bytes: int | None = None  # parameters + gradients + optimizer state held (local shards)
 
 
 def run_trial(
@@ -162,6 +164,7 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
             trace_to = tracing.trace_file(trace_dir, type(workload.pristine).__name__) if trace else None
             step, source = build(workload, knobs, stage, stack, loader_timeout_s)
             raw = run_phases(step, source, stage, progress, warmup_steps, steps, cancel, measure_memory=measure_memory)
+            raw.state_bytes = model_state_bytes(step.model, step.optimizer)
             trace_info = trace_after(step, source, trace_to, stage, progress, total, cancel, notes) if trace_to else {}
             notes += [n for n in source.notes + step.notes if n not in notes]
             if measure_memory and memory_meter(device.type) is None:
@@ -376,6 +379,7 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         data_wait_s=tuple(raw.waits_s),
         data_wait_share=min(1.0, sum(raw.waits_s) / raw.wall_s),
         peak_memory_bytes=raw.peak_bytes,
+        model_state_bytes=raw.state_bytes,
         startup_s=raw.startup_s,
         compile_s=compile_s,
         samples_per_step=round(raw.samples / raw.steps),
@@ -452,12 +456,13 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
     """Knob checks that need the workload: block names exist, the dataset holds one batch."""
     if not isinstance(knobs, Knobs):
         raise TypeError(f"expected Knobs, got {type(knobs).__name__}")
-    for name in knobs.checkpoint:
-        if name not in workload.blocks:
-            raise ValueError(
-                f"checkpoint names unknown block {name!r}; choose from bench.blocks: "
-                f"{', '.join(workload.blocks) or '(none found)'}"
-            )
+    for knob in ("checkpoint", "fsdp_shard"):
+        for name in getattr(knobs, knob):
+            if name not in workload.blocks:
+                raise ValueError(
+                    f"{knob} names unknown block {name!r}; choose from bench.blocks: "
+                    f"{', '.join(workload.blocks) or '(none found)'}"
+                )
     if knobs.world_size > 1:
         from .distributed import check_launch
 

@@ -59,6 +59,7 @@ def assemble(reports: dict[int, dict[str, Any]], knobs: Knobs, *, env: dict[str,
                        max(0.0, first.foreign_cores - sum(reports[r]["own_cores"] for r in ranks[1:]))),
         peak_bytes=max((r.peak_bytes for r in raws if r.peak_bytes is not None), default=None),
         compile_info=first.compile_info,
+        state_bytes=max((r.state_bytes for r in raws if r.state_bytes is not None), default=None),  # largest rank's
     )
     fields_, more = derive(merged, knobs)
     if fields_["status"] == "nan":  # name the rank whose loss went bad first
@@ -84,18 +85,19 @@ def assemble(reports: dict[int, dict[str, Any]], knobs: Knobs, *, env: dict[str,
             "threads": rep.get("threads"),
         })
     compute = [p["no_comm_step_s"] for p in per_rank if p["no_comm_step_s"]]
-    slowest = max(per_rank, key=lambda p: p["no_comm_step_s"] or 0.0)["rank"]
+    slowest = max(per_rank, key=lambda p: p["no_comm_step_s"] or 0.0)["rank"] if compute else None
     exposed = None
     if compute and step_med:
         exposed = min(1.0, max(0.0, 1.0 - max(compute) / step_med))
     dist_info = {
         "world_size": knobs.world_size,
         "backend": backend,
-        "strategy": "ddp",
+        "strategy": knobs.strategy,
         "global_batch": knobs.batch_size * knobs.world_size * knobs.accum_steps,
         "per_rank_samples_per_s": fields_["samples_per_s"] / knobs.world_size,
         "exposed_comm_share": exposed,
-        "exposed_comm_method": "1 - slowest rank's median no-comm step (all-reduce skipped) / median window step",
+        "exposed_comm_method": ("not measured for fsdp2 (its all-gathers cannot be skipped)" if knobs.strategy == "fsdp2"
+                                else "1 - slowest rank's median no-comm step (all-reduce skipped) / median window step"),
         "slowest_rank": slowest,
         "imbalance": (max(compute) / min(compute) - 1.0) if len(compute) == len(per_rank) and min(compute) else None,
         "allreduce_calls": per_rank[0]["allreduce_calls"],  # rank 0's, over the measured window

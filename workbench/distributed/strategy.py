@@ -1,10 +1,13 @@
-"""How a rank's model copy is wrapped for data parallelism: a `Strategy` seam with one strategy, DDP.
+"""The data-parallel strategy seam: how a rank wraps its model copy. DDP and FSDP2.
 
 A strategy turns the rank's fresh model into the module the step calls, and says how to skip the
-gradient synchronisation of a micro-batch (`no_sync`). FSDP2 (`torch.distributed.fsdp.fully_shard`)
-would be a second strategy: it shards parameters instead of all-reducing gradients, and its
-`no_sync` equivalent is `module.set_requires_gradient_sync(False)`. It is not implemented (gloo's
-FSDP2 support has known bugs); the rank worker only talks to this interface.
+gradient synchronisation of a micro-batch (`no_sync`). DDP replicates the model and all-reduces
+gradients in buckets. FSDP2 (`torch.distributed.fsdp.fully_shard`) shards parameters, gradients
+and optimizer state across the ranks: each shard unit all-gathers its parameters before its
+forward and backward and reduce-scatters its gradients; its `no_sync` is
+`module.set_requires_gradient_sync(False)`. FSDP2 replaces the parameters with sharded DTensors,
+so the optimizer is built again after `wrap` (`rebuild_optimizer`). The rank worker only talks to
+this interface.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class Strategy(Protocol):
     """What the rank worker needs from a data-parallel strategy."""
 
     name: str
+    rebuild_optimizer: bool  # wrap() replaced the parameters: build the optimizer again on the module
+    counter: Any  # .calls, .bytes, .reset(): the gradient all-reduces it launched
 
     def wrap(self, model: nn.Module, knobs: Knobs, device: torch.device) -> nn.Module: ...
 
@@ -69,8 +74,9 @@ class DDPStrategy:
     """DistributedDataParallel with the ddp_* knobs and a counting communication hook."""
 
     name = "ddp"
+    rebuild_optimizer = False
 
-    def __init__(self) -> None:
+    def __init__(self, blocks: Any = ()) -> None:
         self.module: nn.Module | None = None
         self.counter: CommCounter | None = None
 
@@ -90,4 +96,67 @@ class DDPStrategy:
         return self.module.no_sync()
 
 
-STRATEGIES: dict[str, Callable[[], Strategy]] = {"ddp": DDPStrategy}
+class NoAllReduce:
+    """FSDP2 all-gathers parameters and reduce-scatters gradients: it launches no all-reduce."""
+
+    calls = 0
+    bytes = 0
+
+    def reset(self) -> None:
+        """Nothing to reset."""
+
+
+FSDP_DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # None: FSDP2 keeps the parameters' dtype
+
+
+class FSDP2Strategy:
+    """fully_shard on each shard unit (fsdp_shard, else the workload's blocks), deepest first, then
+    on the root, with the fsdp_* knobs; checkpoint wrappers are already on the blocks (torchtitan's
+    order: checkpoint, then shard)."""
+
+    name = "fsdp2"
+    rebuild_optimizer = True
+
+    def __init__(self, blocks: Any = ()) -> None:
+        self.blocks = tuple(blocks)  # the workload's blocks (bench.blocks): the default shard units
+        self.module: nn.Module | None = None
+        self.counter = NoAllReduce()
+
+    def wrap(self, model: nn.Module, knobs: Knobs, device: torch.device) -> nn.Module:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        names = list(knobs.fsdp_shard or self.blocks)
+        units = [model.get_submodule(n) for n in names]
+        mp = MixedPrecisionPolicy(param_dtype=FSDP_DTYPES[knobs.fsdp_param_dtype],
+                                  reduce_dtype=FSDP_DTYPES[knobs.fsdp_reduce_dtype])
+        offload = CPUOffloadPolicy() if knobs.fsdp_cpu_offload and device.type == "cuda" else OffloadPolicy()
+        options = dict(reshard_after_forward=knobs.fsdp_reshard_after_forward, mp_policy=mp, offload_policy=offload)
+        for _, unit in sorted(zip(names, units), key=lambda nu: -nu[0].count(".")):  # inner units first
+            fully_shard(unit, **options)
+        # the root: whatever no unit holds (embeddings, head, norms); None = FSDP2's own choice for a root,
+        # no reshard after forward (backward needs its parameters at once), as in a bare FSDP2 loop
+        fully_shard(model, **{**options, "reshard_after_forward": None})
+        n = knobs.fsdp_prefetch
+        if n is not None:
+            for i, unit in enumerate(units):
+                unit.set_modules_to_forward_prefetch(units[i + 1:i + 1 + n])
+                unit.set_modules_to_backward_prefetch(units[max(0, i - n):i][::-1])
+        self.module = model
+        return model
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        assert self.module is not None, "wrap() first"
+        return _gradient_sync_off(self.module)
+
+
+@contextlib.contextmanager
+def _gradient_sync_off(module: Any) -> Any:
+    """FSDP2's no_sync: no reduce-scatter for the backward passes inside (gradients accumulate unsharded)."""
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
+
+
+STRATEGIES: dict[str, Callable[..., Strategy]] = {"ddp": DDPStrategy, "fsdp2": FSDP2Strategy}

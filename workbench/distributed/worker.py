@@ -1,5 +1,5 @@
 """One rank of a distributed trial: the same BatchSource + TrainStep + runner phases as a
-single-process trial, with the model wrapped by a Strategy (DDP) and a DistributedSampler.
+single-process trial, with the model wrapped by a Strategy (DDP or FSDP2) and a DistributedSampler.
 
 Each rank measures itself and returns a plain-dict report; rank 0's launcher (or, under torchrun,
 `gather`) assembles the reports into one TrialResult (see result.py). A rank never raises for a
@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from .. import apply
-from ..knobs import Knobs
-from ..measure import StepClock, environment, sync
+from ..knobs import Knobs, adjust_optimizer
+from ..measure import StepClock, environment, model_state_bytes, sync
 from ..runner import run_phases, sort_failure
 from ..step import BatchSource, Stage, TrainStep, seeded
 from ..workload import Workload
@@ -134,7 +134,7 @@ def no_comm_probe(step: TrainStep, source: BatchSource, wrapper: Any, stage: Any
 
 def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, local_rank: int,
                warmup_steps: int, steps: int, measure_memory: bool, loader_timeout_s: float,
-               slots: Any = None, strategy: str = "ddp") -> dict[str, Any]:
+               slots: Any = None) -> dict[str, Any]:
     """Run this rank's part of the trial (the process group is already initialised); a report."""
     stage = SharedStage(slots, rank)
     progress = SharedProgress(slots, rank)
@@ -153,11 +153,13 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
             step = stack.enter_context(TrainStep(workload, knobs, stage=stage, compile=False))
             source = stack.enter_context(BatchSource(workload, knobs, timeout_s=loader_timeout_s, stage=stage,
                                                      sampler=sampler))
-            wrapper = STRATEGIES[strategy]()
+            wrapper = STRATEGIES[knobs.strategy](workload.blocks)
             stage.name = "comm"
             module = wrapper.wrap(step.model, knobs, device)
+            if wrapper.rebuild_optimizer:  # FSDP2 swapped the parameters for their shards (no step taken yet)
+                step.optimizer = adjust_optimizer(workload.check_optimizer(module), knobs, step.notes)
             step.step_model = apply.compile_model(module, knobs, device)
-            if knobs.ddp_no_sync and knobs.accum_steps > 1:
+            if knobs.accum_steps > 1 and (knobs.ddp_no_sync or wrapper.name == "fsdp2"):
                 step.no_sync = wrapper.no_sync  # TrainStep enters it on all but the last micro-batch
             counter = wrapper.counter
             cpu0 = [0.0]
@@ -172,7 +174,10 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
                              measure_memory=measure_memory, before_window=together)
             own_cores = (time.process_time() - cpu0[0]) / raw.wall_s
             comm = {"allreduce_calls": counter.calls, "allreduce_bytes": counter.bytes}
-            probe_times = no_comm_probe(step, source, wrapper, stage, min(PROBE_STEPS, steps), report["notes"])
+            raw.state_bytes = model_state_bytes(step.model, step.optimizer)  # this rank's local shards
+            # FSDP2's all-gathers cannot be skipped, so its exposed communication is not probed
+            probe_times = ([] if wrapper.name == "fsdp2" else
+                           no_comm_probe(step, source, wrapper, stage, min(PROBE_STEPS, steps), report["notes"]))
             stage.name = "done"
             report.update(raw=asdict(raw), comm=comm, probe_times_s=probe_times, own_cores=own_cores,
                           notes=report["notes"] + source.notes + step.notes, threads=torch.get_num_threads())

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 STATUS_COLORS = {"ok": "#2e7d32", "nan": "#ef6c00", "interrupted": "#6d4c41", "error": "#c62828", "oom": "#b71c1c"}
 TABLE_COLUMNS = ["trial_id", "label", "status", "samples_per_s", "speedup", "verdict", "step_time_ms",
-                 "data_wait_share", "peak_memory_mb", "final_loss", "message"]
+                 "data_wait_share", "peak_memory_mb", "model_state_mb", "final_loss", "message"]
 
 
 def status_html(phase: str, text: str) -> str:
