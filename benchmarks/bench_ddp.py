@@ -23,6 +23,38 @@ import workbench as wb
 
 WARMUP, STEPS, BATCH, WIDTH = 5, 30, 64, 512
 
+def timed_loop(model_call: str, batch: int = BATCH, warmup: int = WARMUP, steps: int = STEPS) -> str:
+    """The bare scripts' shared tail: sampler, loader, untimed warm-up, the timed window between
+    barriers on every rank, rank 0 writes samples/s (all ranks) to argv[1]. `model_call`: the module called."""
+    return textwrap.dedent(f"""
+        sampler = DistributedSampler(data, shuffle=True, seed=0)
+        loader = DataLoader(data, batch_size={batch}, sampler=sampler)
+        loss_fn = nn.CrossEntropyLoss()
+        epoch, done, samples = 0, 0, 0
+        t0 = None
+        while done < {warmup + steps}:
+            sampler.set_epoch(epoch)
+            epoch += 1
+            for x, y in loader:
+                if done == {warmup}:
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                loss_fn({model_call}(x), y).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                done += 1
+                if done > {warmup}:
+                    samples += x.shape[0]
+                if done == {warmup + steps}:
+                    break
+        dist.barrier()
+        wall = time.perf_counter() - t0
+        if dist.get_rank() == 0:
+            json.dump({{"samples_per_s": samples * dist.get_world_size() / wall}}, open(sys.argv[1], "w"))
+        dist.destroy_process_group()
+    """)
+
+
 BARE = textwrap.dedent(f"""
     import json, os, sys, time
     import torch, torch.distributed as dist
@@ -39,32 +71,7 @@ BARE = textwrap.dedent(f"""
                           nn.Linear({WIDTH}, {WIDTH}), nn.ReLU(), nn.Linear({WIDTH}, 10))
     ddp = DDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    sampler = DistributedSampler(data, shuffle=True, seed=0)
-    loader = DataLoader(data, batch_size={BATCH}, sampler=sampler)
-    loss_fn = nn.CrossEntropyLoss()
-    epoch, done, samples = 0, 0, 0
-    t0 = None
-    while done < {WARMUP + STEPS}:
-        sampler.set_epoch(epoch)
-        epoch += 1
-        for x, y in loader:
-            if done == {WARMUP}:
-                dist.barrier()
-                t0 = time.perf_counter()
-            loss_fn(ddp(x), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            done += 1
-            if done > {WARMUP}:
-                samples += x.shape[0]
-            if done == {WARMUP + STEPS}:
-                break
-    dist.barrier()
-    wall = time.perf_counter() - t0
-    if dist.get_rank() == 0:
-        json.dump({{"samples_per_s": samples * dist.get_world_size() / wall}}, open(sys.argv[1], "w"))
-    dist.destroy_process_group()
-""")
+""") + timed_loop("ddp")
 
 
 def bare_round(script: str) -> float:

@@ -18,7 +18,7 @@ import tempfile
 import textwrap
 
 import torch
-from bench_ddp import bare_round  # the torchrun launch of a bare script, timed by the script itself
+from bench_ddp import bare_round, timed_loop  # the torchrun launch and the timed loop of a bare script
 
 import workbench as wb
 
@@ -51,7 +51,7 @@ MODEL = textwrap.dedent(f"""
             return self.head(x)
 """)
 
-BARE = MODEL + textwrap.dedent(f"""
+BARE = MODEL + textwrap.dedent("""
     import json, sys, time
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -67,30 +67,7 @@ BARE = MODEL + textwrap.dedent(f"""
         fully_shard(block)
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    sampler = DistributedSampler(data, shuffle=True, seed=0)
-    loader = DataLoader(data, batch_size={BATCH}, sampler=sampler)
-    loss_fn = nn.CrossEntropyLoss()
-    epoch = done = samples = 0
-    while done < {WARMUP + STEPS}:
-        sampler.set_epoch(epoch)
-        epoch += 1
-        for x, y in loader:
-            if done == {WARMUP}:
-                dist.barrier()
-                t0 = time.perf_counter()
-            loss_fn(model(x), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            done += 1
-            samples += x.shape[0] if done > {WARMUP} else 0
-            if done == {WARMUP + STEPS}:
-                break
-    dist.barrier()
-    wall = time.perf_counter() - t0
-    if dist.get_rank() == 0:
-        json.dump({{"samples_per_s": samples * dist.get_world_size() / wall}}, open(sys.argv[1], "w"))
-    dist.destroy_process_group()
-""")
+""") + timed_loop("model", BATCH, WARMUP, STEPS)
 
 
 def workbench_side() -> wb.Workbench:

@@ -124,11 +124,20 @@ def test_ddp_script_has_the_pieces_and_the_torchrun_line() -> None:
     assert "torch.distributed" not in wb.Knobs(batch_size=4).to_code()  # world_size=1: the plain loop
 
 
+def run_on_two_ranks(script, code: str) -> None:
+    """Write `code` to `script` and run it under torchrun on 2 gloo ranks; fail with its stderr."""
+    import subprocess
+    import sys
+
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_ddp_script_runs_under_torchrun_with_two_gloo_ranks(tmp_path) -> None:
     import json
-    import subprocess
-    import sys
 
     k = wb.Knobs(batch_size=4, world_size=2, accum_steps=2, ddp_no_sync=True, ddp_bucket_cap_mb=1,
                  ddp_comm_hook="fp16", cpu_threads=1)
@@ -137,11 +146,7 @@ def test_ddp_script_runs_under_torchrun_with_two_gloo_ranks(tmp_path) -> None:
              f"json.dump({{'step': step, 'epoch': epoch, 'trained': any(not torch.equal(a, b) for a, b in "
              f"zip(before, model.parameters())), 'w': model[0].weight.sum().item()}}, "
              f"open({str(tmp_path)!r} + f'/rank{{local_rank}}.json', 'w'))\n")
-    script = tmp_path / "train_ddp.py"
-    script.write_text(code)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script)], capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_on_two_ranks(tmp_path / "train_ddp.py", code)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in ranks:
         assert r["step"] == 7 and r["epoch"] == 3 and r["trained"]
@@ -182,17 +187,11 @@ make_optimizer = lambda p: torch.optim.AdamW(p, lr=1e-2)
 def test_fsdp2_script_runs_under_torchrun_and_trains_like_the_trial(tmp_path) -> None:
     """The exported FSDP2 script on 2 gloo ranks: its per-step losses are the trial's (fp32)."""
     import json
-    import subprocess
-    import sys
 
     k = wb.Knobs(batch_size=8, world_size=2, strategy="fsdp2", accum_steps=2, fsdp_prefetch=1)
     code = k.to_code(steps=6, seed=0, setup=FSDP_SETUP, warmup=2)
     code += f"\njson.dump(seen_losses, open({str(tmp_path)!r} + f'/rank{{local_rank}}.json', 'w'))\n"
-    script = tmp_path / "train_fsdp2.py"
-    script.write_text(code)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script)], capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_on_two_ranks(tmp_path / "train_fsdp2.py", code)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     per_step = [sum(r[2 * i] + r[2 * i + 1] for r in ranks) / 4 for i in range(6)]  # micro-batches, then ranks
     ns: dict = {}
