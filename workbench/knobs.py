@@ -36,6 +36,7 @@ CODE_SECTIONS = ("header", "imports", "functions", "setup", "loader_args", "mode
 # shard: lines that shard the model with FSDP2 (strategy="fsdp2"), in place of the DDP wrapper
 COMM_HOOKS = ("none", "fp16", "bf16")
 STRATEGIES = ("ddp", "fsdp2")
+BLOCK_KNOBS = ("checkpoint", "fsdp_shard")  # knobs of kind "blocks": tuples of block names (bench.blocks)
 FSDP_DTYPES = ("fp32", "bf16")
 
 
@@ -641,7 +642,7 @@ class Knobs:
 
     def __post_init__(self) -> None:
         # Normalise list -> tuple so Knobs stay hashable and compare by value.
-        for name in ("checkpoint", "fsdp_shard"):
+        for name in BLOCK_KNOBS:
             value = getattr(self, name)
             if isinstance(value, str):
                 object.__setattr__(self, name, (value,) if value else ())
@@ -654,7 +655,7 @@ class Knobs:
         """Raise ValueError/TypeError naming the fix if a value or combination cannot work."""
         for spec in KNOBS.values():
             spec.check(getattr(self, spec.name))
-        for knob in ("checkpoint", "fsdp_shard"):
+        for knob in BLOCK_KNOBS:
             names = getattr(self, knob)
             for name in names:
                 if not isinstance(name, str) or not name:
@@ -722,10 +723,9 @@ class Knobs:
         return Knobs(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form (checkpoint as a list): every declared knob, then any unknown ones."""
+        """Plain-JSON form (block-name knobs as lists): every declared knob, then any unknown ones."""
         d = {name: getattr(self, name) for name in KNOBS}
-        d["checkpoint"] = list(self.checkpoint)
-        d["fsdp_shard"] = list(self.fsdp_shard)
+        d.update((name, list(getattr(self, name))) for name in BLOCK_KNOBS)
         d.update((n, v) for n, v in self.user if n not in KNOBS)
         return d
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .knobs import KNOBS, Knobs, knob_names
+from .knobs import BLOCK_KNOBS, KNOBS, Knobs, knob_names
 from .measure import STATUSES, TrialResult
 from .stats import (
     MARGIN,
@@ -511,8 +511,7 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
             "message": r.message, "samples_per_s_low": None, "samples_per_s_high": None,
         }
         row.update(r.knobs.to_dict())
-        row["checkpoint"] = ",".join(r.knobs.checkpoint)
-        row["fsdp_shard"] = ",".join(r.knobs.fsdp_shard)
+        row.update((name, ",".join(getattr(r.knobs, name))) for name in BLOCK_KNOBS)
         row["notes"] = "; ".join(r.notes)
         row["device"] = r.env.get("device", "")
         row["participant"] = r.participant

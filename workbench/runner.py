@@ -32,7 +32,7 @@ import torch
 from . import apply
 from . import trace as tracing
 from .compat import CompileWatch
-from .knobs import Knobs, device_notes
+from .knobs import BLOCK_KNOBS, Knobs, device_notes
 from .measure import (
     FOREIGN_LOAD_LIMIT,
     CpuLoad,
@@ -456,7 +456,7 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
     """Knob checks that need the workload: block names exist, the dataset holds one batch."""
     if not isinstance(knobs, Knobs):
         raise TypeError(f"expected Knobs, got {type(knobs).__name__}")
-    for knob in ("checkpoint", "fsdp_shard"):
+    for knob in BLOCK_KNOBS:
         for name in getattr(knobs, knob):
             if name not in workload.blocks:
                 raise ValueError(

@@ -19,7 +19,7 @@ table's verdicts and of `compare(..., rounds=N)`.
 
 Identical trials also drift: the level shifts for a while, then shifts back. `compare(...,
 rounds="auto")` therefore judges each B against the A run just before it (per-round log-ratios,
-where a shared level cancels; `paired_interval`) and looks after every round, spending the 5% error
+where a shared level cancels) and looks after every round, spending the 5% error
 rate across at most 1 + max_rounds looks (`look_alpha`), so stopping when decided keeps the error
 rates (`decide_sequential`). The paired sd starts from what the log already knows (`paired_prior`:
 its back-to-back repeats of identical knobs), and "same speed" is an equivalence test (two
@@ -334,21 +334,12 @@ def paired_prior(noise: Noise | None = None) -> tuple[float, float]:
     return max(MIN_NOISE, math.sqrt(2) * noise.adjacent), min(float(noise.adjacent_pairs), PAIRED_PRIOR_MAX_DF)
 
 
-def paired_interval(a_rates: Sequence[float], b_rates: Sequence[float], look: int, looks: int,
-                    prior: tuple[float, float] = (PAIRED_PRIOR_SD, PAIRED_PRIOR_DF)) -> tuple[float, float, float]:
-    """(mean log-ratio, half-width, paired sd) at `look` of `looks` from back-to-back pairs (A_i, B_i).
-
-    Each pair ran back to back, so a level shift between rounds cancels in log(B_i / A_i). The sd of
-    those log-ratios is unknown: it blends `prior` (sd, degrees of freedom; see paired_prior) with
-    the pairs' own spread, and the half-width uses Student's t at that look's spent rate (two-sided).
-    """
-    mean, sd, df, n = _paired_sd(a_rates, b_rates, prior)
-    return mean, t_quantile(1 - look_alpha(look, looks) / 2, df) * sd / math.sqrt(n), sd
-
-
 def _paired_sd(a_rates: Sequence[float], b_rates: Sequence[float],
                prior: tuple[float, float]) -> tuple[float, float, float, int]:
-    """(mean log-ratio, blended sd, its degrees of freedom, pairs)."""
+    """(mean log-ratio, sd, its degrees of freedom, pairs) of back-to-back pairs (A_i, B_i).
+
+    A level shift between rounds cancels in log(B_i / A_i). Their sd blends `prior` (sd, degrees of
+    freedom; see paired_prior) with the pairs' own spread."""
     d = np.log(np.asarray(b_rates, dtype=float)) - np.log(np.asarray(a_rates, dtype=float))
     if len(d) < 1 or len(a_rates) != len(b_rates) or not np.isfinite(d).all():
         raise ValueError("a paired comparison needs equally many positive samples/s figures on each side")
@@ -410,5 +401,5 @@ def decide_sequential(a_rates: Sequence[float], b_rates: Sequence[float], noise:
 
 
 __all__ = ["ANSWER_WORDS", "CONFIDENCE", "MARGIN", "MIN_EFFECT", "PRIOR", "PRIOR_NOISE", "Comparison", "Noise", "adjacent_noise",
-           "critical", "decide", "decide_sequential", "estimate_noise", "look_alpha", "paired_interval", "paired_prior", "t_cdf",
+           "critical", "decide", "decide_sequential", "estimate_noise", "look_alpha", "paired_prior", "t_cdf",
            "t_quantile"]

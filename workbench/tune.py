@@ -49,8 +49,8 @@ def _answer(a: Any, b: Any, *, rounds: int = 0, run: Callable[[Knobs], TrialResu
     """B against A as one of ANSWERS; the ONE place tune() turns a comparison into a decision.
 
     Decisions pool each side's repeats against the log's learnt between-trial noise (integer rounds):
-    the race already alternates its rounds, and compare(rounds="auto") judges only fresh back-to-back
-    pairs against a weak prior, so within a tuner's few rounds it could never call "same within ±5%".
+    the race already alternates its rounds and keeps every trial as evidence, whereas
+    compare(rounds="auto") would judge only the fresh back-to-back pairs it runs itself.
     """
     c = compare(a, b, rounds=rounds, run=run, log=log, margin=SAME_MARGIN)
     return c.answer, c
