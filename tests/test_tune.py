@@ -320,3 +320,20 @@ def test_tune_races_your_own_knob_with_choices():
         assert (res.steps["stage"] == "yours").any()
     finally:
         wb.forget_knob("kernel_path")
+
+
+def test_the_winners_explanation_is_paid_from_the_budget(tmp_path):
+    """Explaining the winner costs traced repeats: they count in trials_used, or, when the budget cannot
+    pay for them, the result says so and runs nothing more."""
+    bench = wb.Workbench(Net(), data(), loss_fn=nn.CrossEntropyLoss(), log=tmp_path / "log.jsonl", steps=2,
+                         warmup_steps=1, knobs=wb.Knobs(batch_size=16), device="cpu")
+    start, best = bench.run(), bench.run(batch_size=32)
+    ctx = tune_mod._Ctx(bench, limit=10, budget_s=None, memory_cap=None, memory_budget=None)
+    ctx.used = 2
+    why = tune_mod._explain(ctx, start, best)
+    assert why is not None and ctx.used == 4 and len(bench.trials) == 4  # two traced repeats, counted
+    broke = tune_mod._Ctx(bench, limit=4, budget_s=None, memory_cap=None, memory_budget=None)
+    broke.used = 3
+    fresh = bench.run(batch_size=8)
+    assert tune_mod._explain(broke, start, fresh) is None and broke.used == 3 and len(bench.trials) == 5
+    assert "not explained" in broke.rows[-1]["decision"]

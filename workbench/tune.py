@@ -462,6 +462,23 @@ def _confirm(ctx: _Ctx, leader: _Entry, rivals: list[_Entry]) -> tuple[str, Comp
     return ans, c
 
 
+def _explain(ctx: _Ctx, start: TrialResult, best: TrialResult) -> Any:
+    """The winner explained against the start, inside the budget: a side without a trace costs one
+    traced repeat, counted in trials_used; when the budget cannot pay for them, no explanation."""
+    from .diagnose.explain import explain_winner, has_trace  # analysis beside tune; imported only for a winner
+
+    need = sum(not has_trace(t) for t in (start, best))
+    if need > ctx.affordable():
+        ctx.rows.append({"stage": "explain", "change": "", "trial": None, "samples_per_s": None, "speedup": None,
+                         "decision": f"not explained: its {need} traced repeat(s) would pass the budget "
+                                    "(bench.explain(start, best) runs them)"})
+        return None
+    before = len(ctx.bench.trials)
+    why = explain_winner(ctx.bench, start, best)
+    ctx.used += len(ctx.bench.trials) - before  # the traced repeats are trials of this tune() call
+    return why
+
+
 def _check(budget: int | None, budget_s: float | None, stages: tuple[str, ...], memory_budget: int | None,
            headroom: float) -> int:
     """Validate tune()'s arguments; returns the trial cap."""
@@ -524,11 +541,7 @@ def tune(bench: Any, budget: int | None = None, *, budget_s: float | None = None
     else:
         answer, c = _answer(first.trials, leader.trials, log=getattr(bench, "log", None)) if leader is not first else ("same", None)
     best = leader if answer == "faster" else first
-    why = None
-    if explain and best is not first and hasattr(bench, "explain"):
-        from .diagnose.explain import explain_winner  # analysis beside tune; imported only when a winner needs it
-
-        why = explain_winner(bench, r, best.trials[-1])
+    why = _explain(ctx, r, best.trials[-1]) if explain and best is not first and hasattr(bench, "explain") else None
     return TuneResult(best.knobs, best.trials[-1], r, pd.DataFrame(ctx.rows), ctx.used, limit, answer, c,
                       ctx.elapsed(), budget_s, why)
 
