@@ -15,13 +15,17 @@ sides, in alternating rounds (odd rounds run the sets and sides forward, even ro
     wb-thread    bench.run(knobs) called from another thread, as the panel calls it: the trial runs
                  on the workbench's trial thread (before issue 23's fix every trial ran there)
     loop-thread  the same hand loop, run on the workbench's trial thread (diagnosis)
+    wb-noprobe   run_trial(measure_memory=False) from the main thread: the trial without the CPU memory
+                 probe (a profiled last warm-up step) just before its window (diagnosis)
 
-Next to every figure: the process's minor page faults during that trial (a count the machine's
-load does not change; a second thread's malloc arena unmaps and re-faults its heaps each step).
+Next to every in-process figure: the process's page faults per timed step and the kernel's share of
+its CPU time in the timed window (`KernelTime`: counts the load does not change; memory glibc hands
+back to the OS after a step is faulted in again, zeroed by the kernel, at the next one).
 
 Printed: every figure as it lands, then per set the median samples/s of each side, the per-round
 ratio side/loop (median over rounds), each side's speedup over the first set, and the speedup
-ratio; with the machine and the load average before and after. Measures, asserts nothing.
+ratio; then verdicts from the per-round ratios (`--margin`, default ±5%): each side against the loop,
+in samples/s and in speedup; with the machine and the load average before and after. Measures, asserts nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ import contextlib
 import copy
 import os
 import platform
-import resource
 import statistics
 import sys
 import tempfile
@@ -44,11 +47,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import workbench as wb
-from workbench.measure import environment
-from workbench.runner import trial_thread
+from workbench.measure import KernelTime, environment
+from workbench.runner import run_trial, trial_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_referee import run_script
+from bench_referee import agreement, run_script
 
 N_SAMPLES, SIZE, CLASSES, BATCH = 2048, 48, 10, 64
 SETS = {
@@ -85,8 +88,10 @@ def make_optimizer(params):
     return torch.optim.SGD(params, lr=0.01, momentum=0.9)
 
 
-def hand_loop(model0: nn.Module, data: TensorDataset, knobs: wb.Knobs, warmup: int, steps: int) -> float:
-    """The user's plain loop: fresh model copy, DataLoader(shuffle=True), untimed warm-up, timed steps."""
+def hand_loop(model0: nn.Module, data: TensorDataset, knobs: wb.Knobs, warmup: int,
+              steps: int) -> tuple[float, float | None, float | None]:
+    """The user's plain loop: fresh model copy, DataLoader(shuffle=True), untimed warm-up, timed steps;
+    (samples/s, page faults per timed step, kernel share of CPU time in the timed window)."""
     model = copy.deepcopy(model0)
     if knobs.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -96,7 +101,7 @@ def hand_loop(model0: nn.Module, data: TensorDataset, knobs: wb.Knobs, warmup: i
     amp = (torch.autocast("cpu", dtype=torch.bfloat16) if knobs.amp == "bf16" else contextlib.nullcontext())
     model.train()
     step = seen = 0
-    t0 = time.perf_counter()
+    t0, kernel = time.perf_counter(), KernelTime()
     while step < warmup + steps:
         for x, y in loader:
             if knobs.channels_last:
@@ -108,12 +113,14 @@ def hand_loop(model0: nn.Module, data: TensorDataset, knobs: wb.Knobs, warmup: i
             opt.zero_grad(set_to_none=True)
             step += 1
             if step == warmup:
-                t0, seen = time.perf_counter(), 0
+                t0, seen, kernel = time.perf_counter(), 0, KernelTime()
             elif step > warmup:
                 seen += len(y)
             if step == warmup + steps:
                 break
-    return seen / (time.perf_counter() - t0)
+    rate = seen / (time.perf_counter() - t0)
+    faults = kernel.since()
+    return (rate, faults[0] / steps, faults[1]) if faults else (rate, None, None)
 
 
 def script_rate(knobs: wb.Knobs, warmup: int, steps: int, workdir: Path) -> float:
@@ -128,10 +135,11 @@ def script_rate(knobs: wb.Knobs, warmup: int, steps: int, workdir: Path) -> floa
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--sets", default="ab", choices=sorted(SETS))
+    p.add_argument("--sets", default="ab", help="ab, all, or a comma list of names from all (fp32,channels_last)")
     p.add_argument("--sides", default="wb,loop,script")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--margin", type=float, default=0.05, help="the equivalence margin of the verdicts (0.05: ±5%%)")
     args = p.parse_args()
     sides = args.sides.split(",")
     load_before = os.getloadavg()
@@ -139,43 +147,57 @@ def main() -> None:
     model0, data = build()
     bench = wb.Workbench(model0, data, loss_fn=nn.CrossEntropyLoss(), optimizer=make_optimizer, log=None,
                          steps=args.steps, warmup_steps=args.warmup, knobs=wb.Knobs(batch_size=BATCH))
-    sets = [(name, bench.knobs(**ch)) for name, ch in SETS[args.sets]]
+    named = SETS.get(args.sets) or [(n, dict(SETS["all"])[n]) for n in args.sets.split(",")]
+    sets = [(name, bench.knobs(**ch)) for name, ch in named]
 
-    def measure(side: str, knobs: wb.Knobs, tmp: Path) -> float:
+    def of(r: wb.TrialResult) -> tuple[float, float | None, float | None]:
+        if not r.ok:
+            return float("nan"), None, None
+        return r.samples_per_s, r.extra.get("page_faults_per_step"), r.extra.get("kernel_share")
+
+    def measure(side: str, knobs: wb.Knobs, tmp: Path) -> tuple[float, float | None, float | None]:
+        """(samples/s, page faults per timed step, kernel share of CPU time) of one side's trial."""
         if side == "wb":
-            r = bench.run(knobs, progress=False)
-            return r.samples_per_s if r.ok else float("nan")
+            return of(bench.run(knobs, progress=False))
         if side == "wb-thread":  # bench.run from a non-main caller (the panel's path): the trial thread
             box: list = []
             caller = threading.Thread(target=lambda: box.append(bench.run(knobs, progress=False)), name="caller")
             caller.start()
             caller.join()
-            return box[0].samples_per_s if box and box[0].ok else float("nan")
+            return of(box[0]) if box else (float("nan"), None, None)
+        if side == "wb-noprobe":  # the same trial without the memory probe on its last warm-up step
+            return of(run_trial(bench.workload, knobs, warmup_steps=args.warmup, steps=args.steps,
+                                measure_memory=False))
         if side == "loop":
             return hand_loop(model0, data, knobs, args.warmup, args.steps)
         if side == "loop-thread":
             return trial_thread().submit(hand_loop, model0, data, knobs, args.warmup, args.steps).result()
-        if side == "script":
-            return script_rate(knobs, args.warmup, args.steps, tmp)
-        raise ValueError(f"unknown side {side!r}: choose from wb, wb-thread, loop, loop-thread, script")
+        if side == "script":  # its own process: faults and kernel time are not seen from here
+            return script_rate(knobs, args.warmup, args.steps, tmp), None, None
+        raise ValueError(f"unknown side {side!r}: choose from wb, wb-thread, wb-noprobe, loop, loop-thread, script")
 
     rates = {(name, side): [] for name, _ in sets for side in sides}
-    faults = {(name, side): [] for name, _ in sets for side in sides}  # minor page faults per trial
+    kernel = {(name, side): [] for name, _ in sets for side in sides}  # (faults/step, kernel share) per trial
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = sets if r % 2 == 0 else sets[::-1]
             for name, knobs in order:
                 for side in (sides if r % 2 == 0 else sides[::-1]):
-                    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                    rates[name, side].append(measure(side, knobs, Path(tmp)))
-                    faults[name, side].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
-                print(f"round {r + 1} {name}: " + ", ".join(f"{s} {rates[name, s][-1]:.1f} ({faults[name, s][-1]} faults)"
+                    rate, faults, share = measure(side, knobs, Path(tmp))
+                    rates[name, side].append(rate)
+                    kernel[name, side].append((faults, share))
+                print(f"round {r + 1} {name}: " + ", ".join(f"{s} {rates[name, s][-1]:.1f}{_kernel(kernel[name, s][-1])}"
                                                              for s in sides)
                       + f"  (load {os.getloadavg()[0]:.2f})", flush=True)
-    report(sets, sides, rates, args, load_before, time.perf_counter() - t_start)
+    report(sets, sides, rates, kernel, args, load_before, time.perf_counter() - t_start)
 
 
-def report(sets, sides, rates, args, load_before, seconds) -> None:
+def _kernel(cell: tuple[float | None, float | None]) -> str:
+    faults, share = cell
+    return "" if faults is None else f" ({faults:.0f} faults/step, kernel {share:.1%})"
+
+
+def report(sets, sides, rates, kernel, args, load_before, seconds) -> None:
     """The summary table: medians, same-round ratios against the main-thread loop, speedups."""
     env = environment(torch.device("cpu"))
     print(f"\n{env['device_name']}, {os.cpu_count()} cores, torch {env['torch']}, Python "
@@ -190,9 +212,25 @@ def report(sets, sides, rates, args, load_before, seconds) -> None:
             ratio = statistics.median(a / b for a, b in zip(rates[name, s], rates[name, ref_side]))
             speed = med / statistics.median(rates[base, s])
             ref_speed = statistics.median(rates[name, ref_side]) / statistics.median(rates[base, ref_side])
+            shares = [k for _, k in kernel[name, s] if k is not None]
             cells.append(f"{s} {med:8.1f} (x{ratio:.3f} of {ref_side}; speedup {speed:.3f}, "
-                         f"ratio {speed / ref_speed:.3f})")
+                         f"ratio {speed / ref_speed:.3f}"
+                         + (f"; kernel {statistics.median(shares):.1%}" if shares else "") + ")")
         print(f"{name:22s} " + " | ".join(cells))
+    # Verdicts from the per-round ratios (equivalence test, as bench_referee): each side against the
+    # loop in samples/s, and each set's speedup over the first set against the loop's, round by round.
+    for s in sides:
+        if s == ref_side:
+            continue
+        for name, _ in sets:
+            interval, verdict = agreement(rates[name, s], rates[name, ref_side], args.margin)
+            line = f"{s}/{ref_side} {name:22s} samples/s: {verdict} (95%: {interval})"
+            if name != base:
+                ws = [b / a for a, b in zip(rates[base, s], rates[name, s])]
+                ls = [b / a for a, b in zip(rates[base, ref_side], rates[name, ref_side])]
+                interval, verdict = agreement(ws, ls, args.margin)
+                line += f"; speedup over {base}: {verdict} (95%: {interval})"
+            print(line)
 
 
 if __name__ == "__main__":

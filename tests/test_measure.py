@@ -8,6 +8,7 @@ import torch
 import workbench as wb
 from workbench.measure import (
     CpuLoad,
+    KernelTime,
     StepClock,
     TrialResult,
     live_tensor_bytes,
@@ -80,6 +81,26 @@ def test_cpu_load_reads_psutil_on_this_machine():
     assert reading is not None, "psutil is a dependency: the reading should work here"
     busy, own, _ = reading
     assert busy >= own >= 0
+
+
+def test_kernel_time_counts_the_faults_of_memory_touched_for_the_first_time():
+    """128 MiB of fresh anonymous memory, one byte written per 4 KiB page: the kernel maps and zeroes
+    every page (at least one fault per 2 MiB even with transparent huge pages), and that is kernel time."""
+    import mmap
+
+    size = 128 * 2**20
+    meter = KernelTime()
+    with mmap.mmap(-1, size) as m:
+        for offset in range(0, size, 4096):
+            m[offset] = 1
+    faults, share = meter.since()
+    assert faults >= size // (2 * 2**20)
+    assert 0.0 < share <= 1.0
+
+
+def test_kernel_time_is_none_without_the_resource_module(monkeypatch):
+    monkeypatch.setattr(KernelTime, "_read", staticmethod(lambda: None))  # Windows: no resource module
+    assert KernelTime().since() is None
 
 
 def test_record_round_trip_and_repr():

@@ -374,6 +374,47 @@ def test_derive_is_a_pure_function_of_the_raw_samples():
     assert any(n.startswith("noisy") for n in notes)
 
 
+def test_derive_notes_page_faults_only_when_the_kernel_took_a_real_share():
+    """Kernel time above 5% of the window's CPU time, with page faults, is named with the fix (glibc's
+    environment variables); with workers the note names shared memory instead; quiet windows get none."""
+    from workbench.runner import MALLOC_ENV, RawTrial, derive
+
+    def raw(share: float, faults: int) -> RawTrial:
+        return RawTrial(warmup_steps=1, steps=10, startup_s=0.1, warm_times_s=[0.1], warmup_wall_s=0.1, probe_s=0.0,
+                        step_times_s=[0.1] * 10, waits_s=[0.0] * 10, losses=[1.0] * 10, samples=80, wall_s=1.0,
+                        epochs=0, foreign_cores=0.0, peak_bytes=None, page_faults=faults, kernel_share=share)
+
+    fields, notes = derive(raw(0.19, 230_000), wb.Knobs(batch_size=8))
+    note = next(n for n in notes if n.startswith("page faults"))
+    assert "19%" in note and "23,000 page faults per step" in note and MALLOC_ENV in note
+    assert fields["extra"]["page_faults_per_step"] == 23_000 and fields["extra"]["kernel_share"] == 0.19
+    _, notes = derive(raw(0.19, 230_000), wb.Knobs(batch_size=8, num_workers=2))
+    assert any(n.startswith("page faults") and "shared memory" in n and MALLOC_ENV not in n for n in notes)
+    for share, faults in ((0.01, 230_000), (0.19, 0)):  # a quiet window; kernel time without faults
+        _, notes = derive(raw(share, faults), wb.Knobs(batch_size=8))
+        assert not any(n.startswith("page faults") for n in notes)
+    _, notes = derive(RawTrial(**{**raw(0.19, 1).__dict__, "page_faults": None, "kernel_share": None}),
+                      wb.Knobs(batch_size=8))  # unreadable (Windows): no note, no error
+    assert not any(n.startswith("page faults") for n in notes)
+
+
+def test_a_trial_counts_the_page_faults_of_its_window(make_bench):
+    """A model that takes 64 MiB of fresh memory every step (above glibc's 32 MiB mmap ceiling, so it
+    is mapped and unmapped each time): every step faults its 16,384 pages in, and the trial says so."""
+    from conftest import TinyNet
+
+    class Faulting(TinyNet):
+        def forward(self, x):
+            scratch = torch.ones(16 * 2**20)  # 64 MiB of float32, written: every page faulted in
+            return super().forward(x) + scratch[0] * 0
+
+    quiet = make_bench().run(progress=False)
+    assert quiet.ok and quiet.extra["page_faults_per_step"] >= 0 and 0 <= quiet.extra["kernel_share"] <= 1
+    r = make_bench(Faulting()).run(progress=False)
+    assert r.ok and r.extra["page_faults_per_step"] >= 8192  # half the pages: room for huge pages
+    assert any(n.startswith("page faults") for n in r.notes), r.notes
+
+
 @pytest.mark.parametrize("exc, hinted", [
     (RuntimeError("rank 1 only"), False),
     (ValueError("my own check failed"), False),

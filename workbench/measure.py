@@ -106,6 +106,39 @@ class CpuLoad:
         return max(0.0, foreign / wall)
 
 
+class KernelTime:
+    """This process's page faults and kernel CPU time over a window (`resource.getrusage`; None
+    where the module is missing, e.g. Windows).
+
+    Why: on glibc, memory freed at the end of a step can go back to the OS and be faulted in again
+    (a minor fault per 4 KiB page, zeroed by the kernel) by the next step. How much does depends on
+    the heap's history in this process, so the same step can run 5-15% apart in two processes, or
+    before and after other work in one (issue 23). The share of CPU time spent in the kernel shows it.
+    """
+
+    def __init__(self) -> None:
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, float, float] | None:
+        try:
+            import resource
+
+            u = resource.getrusage(resource.RUSAGE_SELF)
+            return u.ru_minflt + u.ru_majflt, u.ru_utime, u.ru_stime
+        except Exception:  # no resource module (Windows): no figure, never a failed trial
+            return None
+
+    def since(self) -> tuple[int, float] | None:
+        """(page faults, kernel share of the process's CPU seconds) since construction, or None."""
+        end = self._read()
+        if self._start is None or end is None:
+            return None
+        faults = end[0] - self._start[0]
+        user, kernel = end[1] - self._start[1], end[2] - self._start[2]
+        return faults, (kernel / (user + kernel) if user + kernel > 0 else 0.0)
+
+
 def live_tensor_bytes(*groups: Any) -> int:
     """Bytes of distinct storages reachable from parameters, grads and optimizer state (a DTensor's:
     its local shard's)."""

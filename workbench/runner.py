@@ -36,6 +36,7 @@ from .knobs import BLOCK_KNOBS, Knobs, device_notes
 from .measure import (
     FOREIGN_LOAD_LIMIT,
     CpuLoad,
+    KernelTime,
     StepClock,
     TrialResult,
     environment,
@@ -54,6 +55,9 @@ from .workload import Workload
 
 Progress = Callable[[str, int, int], None]  # (phase, steps done, steps total), called by a Poller
 NOISY = 0.10  # IQR / median above this gets a "noisy" note
+KERNEL_SHARE = 0.05  # kernel share of CPU time above this gets a "page faults" note (quiet steps: < 1%)
+# glibc's knobs for "keep freed memory": no trim of the heap top, no mmap below 32 MiB (its maximum)
+MALLOC_ENV = "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824"
 T = TypeVar("T")
 TRACE_STEPS = 3  # optimizer steps in a trace (after one profiler warm-up step)
 
@@ -90,6 +94,8 @@ class RawTrial:
     peak_bytes: int | None
     compile_info: dict[str, Any] = field(default_factory=dict)
     state_bytes: int | None = None  # parameters + gradients + optimizer state held (local shards)
+    page_faults: int | None = None  # this process's page faults during the window
+    kernel_share: float | None = None  # kernel share of this process's CPU seconds during the window
 
 
 def run_trial(
@@ -287,6 +293,7 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
     clock = StepClock(device)
     sync(device)
     load = CpuLoad()
+    kernel = KernelTime()
     t_start = time.perf_counter()
     clock.mark()
     for i in range(steps):
@@ -299,13 +306,15 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
         _check_cancel(cancel)
     sync(device)
     wall = time.perf_counter() - t_start
+    faults = kernel.since()  # before foreign_cores: psutil's reads fault too, and belong outside
     foreign = load.foreign_cores()
     peak = (torch.cuda.max_memory_allocated(device)
             if measure_memory and memory_meter(device.type) == "allocator" else None)
     return RawTrial(warmup_steps=warmup_steps, steps=steps, startup_s=0.0, warm_times_s=[], warmup_wall_s=0.0,
                     probe_s=0.0, step_times_s=clock.durations_s(), waits_s=waits,
                     losses=losses.values(divide_by=step.knobs.accum_steps),  # the one device->host read
-                    samples=samples, wall_s=wall, epochs=source.epochs, foreign_cores=foreign, peak_bytes=peak)
+                    samples=samples, wall_s=wall, epochs=source.epochs, foreign_cores=foreign, peak_bytes=peak,
+                    page_faults=faults[0] if faults else None, kernel_share=faults[1] if faults else None)
 
 
 def trace_after(step: TrainStep, source: BatchSource, path: Any, stage: Stage, progress: TrialProgress,
@@ -345,6 +354,8 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         notes.append(f"noisy: step times spread {noise:.0%} (IQR/median); repeat before trusting a small difference")
     if raw.foreign_cores is not None and raw.foreign_cores > FOREIGN_LOAD_LIMIT:
         notes.append(f"disturbed: other processes kept {raw.foreign_cores:.2f} cores busy during the measurement")
+    if raw.kernel_share is not None and raw.kernel_share > KERNEL_SHARE and raw.page_faults:
+        notes.append(page_fault_note(raw.kernel_share, raw.page_faults / raw.steps, knobs))
     if raw.epochs and not knobs.persistent_workers and knobs.num_workers:
         which = "an epoch boundary" if raw.epochs == 1 else f"{raw.epochs} epoch boundaries"
         notes.append(f"{which} in the window re-forked the workers (persistent_workers=True avoids it)")
@@ -361,7 +372,10 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
                    + ("; with fp16 keep the GradScaler (it is on)" if knobs.amp == "fp16" else ""))
     extra: dict[str, Any] = {"epochs": raw.epochs, "warmup_steps": raw.warmup_steps, "wall_s": raw.wall_s,
                              "foreign_cores": raw.foreign_cores, "warmup_wall_s": raw.warmup_wall_s,
-                             "memory_probe_s": raw.probe_s}
+                             "memory_probe_s": raw.probe_s,
+                             "page_faults_per_step": (None if raw.page_faults is None
+                                                      else round(raw.page_faults / raw.steps, 1)),
+                             "kernel_share": raw.kernel_share}
     info = raw.compile_info
     if info:
         extra["compile"] = info
@@ -387,6 +401,20 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         extra=extra,
     )
     return fields_, notes
+
+
+def page_fault_note(share: float, per_step: float, knobs: Knobs) -> str:
+    """The note for a window whose process spent `share` of its CPU time in the kernel."""
+    head = (f"page faults: the kernel took {share:.0%} of this process's CPU time ({per_step:,.0f} page faults "
+            "per step)")
+    if knobs.num_workers:  # worker batches arrive in shared memory, mapped afresh each time
+        return head + "; with workers part of it is each batch's shared memory being mapped in"
+    if knobs.world_size > 1:  # gloo's sockets are kernel time too
+        return head + "; with several ranks part of it is the gradient exchange between the processes"
+    return (head + ": freed memory went back to the OS and each step faulted it in again. Whether that "
+            "happens depends on what ran before in this process, so the same knobs can read faster in "
+            "another trial or in your own loop; to avoid it in every run, start Python (or Jupyter) with "
+            f"{MALLOC_ENV} (glibc), see README 'Page faults'")
 
 
 def _check_cancel(cancel: threading.Event | None) -> None:

@@ -60,6 +60,9 @@ def assemble(reports: dict[int, dict[str, Any]], knobs: Knobs, *, env: dict[str,
         peak_bytes=max((r.peak_bytes for r in raws if r.peak_bytes is not None), default=None),
         compile_info=first.compile_info,
         state_bytes=max((r.state_bytes for r in raws if r.state_bytes is not None), default=None),  # largest rank's
+        # the rank that faulted most: its steps set the pace
+        page_faults=max((r.page_faults for r in raws if r.page_faults is not None), default=None),
+        kernel_share=max((r.kernel_share for r in raws if r.kernel_share is not None), default=None),
     )
     fields_, more = derive(merged, knobs)
     if fields_["status"] == "nan":  # name the rank whose loss went bad first
