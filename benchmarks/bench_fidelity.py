@@ -147,7 +147,11 @@ def main() -> None:
     model0, data = build()
     bench = wb.Workbench(model0, data, loss_fn=nn.CrossEntropyLoss(), optimizer=make_optimizer, log=None,
                          steps=args.steps, warmup_steps=args.warmup, knobs=wb.Knobs(batch_size=BATCH))
-    named = SETS.get(args.sets) or [(n, dict(SETS["all"])[n]) for n in args.sets.split(",")]
+    known = dict(SETS["all"])
+    unknown = [n for n in args.sets.split(",") if args.sets not in SETS and n not in known]
+    if unknown:
+        p.error(f"--sets: unknown {', '.join(unknown)}; use ab, all, or names from {', '.join(known)}")
+    named = SETS.get(args.sets) or [(n, known[n]) for n in args.sets.split(",")]
     sets = [(name, bench.knobs(**ch)) for name, ch in named]
 
     def of(r: wb.TrialResult) -> tuple[float, float | None, float | None]:

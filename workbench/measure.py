@@ -111,9 +111,9 @@ class KernelTime:
     where the module is missing, e.g. Windows).
 
     Why: on glibc, memory freed at the end of a step can go back to the OS and be faulted in again
-    (a minor fault per 4 KiB page, zeroed by the kernel) by the next step. How much does depends on
-    the heap's history in this process, so the same step can run 5-15% apart in two processes, or
-    before and after other work in one (issue 23). The share of CPU time spent in the kernel shows it.
+    (a minor fault per 4 KiB page, zeroed by the kernel) by the next step. Whether it does depends on
+    the heap's history in this process; on a 2-core EPYC each 10% of kernel time cost 10-16% of the
+    samples/s (issue 23, benchmarks/README.md "Round 6"). The kernel's share of CPU time shows it.
     """
 
     def __init__(self) -> None:
