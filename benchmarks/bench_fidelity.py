@@ -51,7 +51,7 @@ from workbench.measure import KernelTime, environment
 from workbench.runner import run_trial, trial_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_referee import agreement, run_script
+from bench_referee import agreement, allocator_env, run_script
 
 N_SAMPLES, SIZE, CLASSES, BATCH = 2048, 48, 10, 64
 SETS = {
@@ -206,7 +206,8 @@ def report(sets, sides, rates, kernel, args, load_before, seconds) -> None:
     env = environment(torch.device("cpu"))
     print(f"\n{env['device_name']}, {os.cpu_count()} cores, torch {env['torch']}, Python "
           f"{platform.python_version()}; {args.rounds} rounds, {args.steps} timed steps after {args.warmup} "
-          f"warm-up; load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after; {seconds:.0f} s")
+          f"warm-up; load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after; {seconds:.0f} s; "
+          f"glibc malloc: {allocator_env()}")
     ref_side = "loop" if "loop" in sides else sides[0]
     base = sets[0][0]
     for name, _ in sets:

@@ -1,15 +1,17 @@
 """The user's own loop as referee: workbench samples/s against the plain script `Knobs.to_code()`
 writes, run as an ordinary `python` process (the user's real training run).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_referee.py [--rounds 3] [--size default]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_referee.py [--rounds 3] [--size default] [--margin 0.10]
 
 For each demo, every knob set runs once per round through `bench.run` and once as the generated
 script, in alternating order (round 1: sets forward, workbench first; round 2: sets backward,
 script first; ...), so slow drift hits both sides alike. Reported per knob set: the medians of
 both figures, the workbench/script ratio (median over rounds of the per-round ratio), and each
 side's speedup over the demo's defaults, and whether the evidence shows the workbench agreeing with
-the script within ±10% (an equivalence test on the per-round ratios; see `agreement`), differing,
-or cannot tell yet. Goal: every ratio within ±10%. Measures, asserts nothing.
+the script within ±10% (`--margin`; an equivalence test on the per-round ratios, see `agreement`),
+differing, or cannot tell yet, in samples/s and in speedup; the workbench trials' kernel share of
+CPU time (page faults, README 'Page faults'); the machine, the load and the glibc malloc variables
+the run had (the scripts inherit them). Goal: every ratio within ±10%. Measures, asserts nothing.
 """
 
 from __future__ import annotations
@@ -91,16 +93,30 @@ def agreement(w: list[float], s: list[float], margin: float = 0.10) -> tuple[str
     return interval, "undecided"
 
 
+def allocator_env() -> str:
+    """The glibc malloc variables this process (and the scripts it starts) run with: they decide
+    whether freed memory goes back to the OS and is faulted in again (README 'Page faults')."""
+    named = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+    return " ".join(f"{k}={v}" for k, v in sorted(named.items())) or "defaults"
+
+
+def kernel_of(shares: list[float]) -> str:
+    """' (kernel 3.1%)' for the last trial's kernel share of CPU time, '' when not measured."""
+    return f" (kernel {shares[-1]:.1%})" if shares else ""
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--size", default="default", choices=["tiny", "default"])
+    p.add_argument("--margin", type=float, default=0.10, help="the equivalence margin of the verdicts (0.10: ±10%%)")
     args = p.parse_args()
     load_before = os.getloadavg()
     t_start = time.perf_counter()
     benches = {d: wb.demo(d, size=args.size, log=None, steps=STEPS, warmup_steps=WARMUP) for d in dict(KNOB_SETS)}
     sets = [(d, benches[d].knobs(**ch)) for d, ch in KNOB_SETS]
     rates: dict[int, dict[str, list[float]]] = {i: {"wb": [], "script": []} for i in range(len(sets))}
+    shares: dict[int, list[float]] = {i: [] for i in range(len(sets))}  # the wb trials' kernel share
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = list(range(len(sets)))
@@ -113,10 +129,13 @@ def main() -> None:
                     if side == "wb":
                         res = benches[demo].run(knobs)
                         rates[i]["wb"].append(res.samples_per_s if res.ok else float("nan"))
+                        if res.extra.get("kernel_share") is not None:
+                            shares[i].append(res.extra["kernel_share"])
                     else:
                         rates[i]["script"].append(script_rate(demo, args.size, knobs, Path(tmp)))
                 print(f"round {r + 1}, {demo} {knobs.label(benches[demo].defaults)}: "
-                      f"workbench {rates[i]['wb'][-1]:,.1f}, script {rates[i]['script'][-1]:,.1f} samples/s", flush=True)
+                      f"workbench {rates[i]['wb'][-1]:,.1f}{kernel_of(shares[i])}, script {rates[i]['script'][-1]:,.1f} "
+                      f"samples/s  (load {os.getloadavg()[0]:.2f})", flush=True)
 
     import pandas as pd
 
@@ -132,19 +151,23 @@ def main() -> None:
             "demo": demo, "knobs": knobs.label(benches[demo].defaults),
             "workbench samples/s": statistics.median(w), "script samples/s": statistics.median(s),
             "wb/script": statistics.median(a / b for a, b in zip(w, s)),
-            "wb/script 95%": agreement(w, s)[0], "verdict": agreement(w, s)[1],
+            "wb/script 95%": agreement(w, s, args.margin)[0], "verdict": agreement(w, s, args.margin)[1],
+            "wb kernel": statistics.median(shares[i]) if shares[i] else float("nan"),
             "wb speedup": wb_speedup, "script speedup": sc_speedup, "speedup ratio": wb_speedup / sc_speedup,
+            # the speedup round by round (each side over its own defaults in that round), wb against script
+            "speedup verdict": ("reference" if i == ref[demo] else agreement(
+                [b / a for a, b in zip(w0, w)], [b / a for a, b in zip(s0, s)], args.margin)[1]),
         })
     df = pd.DataFrame(rows)
     env = environment(benches["cnn"].device)
     print(f"\n{env['device_name']}, {os.cpu_count()} cores, torch {env['torch']}, Python {platform.python_version()}; "
           f"{args.rounds} rounds, {STEPS} timed steps after {WARMUP} warm-up, size {args.size}; "
           f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after; "
-          f"{time.perf_counter() - t_start:.0f} s")
+          f"{time.perf_counter() - t_start:.0f} s; glibc malloc: {allocator_env()}")
     with pd.option_context("display.width", 200):
         print(df.to_string(index=False, float_format="{:.2f}".format))
     worst = max(abs(df["wb/script"] - 1).max(), abs(df["speedup ratio"] - 1).max())
-    print(f"\nlargest deviation from the script: {worst:.1%} (goal: within 10%); verdicts: "
+    print(f"\nlargest deviation from the script: {worst:.1%} (goal: within {args.margin:.0%}); verdicts: "
           + ", ".join(f"{v} {n}" for v, n in df["verdict"].value_counts().items()))
 
 
