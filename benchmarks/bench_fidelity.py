@@ -1,7 +1,7 @@
 """Fidelity: does a trial read what the user's own plain loop reads? (the held-out CNN of issue 23)
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_fidelity.py [--rounds 5] [--sets ab|all]
-        [--sides wb,loop,script,wb-thread,loop-thread] [--steps 30] [--warmup 5]
+        [--sides wb,loop,script,wb-thread,loop-thread] [--steps 30] [--warmup 5] [--keep]
 
 The model is not a demo: a 3-block CNN (32 -> 64 -> 128 channels, BatchNorm, ReLU, max-pool) on
 48x48 inputs from a TensorDataset, SGD with momentum, batch 64. Each knob set (`--sets ab`: the
@@ -25,7 +25,9 @@ back to the OS after a step is faulted in again, zeroed by the kernel, at the ne
 Printed: every figure as it lands, then per set the median samples/s of each side, the per-round
 ratio side/loop (median over rounds), each side's speedup over the first set, and the speedup
 ratio; then verdicts from the per-round ratios (`--margin`, default ±5%): each side against the loop,
-in samples/s and in speedup; with the machine and the load average before and after. Measures, asserts nothing.
+in samples/s and in speedup; with the machine, the load average before and after, and the malloc
+setting. `--keep` calls `wb.keep_freed_memory()` before anything runs (the in-process equivalent
+of starting with `MALLOC_ENV`, which the scripts then get). Measures, asserts nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import workbench as wb
 from workbench.measure import KernelTime, environment
 from workbench.runner import run_trial, trial_thread
+from workbench.system import MALLOC_ENV, malloc_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_referee import agreement, allocator_env, run_script
@@ -140,7 +143,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--margin", type=float, default=0.05, help="the equivalence margin of the verdicts (0.05: ±5%%)")
+    p.add_argument("--keep", action="store_true",
+                   help="wb.keep_freed_memory() in this process first, and the same MALLOC_* variables for the scripts")
     args = p.parse_args()
+    if args.keep:
+        if not wb.keep_freed_memory():
+            p.error("--keep needs glibc's malloc (Linux)")
+        os.environ.update(v.split("=", 1) for v in MALLOC_ENV.split())  # the scripts start with it set
+
     sides = args.sides.split(",")
     load_before = os.getloadavg()
     t_start = time.perf_counter()
@@ -207,7 +217,7 @@ def report(sets, sides, rates, kernel, args, load_before, seconds) -> None:
     print(f"\n{env['device_name']}, {os.cpu_count()} cores, torch {env['torch']}, Python "
           f"{platform.python_version()}; {args.rounds} rounds, {args.steps} timed steps after {args.warmup} "
           f"warm-up; load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after; {seconds:.0f} s; "
-          f"glibc malloc: {allocator_env()}")
+          f"malloc: {malloc_policy()}; scripts' MALLOC_* variables: {allocator_env()}")
     ref_side = "loop" if "loop" in sides else sides[0]
     base = sets[0][0]
     for name, _ in sets:

@@ -215,6 +215,28 @@ def test_decide_other_branches():
     assert compute.bottleneck == "compute" and compute.next_knobs == {"channels_last": True}
 
 
+def test_decide_names_page_faults_as_evidence_with_the_fix(monkeypatch):
+    """A baseline whose kernel share passed 5% gets an evidence line naming wb.keep_freed_memory();
+    the bottleneck and the next knob stay the decision tree's."""
+    from dataclasses import replace
+
+    from workbench.diagnose import verdict
+
+    monkeypatch.setattr(verdict, "keeps_freed_memory", lambda: False)
+    cpu, knobs = torch.device("cpu"), wb.Knobs(amp="bf16")
+    faulting = replace(fake_result(1, 0.1, wait=0.01), extra={"kernel_share": 0.14, "page_faults_per_step": 9000.0})
+    quiet = replace(faulting, extra={"kernel_share": 0.01, "page_faults_per_step": 300.0})
+    v = decide(knobs, check_data(faulting, fake_result(2, 0.1), None), THREADS, device=cpu, has_conv=True)
+    line = next(e for e in v.evidence if e.startswith("the kernel took"))
+    assert "14%" in line and "9,000 page faults per step" in line and "wb.keep_freed_memory()" in line
+    assert v.bottleneck == "compute" and v.next_knobs == {"channels_last": True}
+    calm = decide(knobs, check_data(quiet, fake_result(2, 0.1), None), THREADS, device=cpu, has_conv=True)
+    assert not any("kernel took" in e for e in calm.evidence)
+    monkeypatch.setattr(verdict, "keeps_freed_memory", lambda: True)  # already kept: no call to suggest
+    kept = decide(knobs, check_data(faulting, fake_result(2, 0.1), None), THREADS, device=cpu, has_conv=True)
+    assert any("kernel took" in e and "keep_freed_memory" not in e for e in kept.evidence)
+
+
 def test_verdict_cites_the_phase_split():
     import pandas as pd
 

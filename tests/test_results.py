@@ -33,6 +33,17 @@ def test_compare_a_large_gap_is_beyond_noise_even_on_the_prior():
     assert "faster" in str(c) and "beyond noise" in str(c) and "1 trial each" in str(c)
 
 
+def test_compare_says_when_the_sides_ran_with_different_malloc_settings():
+    """A trial before wb.keep_freed_memory() against one after differs in page faults, not only in knobs."""
+    a = replace(fake(noisy(0.010, 0.03)), env={"malloc": "glibc default"})
+    b = replace(fake(noisy(0.008, 0.03, seed=1), num_workers=1), env={"malloc": "kept (keep_freed_memory)"})
+    c = compare(a, b)
+    assert "different malloc settings (glibc default, kept (keep_freed_memory))" in str(c) and "page faults" in str(c)
+    same = compare(a, replace(b, env={"malloc": "glibc default"}))
+    old_log = compare(replace(a, env={}), b)  # a record from before the environment had the key
+    assert "malloc" not in str(same) and "malloc" not in str(old_log)
+
+
 def test_compare_steady_steps_are_no_evidence_between_trials():
     # 30 very steady steps each and a 25% gap: the old within-run bootstrap called this beyond
     # noise; one pair of trials cannot rule out a 20% run-to-run difference.

@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 
 from workbench import system
@@ -66,3 +67,74 @@ def test_the_thread_check_and_environment_use_the_helper(monkeypatch):
 
     assert threads.usable_cores is system.usable_cores
     assert environment(torch.device("cpu"))["usable_cores"] == system.usable_cores()
+
+
+# A step that takes 3 x 24 MiB of fresh memory and frees it. Whether glibc's defaults hand it back to
+# the OS depends on the heap's history: one and the same script faulted 12,256 or 768 pages per step
+# from one process to the next (the bimodality of README 'Page faults'). So the faulting reference
+# is glibc told to trim and map eagerly (fixed 128 KiB thresholds, no dynamic adjustment), which
+# faults every page in at every step; told to keep freed memory, later steps fault nothing.
+_FAULTING_STEPS = """
+import ctypes, json, resource, sys, torch
+import workbench as wb
+torch.set_num_threads(1)  # no thread pool allocating between steps
+if sys.argv[1] == "eager":
+    libc = ctypes.CDLL(None)
+    assert libc.mallopt(-3, 128 * 1024) == 1 and libc.mallopt(-1, 128 * 1024) == 1  # M_MMAP_, M_TRIM_THRESHOLD
+kept = wb.keep_freed_memory() if sys.argv[1] == "keep" else None
+def step():
+    bufs = [torch.empty(6 * 2**20).fill_(1.0) for _ in range(3)]  # 3 x 24 MiB, every page written
+    del bufs
+for _ in range(2):
+    step()  # warm-up: glibc's thresholds settle
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(8):
+    step()
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 8
+from workbench.measure import environment
+print(json.dumps({"kept": kept, "faults": faults, "malloc": environment(torch.device("cpu"))["malloc"]}))
+"""
+
+
+def _faulting_steps(mode: str) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}  # glibc's defaults
+    out = subprocess.run([sys.executable, "-c", _FAULTING_STEPS, mode], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(system._glibc() is None, reason="glibc's malloc only")
+def test_keep_freed_memory_stops_a_step_faulting_its_memory_in_again():
+    """Run in fresh processes: the call changes a process's allocator for good."""
+    eager, kept = _faulting_steps("eager"), _faulting_steps("keep")
+    pages = 3 * 24 * 2**20 / 4096  # 18,432 pages of 4 KiB per step
+    assert eager["kept"] is None and eager["malloc"] == "glibc default"
+    assert eager["faults"] > pages / 2, eager  # the counter sees a step that faults its memory in
+    assert kept["kept"] is True and kept["malloc"] == "kept (keep_freed_memory)"
+    assert kept["faults"] < pages / 10, kept
+
+
+def test_keep_freed_memory_warns_and_declines_without_glibc(monkeypatch):
+    monkeypatch.setattr(system, "_glibc", lambda: None)
+    monkeypatch.setattr(system, "_kept", False)
+    for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "MALLOC_TOP_PAD_"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.warns(RuntimeWarning, match="glibc"):
+        assert system.keep_freed_memory() is False
+    assert system.malloc_policy() == "" and not system.keeps_freed_memory()  # not glibc: nothing to record
+
+
+def test_malloc_policy_names_the_start_up_variables(monkeypatch):
+    monkeypatch.setattr(system, "_kept", False)
+    for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "MALLOC_TOP_PAD_"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "1")
+    assert system.malloc_policy() == "MALLOC_ARENA_MAX=1" and not system.keeps_freed_memory()
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "33554432")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1073741824")
+    assert system.keeps_freed_memory()

@@ -25,6 +25,7 @@ from .knobs import Knobs, forget_knob, knob, knob_names, knob_table, tunable_kno
 from .measure import TrialResult
 from .results import Comparison, ResultLog, compare
 from .runner import TrialInterrupted, run_trial
+from .system import keep_freed_memory
 
 try:
     __version__ = version("tuning-workbench")
@@ -48,5 +49,6 @@ def gather(folder: str | os.PathLike, **kwargs: Any) -> Any:
 
 __all__ = [
     "Comparison", "Knobs", "ResultLog", "TrialInterrupted", "TrialResult", "Workbench", "compare",
-    "demo", "forget_knob", "gather", "knob", "knob_names", "knob_table", "run_trial", "tunable_knobs",
+    "demo", "forget_knob", "gather", "keep_freed_memory", "knob", "knob_names", "knob_table", "run_trial",
+    "tunable_knobs",
 ]

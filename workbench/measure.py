@@ -25,7 +25,7 @@ import torch
 
 from . import compat
 from .knobs import BUILTIN_KNOBS, Knobs
-from .system import usable_cores
+from .system import malloc_policy, usable_cores
 
 STATUSES = ("ok", "oom", "error", "nan", "interrupted")
 # One colour per status (the chart's palette), so a card and a chart point agree.
@@ -284,6 +284,8 @@ def environment(device: torch.device) -> dict[str, Any]:
         "cpu_model": _cpu_name(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # e.g. AVX2, AVX512
         "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
+        # whether a step's freed memory goes back to the OS (page faults; README 'Page faults')
+        "malloc": malloc_policy(),
     }
 
 

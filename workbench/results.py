@@ -132,9 +132,20 @@ def compare(a: Trials, b: Trials, *, rounds: int | str = 0,
         noise = log.noise
     elif noise is None:
         noise = noise_of([*runs_a, *runs_b])
+    note = " ".join(filter(None, [note, allocator_note(runs_a, runs_b)]))
     return decide([r.samples_per_s or 0.0 for r in runs_a], [r.samples_per_s or 0.0 for r in runs_b], noise,
                   a_trials=[r.trial_id for r in runs_a], b_trials=[r.trial_id for r in runs_b], rounds=done,
                   note=note, margin=margin, seconds=time.perf_counter() - t0 if rounds else None)
+
+
+def allocator_note(runs_a: Sequence[TrialResult], runs_b: Sequence[TrialResult]) -> str:
+    """A sentence when the two sides ran with different malloc settings (env "malloc", e.g. one trial
+    before wb.keep_freed_memory() and one after): page faults then differ as well as the knobs."""
+    seen = {r.env.get("malloc") for r in [*runs_a, *runs_b] if r.env.get("malloc") is not None}
+    if len(seen) < 2:  # one setting, or logs from before the environment recorded it
+        return ""
+    return (f"The trials ran with different malloc settings ({', '.join(sorted(s or 'not glibc' for s in seen))}): "
+            "part of the difference may be page faults rather than the knobs (README 'Page faults').")
 
 
 def _one_round(run: Callable[[Knobs], TrialResult | None], runs_a: list[TrialResult], runs_b: list[TrialResult],
@@ -181,7 +192,8 @@ def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *,
         return decide_sequential([r.samples_per_s or 0.0 for r in pa], [r.samples_per_s or 0.0 for r in pb],
                                  before, looks=looks,
                                  margin=margin, a_trials=[r.trial_id for r in pa],
-                                 b_trials=[r.trial_id for r in pb], rounds=done, note=note,
+                                 b_trials=[r.trial_id for r in pb], rounds=done,
+                                 note=" ".join(filter(None, [note, allocator_note(pa, pb)])),
                                  seconds=time.perf_counter() - t0, max_rounds=max_rounds)
 
     if pa:

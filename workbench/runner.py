@@ -51,13 +51,12 @@ from .measure import (
 )
 from .progress import Poller, TrialProgress
 from .step import BatchSource, LossBuffer, Stage, TrainStep, seeded
+from .system import KEEP_MMAP_BYTES, MALLOC_ENV, keeps_freed_memory
 from .workload import Workload
 
 Progress = Callable[[str, int, int], None]  # (phase, steps done, steps total), called by a Poller
 NOISY = 0.10  # IQR / median above this gets a "noisy" note
 KERNEL_SHARE = 0.05  # kernel share of CPU time above this gets a "page faults" note (quiet steps: < 1%)
-# glibc's knobs for "keep freed memory": no trim of the heap top, no mmap below 32 MiB (its maximum)
-MALLOC_ENV = "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824"
 T = TypeVar("T")
 TRACE_STEPS = 3  # optimizer steps in a trace (after one profiler warm-up step)
 
@@ -411,9 +410,14 @@ def page_fault_note(share: float, per_step: float, knobs: Knobs) -> str:
         return head + "; with workers part of it is each batch's shared memory being mapped in"
     if knobs.world_size > 1:  # gloo's sockets are kernel time too
         return head + "; with several ranks part of it is the gradient exchange between the processes"
+    if keeps_freed_memory():  # what still faults: blocks above glibc's mmap ceiling, mapped fresh each time
+        return (head + f" although malloc keeps freed memory here: blocks above {KEEP_MMAP_BYTES >> 20} MiB "
+                "are still mapped afresh every step; a smaller batch, or jemalloc/tcmalloc through LD_PRELOAD, "
+                "avoids it (README 'Page faults')")
     return (head + ": freed memory went back to the OS and each step faulted it in again. Whether that "
             "happens depends on what ran before in this process, so the same knobs can read faster in "
-            "another trial or in your own loop; to avoid it in every run, start Python (or Jupyter) with "
+            "another trial or in your own loop; to avoid it from now on in this process, call "
+            "wb.keep_freed_memory(), or start Python (or Jupyter) with "
             f"{MALLOC_ENV} (glibc), see README 'Page faults'")
 
 

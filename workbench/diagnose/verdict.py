@@ -11,6 +11,8 @@ import torch
 
 from ..knobs import Knobs
 from ..measure import TrialResult
+from ..runner import KERNEL_SHARE
+from ..system import keeps_freed_memory
 from .data import DATA_WAIT_LIMIT, DataCheck
 
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
@@ -52,6 +54,35 @@ def phase_split(stages: pd.DataFrame | None) -> str | None:
         return None
     parts = ", ".join(f"{row.stage} {row.share:.0%}" for row in stages.itertuples())
     return f"the profiled step splits into {parts} (eager, profiler ranges)"
+
+
+def data_evidence(data: DataCheck) -> list[str]:
+    """What the data check measured, in words, plus the baseline's page-fault cost when it had one."""
+    evidence: list[str] = []
+    wait = data.data_wait_share or 0.0
+    if data.comparison is not None:
+        c = data.comparison
+        how = f"{c.verdict}, {c.rounds} alternating rounds" if c.rounds else f"{c.verdict}, one pair of trials"
+        evidence.append(f"one cached batch runs at {c.speedup:.2f}x the real loader ({how})")
+    evidence.append(f"data wait is {wait:.0%} of the step (rule: under {DATA_WAIT_LIMIT:.0%}; data-bound needs "
+                    "that or a cached-batch speedup confirmed in rounds)")
+    if data.loader_headroom is not None:
+        evidence.append(f"the loader alone delivers {data.loader_samples_per_s:,.0f} samples/s = "
+                        f"{data.loader_headroom:.2f}x what the step can consume")
+    faulting = page_fault_evidence(data.baseline)
+    return [*evidence, faulting] if faulting else evidence
+
+
+def page_fault_evidence(base: TrialResult) -> str | None:
+    """A line when the baseline's window spent a real share of its CPU time in the kernel faulting
+    memory in (runner.KERNEL_SHARE): a cost on top of whichever bottleneck the tree finds."""
+    share, per_step = base.extra.get("kernel_share"), base.extra.get("page_faults_per_step")
+    if share is None or per_step is None or share <= KERNEL_SHARE or not per_step:
+        return None
+    line = f"the kernel took {share:.0%} of the CPU time ({per_step:,.0f} page faults per step)"
+    if base.knobs.num_workers or base.knobs.world_size > 1 or keeps_freed_memory():
+        return line + " (see the trial's notes)"
+    return line + ": freed memory is faulted in again each step; wb.keep_freed_memory() removes that in this kernel"
 
 
 def _data_fix(knobs: Knobs, threads: dict[str, Any], base: TrialResult, device: torch.device,
@@ -100,17 +131,7 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
                        tuple(compile_info["fallback"][:3]), {"compile": "off"},
                        "a partly compiled model pays the compile time without the speed; run eager or fix the failing op")
 
-    evidence: list[str] = []
-    wait = data.data_wait_share or 0.0
-    if data.comparison is not None:
-        c = data.comparison
-        how = f"{c.verdict}, {c.rounds} alternating rounds" if c.rounds else f"{c.verdict}, one pair of trials"
-        evidence.append(f"one cached batch runs at {c.speedup:.2f}x the real loader ({how})")
-    evidence.append(f"data wait is {wait:.0%} of the step (rule: under {DATA_WAIT_LIMIT:.0%}; data-bound needs "
-                    "that or a cached-batch speedup confirmed in rounds)")
-    if data.loader_headroom is not None:
-        evidence.append(f"the loader alone delivers {data.loader_samples_per_s:,.0f} samples/s = "
-                        f"{data.loader_headroom:.2f}x what the step can consume")
+    evidence = data_evidence(data)
 
     if data.data_bound:
         change, why = _data_fix(knobs, threads, base, device, cores)
