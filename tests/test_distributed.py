@@ -271,17 +271,22 @@ def test_cli_joins_a_torchrun_job_of_two_simulated_nodes(tmp_path) -> None:
 @pytest.mark.slow
 def test_ctrl_c_stops_every_rank_records_and_reraises(tmp_path) -> None:
     import _thread
+    import signal
     import threading
 
     FAULT.update(kind="hang", at=3)
     bench = make_bench(tmp_path, collective_timeout_s=60.0)
     rss = psutil.Process().memory_info().rss
+    # a shell's background job inherits SIGINT ignored, and interrupt_main() then does nothing
+    # (`make test &` failed so); a kernel, and this test, want Ctrl-C
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(3.0, _thread.interrupt_main).start()  # Ctrl-C in the caller's (main) thread
     try:
         with pytest.raises(wb.TrialInterrupted) as info:
             bench.run(world_size=2)
     finally:
         FAULT["kind"] = None
+        signal.signal(signal.SIGINT, previous)
     assert info.value.result.status == "interrupted" and "all 2 ranks ended" in info.value.result.message
     assert bench.trials[-1].status == "interrupted"  # recorded before re-raising
     assert no_children()
