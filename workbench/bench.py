@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures
+import copy
+import dataclasses
 import os
 import sys
 import threading
@@ -21,6 +23,7 @@ from .progress import TrialProgress, search, shown
 from .results import Comparison, ResultLog, compare, safe_file_name
 from .runner import Progress, TrialInterrupted, check_knobs, run_trial, submit_trial
 from .stats import MARGIN, Noise
+from .stepshape import StepShape, is_demo_source, is_import_path, shape_of
 from .workload import StepFn, Workload, move_to
 
 DEFAULT_LOG_DIR = "workbench-runs"
@@ -127,6 +130,7 @@ class Workbench:
                 "or step_fn so that one batch gives a scalar loss"
             ) from e
         wl.check_optimizer(model)
+        self.step_shape: StepShape = shape_of(batch, has_loss_fn=wl.loss_fn is not None, step_fn=wl.step_fn, spec=wl.spec)
 
     # ---- the public surface ----------------------------------------------------------------
     @property
@@ -179,10 +183,10 @@ class Workbench:
                 result = _wait(future)
                 if not result.ok:  # the bar ends in the trial's status, not the runner's "done"
                     state.set(result.status, state.done, state.total)
-                return self.log.append(result)
+                return self._record(result)
             except TrialInterrupted as e:  # KeyboardInterrupt raised inside the trial (a callback)
                 state.set("interrupted", state.done, state.total)
-                e.result = self.log.append(e.result)
+                e.result = self._record(e.result)
                 raise
             except KeyboardInterrupt:  # Ctrl-C in this thread: stop at the next step boundary
                 stop.set()
@@ -191,9 +195,39 @@ class Workbench:
                 except TrialInterrupted as e:
                     result = e.result
                 except KeyboardInterrupt:  # a second Ctrl-C: record the trial whenever it ends
-                    future.add_done_callback(lambda f: self.log.append(_outcome(f)))
+                    future.add_done_callback(lambda f: self._record(_outcome(f)))
                     raise
-                raise TrialInterrupted(self.log.append(result)) from None
+                raise TrialInterrupted(self._record(result)) from None
+
+    def came_from(self, source: str) -> None:
+        """Record where this workbench's objects can be rebuilt: "pkg.module:factory" (the CLI's
+        --model) or "demo:NAME:SIZE". Its `to_code()` scripts then rebuild them and run as they are."""
+        if not (is_import_path(source) or is_demo_source(source)):
+            raise ValueError(f"source must be 'pkg.module:factory' or 'demo:NAME:SIZE', got {source!r}")
+        self.step_shape = dataclasses.replace(self.step_shape, factory=source)
+
+    def _record(self, result: TrialResult) -> TrialResult:
+        """Append a finished trial to the log, stamped with the step it ran (for its `to_code()`)."""
+        result.extra.setdefault("step", self.step_shape.to_record())
+        return self.log.append(result)
+
+    def to_code(self, trial: int | TrialResult | Knobs | None = None, **kwargs: Any) -> str:
+        """The training script of a trial (id or result), a Knobs value, or (None) the best trial so
+        far: the step this workbench measured (its batch format, loss and sampling), the knobs' code,
+        seeded like the trials. None takes the fastest finished trial. Keywords go to `knobs_to_code` (steps, warmup, model=..., setup=...)."""
+        from .codegen import knobs_to_code
+
+        if trial is None:  # the fastest trial that finished, else the defaults
+            done = [t for t in self.log.trials if t.ok and t.samples_per_s]
+            trial = max(done, key=lambda t: t.samples_per_s) if done else self.defaults
+        if isinstance(trial, int) and not isinstance(trial, bool):
+            trial = self.log.get(trial)
+        if isinstance(trial, TrialResult):
+            trial = trial.knobs
+        if not isinstance(trial, Knobs):
+            raise TypeError(f"to_code takes a trial id, a TrialResult or a Knobs value, got {type(trial).__name__}")
+        kwargs.setdefault("seed", self.workload.seed)
+        return knobs_to_code(trial, shape=self.step_shape, **kwargs)
 
     @property
     def trials(self) -> list[TrialResult]:
@@ -316,6 +350,54 @@ class Workbench:
         wl = self.workload
         return (f"<Workbench {self.name!r} on {wl.device} | {wl.num_parameters:,} parameters | "
                 f"{len(self.log.trials)} trials | log: {self.log.path}>")
+
+
+def load_factory(spec: str) -> Any:
+    """`pkg.module:factory` -> factory() (a Workbench or a dict of its arguments): the module is
+    imported, the current directory on the path (the CLI's --model, and scripts from `load_parts`)."""
+    import importlib
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr.isidentifier():
+        raise ValueError(f"--model takes PKG.MODULE:FACTORY, e.g. mytrain.bench:make, got {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"--model {spec}: cannot import {module_name!r} ({e}); run from the directory that "
+                         "holds it or put it on PYTHONPATH") from e
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"--model {spec}: {module_name} has no function {attr!r}")
+    return factory()
+
+
+def load_parts(source: str) -> dict[str, Any]:
+    """The objects of a workbench rebuilt from where it came from, for an exported script.
+
+    `source` is "demo:NAME:SIZE" (a built-in demo) or "pkg.module:factory" (the CLI's --model).
+    Keys: model (a copy of the weights the trials start from), dataset, loss_fn, step_fn,
+    make_optimizer, collate_fn, sampler (None where the workbench has none).
+    """
+    if is_demo_source(source):
+        from .demos import demo
+
+        _, name, size = source.split(":")
+        bench = demo(name, size=size, log=None)
+    elif is_import_path(source):
+        made = load_factory(source)
+        bench = made if isinstance(made, Workbench) else Workbench(**{**made, "log": None}) \
+            if isinstance(made, dict) else None
+        if bench is None:
+            raise TypeError(f"{source}: the factory returned {type(made).__name__}; return a workbench.Workbench "
+                            "or a dict of its arguments (model, data, loss_fn, ...)")
+    else:
+        raise ValueError(f"source must be 'pkg.module:factory' or 'demo:NAME:SIZE', got {source!r}")
+    wl = bench.workload
+    return {"model": copy.deepcopy(wl.pristine), "dataset": wl.spec.dataset, "loss_fn": wl.loss_fn,
+            "step_fn": wl.step_fn, "make_optimizer": wl.optimizer_factory, "collate_fn": wl.spec.collate_fn,
+            "sampler": wl.spec.sampler}
 
 
 NOTEBOOK_INSTALL = 'pip install "tuning-workbench[notebook]"'

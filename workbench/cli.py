@@ -174,26 +174,6 @@ def document(command: str, *, result: Any = None, error: str | None = None, exit
             "exit_code": exit_code, "error": error, "result": jsonable(result)}
 
 
-def load_factory(spec: str) -> Any:
-    """`pkg.module:factory` -> factory(): the module is imported (the current directory is on the path)."""
-    import importlib
-
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr.isidentifier():
-        raise ValueError(f"--model takes PKG.MODULE:FACTORY, e.g. mytrain.bench:make, got {spec!r}")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"--model {spec}: cannot import {module_name!r} ({e}); run from the directory that "
-                         "holds it or put it on PYTHONPATH") from e
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ValueError(f"--model {spec}: {module_name} has no function {attr!r}")
-    return factory()
-
-
 def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
     """The Workbench a CLI verb works on: a demo, or the user's factory (`--model`).
 
@@ -201,7 +181,7 @@ def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
     job writes the log.
     """
     from . import demo
-    from .bench import Workbench
+    from .bench import Workbench, load_factory
 
     given = {"device": args.device, "steps": args.steps, "warmup_steps": args.warmup_steps}
     given = {k: v for k, v in given.items() if v is not None}
@@ -214,13 +194,16 @@ def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
         kwargs = {**made, **given}
         if args.log is not None or rank != 0 or "log" not in made:
             kwargs["log"] = log
-        return Workbench(**kwargs)
+        made = Workbench(**kwargs)
+        made.came_from(args.model)  # its to_code() script rebuilds the objects from the factory
+        return made
     if not isinstance(made, Workbench):
         raise TypeError(f"--model {args.model}: the factory returned {type(made).__name__}; return a "
                         "workbench.Workbench or a dict of its arguments (model, data, loss_fn, ...)")
     if "device" in given and str(made.device) != given["device"]:
         raise ValueError(f"--device {given['device']} differs from the factory's Workbench ({made.device}): "
                          "set the device in the factory, or return a dict so the CLI builds the Workbench")
+    made.came_from(args.model)
     made.steps = given.get("steps", made.steps)
     made.warmup_steps = given.get("warmup_steps", made.warmup_steps)
     if rank != 0 or args.log is not None:

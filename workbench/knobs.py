@@ -32,7 +32,7 @@ CODE_SECTIONS = ("header", "imports", "functions", "setup", "loader_args", "mode
                  "ddp_model", "shard", "wrap", "scaler", "batch", "forward", "before_step")
 # header: comment lines; loader_args: DataLoader keywords; wrap: expressions around "{inner}" (the model
 # the step calls: torch.compile); scaler: lines creating `scaler` (loss scaling: backward and step go
-# through it); batch: lines run on `inputs` after the device move
+# through it); batch: lines run on `batch` after the device move (codegen's each_tensor maps every tensor)
 # shard: lines that shard the model with FSDP2 (strategy="fsdp2"), in place of the DDP wrapper
 COMM_HOOKS = ("none", "fp16", "bf16")
 STRATEGIES = ("ddp", "fsdp2")
@@ -326,8 +326,8 @@ def _channels_last_code(k: Knobs) -> dict[str, list[str]]:
     if not k.channels_last:
         return {}
     return {"model": ["{model} = {model}.to(memory_format=torch.channels_last)  # NHWC for convolutions"],
-            "batch": ["inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 and "
-                      "x.is_floating_point() else x for x in inputs]"]}
+            "batch": ["batch = each_tensor(lambda t: t.contiguous(memory_format=torch.channels_last) "
+                      "if t.dim() == 4 and t.is_floating_point() else t, batch)  # NHWC 4-D inputs"]}
 
 
 CHECKPOINT_HELPER = "\n".join([

@@ -412,7 +412,11 @@ class TrialResult:
         return "".join(parts)
 
     def to_code(self, **kwargs: Any) -> str:
-        """Plain-PyTorch code reproducing this trial's knobs (see `Knobs.to_code`)."""
+        """Plain-PyTorch code reproducing this trial: its knobs, and the step it ran (batch format,
+        loss, sampling: stamped by the Workbench that logged it; see `knobs_to_code`)."""
+        from .stepshape import StepShape
+
+        kwargs.setdefault("shape", StepShape.from_record(self.extra.get("step")))
         return self.knobs.to_code(**kwargs)
 
     def to_record(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from .knobs import Knobs, tunable_knobs
 from .measure import TrialResult, fmt_bytes
 from .results import compare
 from .stats import Comparison
+from .stepshape import StepShape
 
 STAGES = ("data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
 BATCH_GROWTH_LIMIT = 0.8  # never try a batch whose predicted peak exceeds this share of free memory
@@ -200,7 +201,9 @@ class TuneResult:
         return self.best.samples_per_s / self.start.samples_per_s
 
     def to_code(self, **kwargs: Any) -> str:
-        """The tuned training loop (Knobs.to_code of the best knobs)."""
+        """The tuned training loop: the best knobs, on the step the trials measured (TrialResult.to_code)."""
+        trial = self.best if self.best is not None and self.best.knobs == self.best_knobs else self.start
+        kwargs.setdefault("shape", StepShape.from_record(trial.extra.get("step")))
         return self.best_knobs.to_code(**kwargs)
 
     def _head(self) -> str:
