@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         if cmd == "run":
             p.add_argument("--trace", action="store_true",
                            help="profile 3 steps after the measured window into a Chrome-trace JSON next to the log")
+            p.add_argument("--code", metavar="FILE", default=None,
+                           help="also write the trial's plain-PyTorch training script to FILE (runs as it is "
+                                "with --demo or --model)")
         if cmd == "tune":
             p.add_argument("--budget", type=int, default=None,
                            help="maximum number of trials (default 24 without --budget-s, else no cap)")
@@ -283,6 +286,9 @@ def _run(args: argparse.Namespace, as_json: bool = False, rank: int = 0) -> Any:
         if args.command == "run":
             result = bench.run(progress=progress, trace=args.trace, **changes)
             code = 0 if result.ok else 1
+            if args.code and rank == 0:  # the step that ran, for these knobs (Workbench.to_code)
+                with open(args.code, "w") as f:
+                    f.write(bench.to_code(result))
             if rank != 0:
                 if not result.ok:
                     print(f"rank {rank}: {result.message}", file=sys.stderr)
