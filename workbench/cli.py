@@ -184,7 +184,8 @@ def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
     job writes the log.
     """
     from . import demo
-    from .bench import Workbench, load_factory
+    from .bench import Workbench
+    from .rebuild import load_factory
 
     given = {"device": args.device, "steps": args.steps, "warmup_steps": args.warmup_steps}
     given = {k: v for k, v in given.items() if v is not None}

@@ -213,7 +213,7 @@ def factory_lines(p: Program, names: dict[str, str]) -> list[str]:
     keys = {p.model: "model", p.dataset: "dataset", p.loss_fn: "loss_fn", p.step_fn: "step_fn",
             p.optimizer: "make_optimizer", "collate_fn": "collate_fn", "sampler": "sampler"}
     out = ["", f"# ---- the objects, rebuilt from {source!r} as the workbench built them ----",
-           "from workbench.bench import load_parts", "",
+           "from workbench.rebuild import load_parts", "",
            f"parts = load_parts({source!r})  # model, dataset, loss_fn, step_fn, make_optimizer, collate_fn, sampler"]
     return out + [f"{name} = parts[{keys[name]!r}]" for name in names]
 
