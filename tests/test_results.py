@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 import workbench as wb
 from workbench.measure import TrialResult
-from workbench.results import ResultLog, _sides, compare
+from workbench.results import ResultLog, compare
+from workbench.table import _sides
 
 
 def fake(times, status="ok", batch=10, **knobs) -> TrialResult:

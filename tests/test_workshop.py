@@ -86,9 +86,9 @@ def test_two_logs_on_one_file_number_after_each_other(tmp_path):
 
 def test_without_os_locks_a_partial_line_is_skipped_not_cut(tmp_path, monkeypatch):
     """Off POSIX (no fcntl) an unterminated last line may be another process mid-write: leave it."""
-    import workbench.results as results
+    import workbench.resultlog as resultlog
 
-    monkeypatch.setattr(results, "_LOCKS", False)
+    monkeypatch.setattr(resultlog, "_LOCKS", False)
     path = tmp_path / "shared.jsonl"
     ResultLog(path).append(fake(0.01))
     fragment = path.read_text().splitlines()[0][:40]
