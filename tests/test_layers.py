@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 CORE = ("knobs", "workload", "step", "runner", "measure", "resultlog", "records", "table", "comparison", "apply",
         "progress", "compat", "stats", "system", "trace", "codegen", "protocol", "stepshape")
 ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
-              "display", "rebuild", "results", "rounds")
+              "display", "rebuild", "results", "rounds", "learners")
 MAX_FUNCTION_LINES = 80  # a function a newcomer reads in one screen
 
 

@@ -276,16 +276,6 @@ def test_three_learner_processes_write_one_folder_concurrently(tmp_path):
 
 
 
-def test_learner_session_runs_the_prescribed_trials_into_the_shared_folder(tmp_path):
-    from workbench.workshop import TRIALS, learner_session
-
-    bench = learner_session(tmp_path, "ana", demo="jpeg", size="tiny", steps=2, warmup_steps=0)
-    assert bench.log.path == tmp_path / "ana" / "demo-jpeg.jsonl"
-    assert [r.knobs for r in bench.trials] == [bench.knobs(**k) for k in TRIALS]
-    ws = gather(tmp_path)
-    assert ws.participants == ["ana"] and len(ws.summary()) == len(TRIALS) - 1
-
-
 # ---- the shared folder is a boundary: hostile files never take the instructor down ---------------
 SECRET = "TOPSECRET-do-not-echo"
 
