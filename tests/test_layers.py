@@ -91,12 +91,43 @@ def test_the_layer_check_catches_a_violation(tmp_path, monkeypatch):
     assert ("workbench.panel", ["Panel"]) in [(m, n) for m, n, _ in imports(target)]
 
 
-@pytest.mark.parametrize("name", ["scaling", "fit"])
+FACES = ("scaling", "fit", "tune", "panel", "diagnose")  # every face that takes a workbench
+
+
+def face_files(name: str) -> list[Path]:
+    return [PACKAGE / f"{name}.py"] if (PACKAGE / f"{name}.py").exists() else sorted((PACKAGE / name).rglob("*.py"))
+
+
+def untyped_benches(path: Path) -> list[str]:
+    """Every parameter named `bench` in the file whose annotation is not `Bench` (missing, Any, Workbench)."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                note = arg.annotation
+                text = note.value if isinstance(note, ast.Constant) else ast.unparse(note) if note else None
+                if arg.arg == "bench" and text != "Bench":
+                    bad.append(f"{path.name}:{node.lineno} {node.name}(bench: {text})")
+    return bad
+
+
+@pytest.mark.parametrize("name", FACES)
 def test_faces_type_the_workbench_as_the_protocol(name):
-    """A face that takes a workbench imports `protocol.Bench`, never `bench.Workbench`."""
-    found = [(mod, names) for mod, names, _ in imports(PACKAGE / f"{name}.py")]
+    """A face that takes a workbench types it `protocol.Bench`, and never imports `bench.Workbench`."""
+    paths = face_files(name)
+    found = [(mod, names) for p in paths for mod, names, _ in imports(p)]
     assert ("workbench.protocol", ["Bench"]) in found
     assert not any(mod == "workbench.bench" for mod, _ in found)
+    bad = [b for p in paths for b in untyped_benches(p)]
+    assert not bad, bad
+
+
+def test_the_face_check_catches_an_untyped_workbench(tmp_path):
+    """The check above fails on `bench: Any`, `bench: Workbench` and a bare `bench`."""
+    path = tmp_path / "face.py"
+    path.write_text("def a(bench: Any): ...\ndef b(bench: 'Workbench'): ...\ndef c(x, bench): ...\n"
+                    "def d(bench: Bench): ...\ndef e(bench: 'Bench'): ...\n")
+    assert untyped_benches(path) == ["face.py:1 a(bench: Any)", "face.py:2 b(bench: Workbench)", "face.py:3 c(bench: None)"]
 
 
 def test_the_workbench_satisfies_the_protocol(make_bench):
