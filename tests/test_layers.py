@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,14 +82,19 @@ def test_no_private_name_crosses_a_module():
 
 
 def test_the_layer_check_catches_a_violation(tmp_path, monkeypatch):
-    """The parser resolves relative imports, so a lazy `from .panel import Panel` in the core is seen."""
-    fake = PACKAGE / "knobs.py"
+    """The parser resolves relative imports, so a lazy `from .panel import Panel` in the core is seen,
+    and the layer check itself fails on it (run on a copy of the package with the import injected)."""
+    fake = PACKAGE / "stats.py"
     text = fake.read_text() + "\n\ndef _leak():\n    from .panel import Panel\n    return Panel\n"
-    target = tmp_path / "workbench" / "knobs.py"
+    target = tmp_path / "workbench" / "stats.py"
     target.parent.mkdir()
     target.write_text(text)
-    monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "workbench")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "workbench")
     assert ("workbench.panel", ["Panel"]) in [(m, n) for m, n, _ in imports(target)]
+    with pytest.raises(AssertionError, match=r"stats\.py:\d+ imports workbench\.panel"):
+        test_core_imports_nothing_above_it("stats")
+    target.write_text(fake.read_text())  # the same file without the injected import passes
+    test_core_imports_nothing_above_it("stats")
 
 
 FACES = ("scaling", "fit", "tune", "panel", "diagnose")  # every face that takes a workbench
