@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 # codegen renders the core's step as text (Knobs.to_code): it sits with the core and imports nothing above it
-CORE = ("knobs", "workload", "step", "runner", "measure", "results", "apply", "progress", "compat", "stats", "system",
+CORE = ("knobs", "workload", "step", "runner", "measure", "results", "progress", "compat", "stats", "system",
         "trace", "codegen", "protocol", "stepshape")
 ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
               "display", "rebuild")
@@ -45,11 +45,16 @@ def files() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
+def core_files(name: str) -> list[Path]:
+    """A core module's file, or every file of a core package (knobs/)."""
+    folder = PACKAGE / name
+    return sorted(folder.glob("*.py")) if folder.is_dir() else [PACKAGE / f"{name}.py"]
+
+
 @pytest.mark.parametrize("name", CORE)
 def test_core_imports_nothing_above_it(name):
-    path = PACKAGE / f"{name}.py"
     bad = []
-    for mod, names, line in imports(path):
+    for path, (mod, names, line) in [(p, i) for p in core_files(name) for i in imports(p)]:
         targets = [mod] + [f"{mod}.{n}" for n in names] if mod == "workbench" else [mod]
         for t in targets:
             if any(t == f"workbench.{a}" or t.startswith(f"workbench.{a}.") for a in ABOVE_CORE):
@@ -80,10 +85,10 @@ def test_no_private_name_crosses_a_module():
 
 def test_the_layer_check_catches_a_violation(tmp_path, monkeypatch):
     """The parser resolves relative imports, so a lazy `from .panel import Panel` in the core is seen."""
-    fake = PACKAGE / "knobs.py"
-    text = fake.read_text() + "\n\ndef _leak():\n    from .panel import Panel\n    return Panel\n"
-    target = tmp_path / "workbench" / "knobs.py"
-    target.parent.mkdir()
+    fake = PACKAGE / "knobs" / "spec.py"
+    text = fake.read_text() + "\n\ndef _leak():\n    from ..panel import Panel\n    return Panel\n"
+    target = tmp_path / "workbench" / "knobs" / "spec.py"
+    target.parent.mkdir(parents=True)
     target.write_text(text)
     monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "workbench")
     assert ("workbench.panel", ["Panel"]) in [(m, n) for m, n, _ in imports(target)]

@@ -24,8 +24,9 @@ from __future__ import annotations
 import textwrap
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
-from .knobs import Knobs, code_sections
+from .knobs.spec import code_sections  # the declarations' code hooks; Knobs.to_code imports this module
 from .stepshape import StepShape, is_demo_source, is_import_path
 
 
@@ -35,7 +36,7 @@ def _identifier(name: str, what: str) -> str:
     return name
 
 
-def torchrun_command(knobs: Knobs, script: str | None = None, *, nnodes: int = 1) -> str:
+def torchrun_command(knobs: Any, script: str | None = None, *, nnodes: int = 1) -> str:
     """The torchrun line for the DDP (or FSDP2) script: `world_size` processes on one node (standalone
     rendezvous), or per node of `nnodes` with a c10d rendezvous at HOST:29500."""
     script = script or f"train_{knobs.strategy}.py"
@@ -50,7 +51,7 @@ def torchrun_command(knobs: Knobs, script: str | None = None, *, nnodes: int = 1
 class Program:
     """What every section needs: the knobs, their code sections, the step's shape, the user's names."""
 
-    k: Knobs
+    k: Any  # a Knobs value (not imported: knobs imports this module for Knobs.to_code)
     extra: dict[str, list[str]]
     shape: StepShape
     model: str
@@ -84,7 +85,7 @@ class Program:
         return {"loss_fn": self.loss_fn, "step_fn": self.step_fn}.get(self.shape.loss, "")
 
 
-def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset", loss_fn: str = "loss_fn",
+def knobs_to_code(knobs: Any, *, model: str = "model", dataset: str = "dataset", loss_fn: str = "loss_fn",
                   step_fn: str = "step_fn", optimizer: str = "make_optimizer", steps: int = 100,
                   shuffle: bool | None = None, drop_last: bool | None = None, seed: int | None = None,
                   warmup: int = 5, setup: str | None = None, shape: StepShape | None = None) -> str:
@@ -101,7 +102,7 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     it needs there and stops, naming each missing one, when run without them. A step the script
     cannot carry over (a lambda or closure `step_fn`) is said at its top and warned about.
     """
-    if not isinstance(knobs, Knobs):
+    if type(knobs).__name__ != "Knobs" or not callable(getattr(knobs, "to_dict", None)):
         raise TypeError(f"knobs_to_code takes a Knobs value, got {type(knobs).__name__}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
@@ -331,7 +332,7 @@ def forward(p: Program) -> tuple[list[str], str]:
 def micro_batch(p: Program) -> list[str]:
     """One micro-batch: device move, the batch code, forward + loss under the forward contexts,
     backward (through the scaler), inside no_sync on all but the last micro-batch under DDP."""
-    move = ", non_blocking=True" if p.k.pin_memory else ""
+    move = "".join(f", {arg}" for arg in p.extra["move_args"])  # e.g. pin_memory's non_blocking
     before, compute_loss = forward(p)
     body = [f"batch = each_tensor(lambda t: t.to(device{move}), batch)",
             "seen += samples_in(batch)"] + p.extra["batch"] + before
@@ -342,7 +343,7 @@ def micro_batch(p: Program) -> list[str]:
                    if p.accum > 1 else "loss.backward()")
     if p.fsdp and p.accum > 1:  # FSDP2's no_sync: no reduce-scatter until the last micro-batch
         return [*body, f"{p.model}.set_requires_gradient_sync((micro + 1) % accum_steps == 0)", *compute]
-    if p.ddp and p.k.ddp_no_sync and p.accum > 1:
+    if p.ddp and p.extra["no_sync"] and p.accum > 1:  # ddp_no_sync's code hook
         return body + ["last_micro = (micro + 1) % accum_steps == 0",
                        "# no all-reduce until the last micro-batch of the optimizer step",
                        "with contextlib.nullcontext() if last_micro else ddp_model.no_sync():"] + [
