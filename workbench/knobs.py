@@ -51,7 +51,7 @@ class Fuzz:
 
 @dataclass(frozen=True)
 class KnobSpec:
-    """Everything about one knob, declared once. The panel, the CLI, the fuzz test, the README
+    """Everything about one knob, declared once. The panel, the CLI, the fuzz test, docs/knobs.md's
     table, validation, the step and the generated code all read it from here.
 
     Hooks (all optional; each receives the knob's value, or the whole Knobs where it says so):
@@ -68,7 +68,7 @@ class KnobSpec:
 
     default: Any
     kind: str  # "int" | "float" | "bool" | "choice" | "blocks"
-    help: str  # one line: what it does (panel tooltip, CLI help, README table)
+    help: str  # one line: what it does (panel tooltip, CLI help, docs/knobs.md)
     group: str  # one of GROUPS
     widget: str  # "int" | "slider" | "checkbox" | "dropdown" | "blocks"
     fuzz: Fuzz
@@ -961,7 +961,7 @@ def code_sections(knobs: Knobs) -> dict[str, list[str]]:
 
 
 def knob_table() -> str:
-    """The README's knob table (Markdown), generated from the declarations."""
+    """The knob table (Markdown) generated from the declarations: docs/knobs.md holds the built-in ones (make docs)."""
     rows = ["| knob | default | values | what it does |", "| --- | --- | --- | --- |"]
     for name, s in KNOBS.items():
         if s.kind == "choice":
