@@ -314,7 +314,11 @@ def test_quickstart_panel_in_a_real_browser(lab, browser, tmp_path) -> None:
         change_to_running_s = (w["running"] - t_change) / 1e3
         end_to_mark_s = (w["mark"] - w["done"]) / 1e3
         if SCREENSHOT:  # a finished trial started from the page: what a reader sees after a change
+            page.set_viewport_size({"width": 1400, "height": 3400})  # the whole panel, not what one screen shows
+            page.wait_for_timeout(500)
+            panel.scroll_into_view_if_needed()
             panel.screenshot(path=SCREENSHOT)
+            page.set_viewport_size({"width": 1400, "height": 2000})
             assert Path(SCREENSHOT).stat().st_size > 10_000
 
         # ---- Stop during a run: recorded as interrupted -------------------------------------
