@@ -41,6 +41,7 @@ docs: env
 
 # docs/panel.png: the quickstart notebook's panel, taken by the real-browser test (needs /usr/bin/chromium).
 screenshots: env
+	@test -x /usr/bin/chromium || { echo "make screenshots needs /usr/bin/chromium (apt-get install -y chromium)"; exit 1; }
 	WORKBENCH_SCREENSHOT=$(CURDIR)/docs/panel.png $(BIN)/pytest tests/test_browser.py -k quickstart_panel -p no:cacheprovider -q
 
 clean:
