@@ -255,7 +255,7 @@ def grouped() -> dict[str, list[str]]:
 
 
 def knob_table() -> str:
-    """The knob table (Markdown), generated from the declarations."""
+    """The knob table (Markdown) generated from the declarations: docs/knobs.md holds the built-in ones (make docs)."""
     rows = ["| knob | default | values | what it does |", "| --- | --- | --- | --- |"]
     for name, s in KNOBS.items():
         if s.kind == "choice":
