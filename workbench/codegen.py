@@ -295,7 +295,7 @@ def model_and_optimizer(p: Program) -> list[str]:
     m, out = p.model, ["", f"{p.model} = {p.model}.to(device)"]
     out += p.extra["model"]
     wrapped = m
-    out += p.extra["shard"]  # FSDP2: fully_shard in place (the optimizer below sees the sharded parameters)
+    out += fsdp(p)  # FSDP2: fully_shard in place (the optimizer below sees the sharded parameters)
     if p.ddp and not p.fsdp:
         out += ["# all-reduces gradients in buckets during backward", "ddp_model = DDP(", f"    {m},",
                 '    device_ids=[local_rank] if device.type == "cuda" else None,']
@@ -316,6 +316,24 @@ def model_and_optimizer(p: Program) -> list[str]:
         out.append(f"accum_steps = {p.accum}  # global batch = {p.k.batch_size} x {p.accum}{ranks} = "
                    f"{p.k.batch_size * p.accum * p.k.world_size}")
     return out
+
+
+def fsdp(p: Program) -> list[str]:
+    """FSDP2's section: fully_shard per shard unit (deepest first), then the root, with the fsdp_*
+    knobs' pieces; checkpoint wrappers (the model section) are already on the blocks."""
+    if not p.fsdp:
+        return []
+    x = p.extra
+    return ["# FSDP2: each shard unit gathers its parameters for its forward/backward and frees them after",
+            f"units = {x['fsdp_units'][0]}",
+            f"fsdp_options = dict({', '.join(x['fsdp_options'])}, mp_policy=MixedPrecisionPolicy({', '.join(x['fsdp_mp'])}))",
+            *x["fsdp_before"],
+            f"for unit in sorted(units, key=lambda u: -len(next(n for n, m in {p.model}.named_modules() if m is u)"
+            ".split('.'))):",
+            "    fully_shard(unit, **fsdp_options)  # deepest first: a unit inside another is sharded before it",
+            "# the root: every parameter left over; None = FSDP2 keeps a root's parameters for backward",
+            f'fully_shard({p.model}, **{{**fsdp_options, "reshard_after_forward": None}})',
+            *x["fsdp_after"]]
 
 
 def forward(p: Program) -> tuple[list[str], str]:

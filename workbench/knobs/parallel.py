@@ -173,35 +173,49 @@ def offload_note(value: bool, ctx: Context) -> str | None:
 
 
 def fsdp_code(k: Any) -> dict[str, list[str]]:
-    """The generated script's FSDP2 section: checkpoint wrappers (model section) come first, then
-    fully_shard per shard unit (deepest first), then the root, then the prefetch lists."""
+    """strategy='fsdp2': the imports and the default shard units (bench.blocks' rule, as a function)."""
     if k.world_size == 1 or k.strategy != "fsdp2":
         return {}
     from ..workload import blocks_of
 
-    mp = (f"MixedPrecisionPolicy(param_dtype={FSDP_TORCH_DTYPE[k.fsdp_param_dtype]}, "
-          f"reduce_dtype={FSDP_TORCH_DTYPE[k.fsdp_reduce_dtype]})")
-    units = (f"[{{model}}.get_submodule(n) for n in {list(k.fsdp_shard)!r}]" if k.fsdp_shard else
-             "[{model}.get_submodule(n) for n in blocks_of({model})]  # the blocks bench.blocks finds")
-    lines = ["# FSDP2: each shard unit gathers its parameters for its forward/backward and frees them after",
-             f"units = {units}",
-             f"fsdp_options = dict(reshard_after_forward={k.fsdp_reshard_after_forward}, mp_policy={mp})"]
-    if k.fsdp_cpu_offload:
-        lines += ['if device.type == "cuda":  # offload parameters, gradients and optimizer state to the CPU',
-                  '    fsdp_options["offload_policy"] = CPUOffloadPolicy()']
-    lines += ["for unit in sorted(units, key=lambda u: -len(next(n for n, m in {model}.named_modules() if m is u)"
-              ".split('.'))):",
-              "    fully_shard(unit, **fsdp_options)  # deepest first: a unit inside another is sharded before it",
-              "# the root: every parameter left over; None = FSDP2 keeps a root's parameters for backward",
-              'fully_shard({model}, **{**fsdp_options, "reshard_after_forward": None})']
-    if k.fsdp_prefetch is not None:
-        n = k.fsdp_prefetch
-        lines += [f"for i, unit in enumerate(units):  # prefetch {n} unit(s) ahead in forward and in backward",
-                  f"    unit.set_modules_to_forward_prefetch(units[i + 1:i + 1 + {n}])",
-                  f"    unit.set_modules_to_backward_prefetch(units[max(0, i - {n}):i][::-1])"]
-    imports = ["from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard"]
-    if k.fsdp_cpu_offload:
-        imports.append("from torch.distributed.fsdp import CPUOffloadPolicy")
+    out = {"imports": ["from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard"]}
     if not k.fsdp_shard:
-        imports.append("from torch import nn  # blocks_of")
-    return {"imports": imports, "functions": [] if k.fsdp_shard else [function_source(blocks_of)], "shard": lines}
+        out["imports"].append("from torch import nn  # blocks_of")
+        out["functions"] = [function_source(blocks_of)]
+    return out
+
+
+def fsdp_piece(name: str, section: str, render: Callable[[Any], str | None]) -> Callable[[Any], dict[str, list[str]]]:
+    """The code hook of one fsdp_* knob: its piece of the FSDP2 section (codegen lays the section out)."""
+
+    def code(k: Any) -> dict[str, list[str]]:
+        if k.world_size == 1 or k.strategy != "fsdp2":
+            return {}
+        text = render(getattr(k, name))
+        return {section: [text]} if text else {}
+
+    return code
+
+
+RESHARD_CODE = fsdp_piece("fsdp_reshard_after_forward", "fsdp_options", lambda v: f"reshard_after_forward={v}")
+PARAM_DTYPE_CODE = fsdp_piece("fsdp_param_dtype", "fsdp_mp", lambda v: f"param_dtype={FSDP_TORCH_DTYPE[v]}")
+REDUCE_DTYPE_CODE = fsdp_piece("fsdp_reduce_dtype", "fsdp_mp", lambda v: f"reduce_dtype={FSDP_TORCH_DTYPE[v]}")
+UNITS_CODE = fsdp_piece("fsdp_shard", "fsdp_units", lambda v: f"[{{model}}.get_submodule(n) for n in {list(v)!r}]"
+                        if v else "[{model}.get_submodule(n) for n in blocks_of({model})]  # the blocks bench.blocks finds")
+
+
+def prefetch_code(k: Any) -> dict[str, list[str]]:
+    if k.world_size == 1 or k.strategy != "fsdp2" or k.fsdp_prefetch is None:
+        return {}
+    n = k.fsdp_prefetch
+    return {"fsdp_after": [f"for i, unit in enumerate(units):  # prefetch {n} unit(s) ahead in forward and in backward",
+                           f"    unit.set_modules_to_forward_prefetch(units[i + 1:i + 1 + {n}])",
+                           f"    unit.set_modules_to_backward_prefetch(units[max(0, i - {n}):i][::-1])"]}
+
+
+def offload_code(k: Any) -> dict[str, list[str]]:
+    if k.world_size == 1 or k.strategy != "fsdp2" or not k.fsdp_cpu_offload:
+        return {}
+    return {"imports": ["from torch.distributed.fsdp import CPUOffloadPolicy"],
+            "fsdp_before": ['if device.type == "cuda":  # offload parameters, gradients and optimizer state to the CPU',
+                            '    fsdp_options["offload_policy"] = CPUOffloadPolicy()']}

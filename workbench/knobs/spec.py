@@ -26,13 +26,15 @@ USER_GROUP = "Your knobs"  # knobs declared in a notebook cell with @wb.knob
 # renders them in order). header: comment lines; functions: helper sources (your @wb.knob
 # functions); setup: lines after the device; loader_args: DataLoader keywords; move_args: keywords
 # of the device move (`t.to(device, ...)`); model: lines on the model; optimizer: lines after it;
-# ddp_args / ddp_model: DistributedDataParallel keywords / lines after it (comm hooks); shard: FSDP2
-# fully_shard lines; wrap: expressions around "{inner}" (torch.compile); scaler: lines creating
+# ddp_args / ddp_model: DistributedDataParallel keywords / lines after it (comm hooks); fsdp_units /
+# fsdp_options / fsdp_mp / fsdp_before / fsdp_after: the shard units, fully_shard's and
+# MixedPrecisionPolicy's keywords, lines before and after sharding (codegen lays FSDP2 out); wrap: expressions around "{inner}" (torch.compile); scaler: lines creating
 # `scaler`; batch: lines run on `batch` after the move (codegen's each_tensor maps every tensor);
 # forward: context expressions around forward + loss; no_sync: "ddp" when micro-batches skip the
 # all-reduce; before_step: after backward, before optimizer.step (gradients unscaled).
 CODE_SECTIONS = ("header", "imports", "functions", "setup", "loader_args", "move_args", "model", "optimizer",
-                 "ddp_args", "ddp_model", "shard", "wrap", "scaler", "batch", "forward", "no_sync", "before_step")
+                 "ddp_args", "ddp_model", "fsdp_units", "fsdp_options", "fsdp_mp", "fsdp_before", "fsdp_after", "wrap",
+                 "scaler", "batch", "forward", "no_sync", "before_step")
 BLOCK_KNOBS = ("checkpoint", "fsdp_shard")  # knobs of kind "blocks": tuples of block names (bench.blocks)
 # The only knobs the running core may read directly: they shape the loop itself (how many samples
 # per micro-batch and per step, how many processes, which parallel strategy, loader or cached batch).

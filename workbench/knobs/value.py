@@ -129,27 +129,27 @@ class Knobs:
                                        note=parallel.ddp_note("ddp_broadcast_buffers", True), ddp_kwargs=parallel.broadcast_kwargs,
                                        code=parallel.broadcast_code, fuzz=Fuzz((True, False)),
                                        help="DDP broadcasts rank 0's buffers (BatchNorm statistics) every forward")
-    fsdp_reshard_after_forward: bool = declare(True, parallel=parallel.fsdp_option("reshard_after_forward"), kind="bool", group="Distributed", widget="checkbox", probe=False,
+    fsdp_reshard_after_forward: bool = declare(True, parallel=parallel.fsdp_option("reshard_after_forward"), code=parallel.RESHARD_CODE, kind="bool", group="Distributed", widget="checkbox", probe=False,
                                                fuzz=Fuzz((True,), ("yes",)),
                                                help="FSDP2 frees each shard unit's gathered parameters after forward "
                                                     "and gathers them again in backward (less memory, more "
                                                     "communication); the root follows FSDP2's default")
-    fsdp_param_dtype: str = declare("fp32", parallel=parallel.fsdp_option("param_dtype", parallel.torch_dtype), kind="choice", choices=parallel.FSDP_DTYPES, group="Distributed",
+    fsdp_param_dtype: str = declare("fp32", parallel=parallel.fsdp_option("param_dtype", parallel.torch_dtype), code=parallel.PARAM_DTYPE_CODE, kind="choice", choices=parallel.FSDP_DTYPES, group="Distributed",
                                     widget="dropdown", probe="bf16", fuzz=Fuzz(("fp32",), ("fp16",)),
                                     help="FSDP2 MixedPrecisionPolicy: dtype of the gathered parameters for compute")
-    fsdp_reduce_dtype: str = declare("fp32", parallel=parallel.fsdp_option("reduce_dtype", parallel.torch_dtype), kind="choice", choices=parallel.FSDP_DTYPES, group="Distributed",
+    fsdp_reduce_dtype: str = declare("fp32", parallel=parallel.fsdp_option("reduce_dtype", parallel.torch_dtype), code=parallel.REDUCE_DTYPE_CODE, kind="choice", choices=parallel.FSDP_DTYPES, group="Distributed",
                                      widget="dropdown", probe="bf16", fuzz=Fuzz(("fp32",), ("fp16",)),
                                      help="FSDP2 MixedPrecisionPolicy: dtype of the gradient reduce-scatter")
-    fsdp_prefetch: int | None = declare(None, parallel=parallel.fsdp_option("prefetch"), kind="int", minimum=0, optional=True, group="Distributed",
+    fsdp_prefetch: int | None = declare(None, parallel=parallel.fsdp_option("prefetch"), code=parallel.prefetch_code, kind="int", minimum=0, optional=True, group="Distributed",
                                         widget="dropdown", options=(None, 0, 1, 2), probe=1,
                                         fuzz=Fuzz((None,), (-1,)),
                                         help="FSDP2 units gathered ahead in forward and backward; None = FSDP2's "
                                              "default (one ahead in backward)")
     fsdp_cpu_offload: bool = declare(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
-                                     parallel=parallel.offload_option, note=parallel.offload_note, fuzz=Fuzz((False,), ("no",)),
+                                     parallel=parallel.offload_option, note=parallel.offload_note, code=parallel.offload_code, fuzz=Fuzz((False,), ("no",)),
                                      help="FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state in "
                                           "CPU memory (GPU only)")
-    fsdp_shard: tuple[str, ...] = declare((), parallel=parallel.fsdp_option("units"), kind="blocks", group="Distributed", widget="dropdown", options=(("bench.blocks, then the root", ()),),
+    fsdp_shard: tuple[str, ...] = declare((), parallel=parallel.fsdp_option("units"), code=parallel.UNITS_CODE, kind="blocks", group="Distributed", widget="dropdown", options=(("bench.blocks, then the root", ()),),
                                           fuzz=Fuzz(((),)),  # names: test_strategy
                                           help="FSDP2 shard units (block names); () = the blocks bench.blocks finds, "
                                                "then the root")
