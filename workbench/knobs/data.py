@@ -6,9 +6,10 @@ and its code hook sit together. `batch_size` and `data` are structural (the loop
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from .spec import Context
+from .spec import Context, Fuzz, declare
 
 DATA_MODES = ("loader", "cached")
 PINNING_DEVICES = ("cuda", "xpu")  # page-locked buffers only matter where there is a copy to a device
@@ -29,8 +30,11 @@ def data_note(value: str, ctx: Context) -> str | None:
 def data_code(k: Any) -> dict[str, list[str]]:
     if k.data != "cached":
         return {}
-    return {"header": ["# data='cached' was a measurement short-circuit (one repeated batch); "
-                       "this loop uses the real data."]}
+    return {
+        "header": [
+            "# data='cached' was a measurement short-circuit (one repeated batch); this loop uses the real data."
+        ]
+    }
 
 
 # ---- num_workers -----------------------------------------------------------------------------------
@@ -48,8 +52,10 @@ def workers_traits(value: int, ctx: Context) -> dict[str, Any]:
 def workers_code(k: Any) -> dict[str, list[str]]:
     if not k.num_workers:
         return {}
-    return {"header": ['# Worker processes: on Windows/macOS run this under `if __name__ == "__main__":`.'],
-            "loader_args": [f"num_workers={k.num_workers}"]}
+    return {
+        "header": ['# Worker processes: on Windows/macOS run this under `if __name__ == "__main__":`.'],
+        "loader_args": [f"num_workers={k.num_workers}"],
+    }
 
 
 # ---- pin_memory --------------------------------------------------------------------------------------
@@ -113,3 +119,87 @@ def prefetch_code(k: Any) -> dict[str, list[str]]:
     if k.prefetch_factor is None or not k.num_workers:  # DataLoader refuses it without workers
         return {}
     return {"loader_args": [f"prefetch_factor={k.prefetch_factor}"]}
+
+
+# ---- the declarations: Knobs (value.py) inherits these fields, in this order ---------------------------
+@dataclass(frozen=True, init=False)
+class DataKnobs:
+    """The data-pipeline knobs, declared once each (Knobs inherits these fields)."""
+
+    batch_size: int = declare(
+        32,
+        kind="int",
+        minimum=1,
+        group="Data pipeline",
+        widget="int",
+        maximum="dataset",
+        help="samples per micro-batch (per optimizer step: batch_size * accum_steps)",
+        fuzz=Fuzz(range(1, 49), (-2, 0, 49, 10_000)),
+    )
+    data: str = declare(
+        "loader",
+        note=data_note,
+        code=data_code,
+        kind="choice",
+        choices=DATA_MODES,
+        group="Data pipeline",
+        widget="dropdown",
+        help="loader = real DataLoader; cached = one batch kept on the device (much faster = data-bound)",
+        fuzz=Fuzz(DATA_MODES, ("disk",)),
+    )
+    num_workers: int = declare(
+        0,
+        loader=workers_loader,
+        traits=workers_traits,
+        code=workers_code,
+        kind="int",
+        minimum=0,
+        group="Data pipeline",
+        widget="slider",
+        maximum="workers",
+        probe=1,
+        fuzz=Fuzz(range(0, 3), (-1,)),
+        help="DataLoader worker processes; 0 = load in the main process (start near half the cores)",
+    )
+    pin_memory: bool = declare(
+        False,
+        loader=pin_loader,
+        move=pin_move,
+        note=pin_note,
+        code=pin_code,
+        kind="bool",
+        group="Data pipeline",
+        widget="checkbox",
+        probe=True,
+        fuzz=Fuzz((False, True)),
+        help="page-locked host buffers for faster async host->device copies",
+    )
+    persistent_workers: bool = declare(
+        False,
+        loader=persistent_loader,
+        traits=persistent_traits,
+        note=persistent_note,
+        code=persistent_code,
+        kind="bool",
+        group="Data pipeline",
+        widget="checkbox",
+        probe=True,
+        fuzz=Fuzz((False, True)),
+        help="keep workers alive across epochs (needs num_workers > 0)",
+    )
+    prefetch_factor: int | None = declare(
+        None,
+        loader=prefetch_loader,
+        traits=prefetch_traits,
+        note=prefetch_note,
+        code=prefetch_code,
+        kind="int",
+        minimum=1,
+        optional=True,
+        group="Data pipeline",
+        widget="dropdown",
+        options=(None, 1, 2, 4, 8),
+        probe=4,
+        fuzz=Fuzz((None, 1, 2, 3, 4), (0,)),
+        help="batches buffered per worker; None = torch's default (2); costs host memory",
+    )

@@ -5,14 +5,23 @@ and its code hook sit together."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
-from .spec import Context
+from .spec import Context, Fuzz, declare
 
 CHECKPOINT_MODES = ("full", "selective")
 # Selective checkpointing keeps the outputs of these (expensive) ops and recomputes the rest.
-SAVED_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention_for_cpu",
-             "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention")
+SAVED_OPS = (
+    "mm",
+    "addmm",
+    "bmm",
+    "baddbmm",
+    "convolution",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+)
 
 
 # ---- checkpoint: the named blocks recompute their activations in backward --------------------------
@@ -29,8 +38,10 @@ def checkpoint_model(model: Any, value: tuple[str, ...], ctx: Context) -> None:
     options = ctx.checkpoint_kwargs
     for name in value:
         if name not in ctx.blocks:
-            raise ValueError(f"checkpoint names unknown block {name!r}; choose from bench.blocks: "
-                             f"{', '.join(ctx.blocks) or '(none found)'}")
+            raise ValueError(
+                f"checkpoint names unknown block {name!r}; choose from bench.blocks: "
+                f"{', '.join(ctx.blocks) or '(none found)'}"
+            )
         block = model.get_submodule(name)
         original = block.forward
 
@@ -49,26 +60,36 @@ def checkpoint_release(model: Any, value: tuple[str, ...], ctx: Context) -> None
         model.get_submodule(name).__dict__.pop("forward", None)
 
 
-CHECKPOINT_HELPER = "\n".join([
-    "def checkpointed(forward, **options):",
-    '    """Recompute this block\'s activations in backward instead of storing them."""',
-    "    def run(*args, **kwargs):",
-    "        if not torch.is_grad_enabled():",
-    "            return forward(*args, **kwargs)",
-    "        return checkpoint(forward, *args, use_reentrant=False, **options, **kwargs)",
-    "    return run",
-])
+CHECKPOINT_HELPER = "\n".join(
+    [
+        "def checkpointed(forward, **options):",
+        '    """Recompute this block\'s activations in backward instead of storing them."""',
+        "    def run(*args, **kwargs):",
+        "        if not torch.is_grad_enabled():",
+        "            return forward(*args, **kwargs)",
+        "        return checkpoint(forward, *args, use_reentrant=False, **options, **kwargs)",
+        "    return run",
+    ]
+)
 
 
 def checkpoint_code(k: Any) -> dict[str, list[str]]:
     if not k.checkpoint:
         return {}
-    selective = ", context_fn=functools.partial(create_selective_checkpoint_contexts, SAVED_OPS)" \
-        if k.checkpoint_mode == "selective" else ""
-    return {"imports": ["from torch.utils.checkpoint import checkpoint"], "functions": [CHECKPOINT_HELPER],
-            "model": [f"for name in {list(k.checkpoint)!r}:",
-                      "    block = {model}.get_submodule(name)",
-                      f"    block.forward = checkpointed(block.forward{selective})"]}
+    selective = (
+        ", context_fn=functools.partial(create_selective_checkpoint_contexts, SAVED_OPS)"
+        if k.checkpoint_mode == "selective"
+        else ""
+    )
+    return {
+        "imports": ["from torch.utils.checkpoint import checkpoint"],
+        "functions": [CHECKPOINT_HELPER],
+        "model": [
+            f"for name in {list(k.checkpoint)!r}:",
+            "    block = {model}.get_submodule(name)",
+            f"    block.forward = checkpointed(block.forward{selective})",
+        ],
+    }
 
 
 # ---- checkpoint_mode: full or selective recomputation ---------------------------------------------------
@@ -94,9 +115,11 @@ def selective_code(k: Any) -> dict[str, list[str]]:
         return {}
     return {
         "imports": ["import functools", "from torch.utils.checkpoint import create_selective_checkpoint_contexts"],
-        "setup": ["# selective checkpointing: keep matmul/conv/attention outputs, recompute the cheap ops",
-                  f"SAVED_OPS = [getattr(torch.ops.aten, n).default for n in {list(SAVED_OPS)!r} "
-                  "if hasattr(torch.ops.aten, n)]"],
+        "setup": [
+            "# selective checkpointing: keep matmul/conv/attention outputs, recompute the cheap ops",
+            f"SAVED_OPS = [getattr(torch.ops.aten, n).default for n in {list(SAVED_OPS)!r} "
+            "if hasattr(torch.ops.aten, n)]",
+        ],
     }
 
 
@@ -112,3 +135,58 @@ def clip_code(k: Any) -> dict[str, list[str]]:
     if k.grad_clip_norm is None:
         return {}
     return {"before_step": [f"torch.nn.utils.clip_grad_norm_({{model}}.parameters(), {k.grad_clip_norm})"]}
+
+
+# ---- the declarations: Knobs (value.py) inherits these fields, in this order ---------------------------
+@dataclass(frozen=True, init=False)
+class MemoryKnobs:
+    """The memory knobs, declared once each (Knobs inherits these fields)."""
+
+    accum_steps: int = declare(
+        1,
+        kind="int",
+        minimum=1,
+        group="Memory",
+        widget="int",
+        maximum=1024,
+        fuzz=Fuzz(range(1, 4), (0,)),
+        help="micro-batches per optimizer step (gradient accumulation): a large batch in small memory",
+    )
+    checkpoint: tuple[str, ...] = declare(
+        (),
+        on_model=checkpoint_model,
+        release=checkpoint_release,
+        code=checkpoint_code,
+        kind="blocks",
+        group="Memory",
+        widget="blocks",
+        fuzz=Fuzz("blocks", ("no.such.block", "")),
+        help="block names wrapped in torch.utils.checkpoint: recompute activations in backward",
+    )
+    checkpoint_mode: str = declare(
+        "full",
+        kind="choice",
+        choices=CHECKPOINT_MODES,
+        group="Memory",
+        widget="dropdown",
+        probe="selective",
+        checkpoint_kwargs=selective_options,
+        note=selective_note,
+        code=selective_code,
+        fuzz=Fuzz(CHECKPOINT_MODES, ("some",)),
+        help="full = recompute everything in checkpointed blocks; selective = keep "
+        "matmul/conv outputs, recompute the cheap ops",
+    )
+    grad_clip_norm: float | None = declare(
+        None,
+        kind="float",
+        minimum=0.0,
+        optional=True,
+        group="Memory",
+        widget="dropdown",
+        options=(None, 0.5, 1.0, 5.0),
+        before_step=clip_before_step,
+        code=clip_code,
+        fuzz=Fuzz((None, 0.5, 1.0), (-1.0,)),
+        help="clip the gradients' total norm before each optimizer step",
+    )

@@ -4,9 +4,10 @@ fused kernels. Its run-time hook and its code hook sit together."""
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
-from .spec import Context
+from .spec import Context, Fuzz, declare
 
 OPTIMIZER_IMPLS = ("as-given", "foreach", "fused")
 IMPL_FLAGS = {"foreach": {"foreach": True, "fused": None}, "fused": {"foreach": None, "fused": True}}
@@ -35,9 +36,30 @@ def optimizer_code(k: Any) -> dict[str, list[str]]:
     if k.optimizer_impl == "as-given":
         return {}
     flags = ", ".join(f"{a}={b}" for a, b in IMPL_FLAGS[k.optimizer_impl].items())
-    return {"imports": ["import inspect"], "optimizer": [
-        f"# optimizer_impl={k.optimizer_impl!r}: the same optimizer rebuilt with {flags} (param groups kept)",
-        f'if "{k.optimizer_impl}" in inspect.signature(type(optimizer).__init__).parameters:',
-        f"    flags = dict({flags})",
-        "    optimizer = type(optimizer)([{**g, **flags} for g in optimizer.param_groups], **flags)",
-    ]}
+    return {
+        "imports": ["import inspect"],
+        "optimizer": [
+            f"# optimizer_impl={k.optimizer_impl!r}: the same optimizer rebuilt with {flags} (param groups kept)",
+            f'if "{k.optimizer_impl}" in inspect.signature(type(optimizer).__init__).parameters:',
+            f"    flags = dict({flags})",
+            "    optimizer = type(optimizer)([{**g, **flags} for g in optimizer.param_groups], **flags)",
+        ],
+    }
+
+
+# ---- the declarations: Knobs (value.py) inherits these fields, in this order ---------------------------
+@dataclass(frozen=True, init=False)
+class OptimizerKnobs:
+    """The optimizer knob, declared once (Knobs inherits this field)."""
+
+    optimizer_impl: str = declare(
+        "as-given",
+        kind="choice",
+        choices=OPTIMIZER_IMPLS,
+        group="Precision & compile",
+        widget="dropdown",
+        on_optimizer=rebuild_optimizer,
+        code=optimizer_code,
+        fuzz=Fuzz(OPTIMIZER_IMPLS, ("apex", "")),
+        help="optimizer kernels: as given, or rebuilt with foreach=True / fused=True (multi-tensor or fused update)",
+    )

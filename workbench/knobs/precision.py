@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ..system import usable_cores
-from .spec import Context
+from .spec import Context, Fuzz, declare
 
 AMP_MODES = ("off", "bf16", "fp16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
@@ -44,9 +45,11 @@ def amp_traits(value: str, ctx: Context) -> dict[str, Any]:
 
 def amp_note(value: str, ctx: Context) -> str | None:
     if value == "fp16" and ctx.device_type == "cpu":
-        return ("amp='fp16' on CPU runs, but a CPU without fp16 arithmetic (AVX512-FP16 or AMX-FP16) converts "
-                "to and from fp32 around each op, so it can be slower than fp32; compare it with fp32 and "
-                "bf16 on this machine before keeping it")
+        return (
+            "amp='fp16' on CPU runs, but a CPU without fp16 arithmetic (AVX512-FP16 or AMX-FP16) converts "
+            "to and from fp32 around each op, so it can be slower than fp32; compare it with fp32 and "
+            "bf16 on this machine before keeping it"
+        )
     if value == "bf16" and ctx.device_type == "mps":
         return "amp='bf16' needs macOS 14+ on MPS; fp16 is the safer choice there"
     return None
@@ -104,8 +107,10 @@ def matmul_settings(value: str, ctx: Context) -> Iterator[None]:
 
 def matmul_note(value: str, ctx: Context) -> str | None:
     if value != "highest" and ctx.device_type == "cpu":
-        return (f"matmul_precision={value!r} only changes float32 matmuls on GPUs with TF32/bf16 units (and a "
-                "few oneDNN CPUs); usually a no-op on CPU")
+        return (
+            f"matmul_precision={value!r} only changes float32 matmuls on GPUs with TF32/bf16 units (and a "
+            "few oneDNN CPUs); usually a no-op on CPU"
+        )
     return None
 
 
@@ -137,9 +142,13 @@ def channels_last_note(value: bool, ctx: Context) -> str | None:
 def channels_last_code(k: Any) -> dict[str, list[str]]:
     if not k.channels_last:
         return {}
-    return {"model": ["{model} = {model}.to(memory_format=torch.channels_last)  # NHWC for convolutions"],
-            "batch": ["batch = each_tensor(lambda t: t.contiguous(memory_format=torch.channels_last) "
-                      "if t.dim() == 4 and t.is_floating_point() else t, batch)  # NHWC 4-D inputs"]}
+    return {
+        "model": ["{model} = {model}.to(memory_format=torch.channels_last)  # NHWC for convolutions"],
+        "batch": [
+            "batch = each_tensor(lambda t: t.contiguous(memory_format=torch.channels_last) "
+            "if t.dim() == 4 and t.is_floating_point() else t, batch)  # NHWC 4-D inputs"
+        ],
+    }
 
 
 # ---- cudnn_benchmark ---------------------------------------------------------------------------------------
@@ -192,3 +201,90 @@ def threads_code(k: Any) -> dict[str, list[str]]:
     if k.cpu_threads is None:
         return {}
     return {"setup": [f"torch.set_num_threads({k.cpu_threads})  # main-process compute threads"]}
+
+
+# ---- the declarations: Knobs (value.py) inherits these fields, in this order ---------------------------
+@dataclass(frozen=True, init=False)
+class PrecisionKnobs:
+    """The precision, compile and CPU knobs, declared once each (Knobs inherits these fields)."""
+
+    amp: str = declare(
+        "off",
+        forward=amp_forward,
+        scaler=amp_scaler,
+        traits=amp_traits,
+        note=amp_note,
+        code=amp_code,
+        kind="choice",
+        choices=AMP_MODES,
+        group="Precision & compile",
+        widget="dropdown",
+        fuzz=Fuzz(AMP_MODES, ("fp8", "BF16", "")),
+        help='autocast dtype: "off" | "bf16" | "fp16" (fp16 adds a GradScaler)',
+    )
+    compile: str = declare(
+        "off",
+        wrap=compile_wrap,
+        traits=compile_traits,
+        note=compile_note,
+        code=compile_code,
+        kind="choice",
+        choices=COMPILE_MODES,
+        group="Precision & compile",
+        widget="dropdown",
+        # a cold compile costs 10-70 s per graph on a 2-core CPU: compiled trials have their own tests
+        fuzz=Fuzz(("off",), ("fast", "inductor")),
+        help="torch.compile mode; the first steps compile (seconds to minutes) and are not measured",
+    )
+    matmul_precision: str = declare(
+        "highest",
+        kind="choice",
+        choices=MATMUL_PRECISIONS,
+        group="Precision & compile",
+        widget="dropdown",
+        probe="high",
+        settings=matmul_settings,
+        note=matmul_note,
+        code=matmul_code,
+        fuzz=Fuzz(MATMUL_PRECISIONS, ("low",)),
+        help="torch.set_float32_matmul_precision: allow TF32/bf16 for float32 matmuls",
+    )
+    channels_last: bool = declare(
+        False,
+        on_model=channels_last_model,
+        move=channels_last_move,
+        note=channels_last_note,
+        code=channels_last_code,
+        kind="bool",
+        group="Precision & compile",
+        widget="checkbox",
+        probe=True,
+        fuzz=Fuzz((False, True)),
+        help="NHWC memory format for the model and 4-D inputs (convnets, best with AMP)",
+    )
+    cudnn_benchmark: bool = declare(
+        False,
+        kind="bool",
+        group="Precision & compile",
+        widget="checkbox",
+        probe=True,
+        settings=cudnn_settings,
+        note=cudnn_note,
+        code=cudnn_code,
+        fuzz=Fuzz((False, True)),
+        help="torch.backends.cudnn.benchmark: autotune conv algorithms for fixed shapes (GPU)",
+    )
+    cpu_threads: int | None = declare(
+        None,
+        kind="int",
+        minimum=1,
+        optional=True,
+        group="CPU",
+        widget="dropdown",
+        options="cores",
+        settings=threads_settings,
+        note=threads_note,
+        code=threads_code,
+        fuzz=Fuzz((None, 1, 2, 3), (0,)),
+        help="main-process intra-op threads; None = torch's default (with workers, fewer can be faster)",
+    )

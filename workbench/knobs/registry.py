@@ -19,8 +19,13 @@ from .value import BUILTIN_FIELDS, Knobs
 
 USER_WHERE = ("model", "forward", "before_step")
 # What traits() says when no knob speaks to it (a user-only registry, say).
-TRAIT_DEFAULTS: dict[str, Any] = {"compiles": False, "workers": 0, "persistent_workers": False,
-                                  "buffered_batches": 0, "loss_scaling": False}
+TRAIT_DEFAULTS: dict[str, Any] = {
+    "compiles": False,
+    "workers": 0,
+    "persistent_workers": False,
+    "buffered_batches": 0,
+    "loss_scaling": False,
+}
 
 
 def context(knobs: Knobs, device: Any = None, **kwargs: Any) -> Context:
@@ -29,7 +34,9 @@ def context(knobs: Knobs, device: Any = None, **kwargs: Any) -> Context:
 
 
 # ---- your own knobs ---------------------------------------------------------------------------------
-def knob(*, choices: Any = (), default: Any = None, help: str = "", where: str = "model") -> Callable[[Callable], Callable]:
+def knob(
+    *, choices: Any = (), default: Any = None, help: str = "", where: str = "model"
+) -> Callable[[Callable], Callable]:
     """Declare your own knob from a notebook cell; the function's name is the knob's name.
 
         @wb.knob(choices=["naive", "sdpa"], default="naive", help="attention implementation")
@@ -47,24 +54,36 @@ def knob(*, choices: Any = (), default: Any = None, help: str = "", where: str =
         raise ValueError(f"where={where!r} is not one of {', '.join(map(repr, USER_WHERE))}")
     choices = tuple(choices)
     if not choices and not isinstance(default, bool):
-        raise TypeError("a knob needs choices=[...] (the values to try), or default=True/False for a switch; "
-                        f"got choices={list(choices)} and default={default!r}")
+        raise TypeError(
+            "a knob needs choices=[...] (the values to try), or default=True/False for a switch; "
+            f"got choices={list(choices)} and default={default!r}"
+        )
     if choices and default is None:
         default = choices[0]
 
     def register(fn: Callable) -> Callable:
         name = getattr(fn, "__name__", "")
         if not name.isidentifier() or name in {f.name for f in BUILTIN_FIELDS} or name in ("user", "unknown"):
-            raise ValueError(f"cannot name a knob {name!r}: it is built in (or not an identifier); "
-                             "rename the function")
+            raise ValueError(f"cannot name a knob {name!r}: it is built in (or not an identifier); rename the function")
         kind = "choice" if choices else "bool"
-        hooks = {"model": {"on_model": lambda model, value, ctx: fn(model, value)},
-                 "forward": {"forward": lambda value, ctx: fn(value)},
-                 "before_step": {"before_step": lambda value, model, opt, ctx: fn(value, model, opt)}}[where]
-        spec = KnobSpec(default=default, kind=kind, choices=choices, help=help or first_doc_line(fn, name),
-                        group=USER_GROUP, widget="dropdown" if choices else "checkbox",
-                        fuzz=Fuzz(choices or (False, True)), code=user_code(name, where), function=fn,
-                        name=name, **hooks)
+        hooks = {
+            "model": {"on_model": lambda model, value, ctx: fn(model, value)},
+            "forward": {"forward": lambda value, ctx: fn(value)},
+            "before_step": {"before_step": lambda value, model, opt, ctx: fn(value, model, opt)},
+        }[where]
+        spec = KnobSpec(
+            default=default,
+            kind=kind,
+            choices=choices,
+            help=help or first_doc_line(fn, name),
+            group=USER_GROUP,
+            widget="dropdown" if choices else "checkbox",
+            fuzz=Fuzz(choices or (False, True)),
+            code=user_code(name, where),
+            function=fn,
+            name=name,
+            **hooks,
+        )
         spec.check(default)
         KNOBS.pop(name, None)  # a re-run cell replaces the knob (and moves it to the end)
         KNOBS[name] = spec
@@ -102,9 +121,11 @@ def user_code(name: str, where: str) -> Callable[[Any], dict[str, list[str]]]:
 
     def code(k: Knobs) -> dict[str, list[str]]:
         value = getattr(k, name)
-        call = {"model": f"{{model}} = {name}({{model}}, {value!r}) or {{model}}",
-                "forward": f"{name}({value!r})",
-                "before_step": f"{name}({value!r}, {{model}}, optimizer)"}[where]
+        call = {
+            "model": f"{{model}} = {name}({{model}}, {value!r}) or {{model}}",
+            "forward": f"{name}({value!r})",
+            "before_step": f"{name}({value!r}, {{model}}, optimizer)",
+        }[where]
         return {"functions": [function_source(KNOBS[name].function)], where: [call]}
 
     return code
@@ -214,8 +235,11 @@ def step_hooks(knobs: Knobs, ctx: Context | None = None) -> list[Callable[[Any, 
     A knob set to None (e.g. grad_clip_norm off) has none, so the measured loop does no extra work
     for it (no per-step call, no fp16 unscale)."""
     ctx = ctx or context(knobs)
-    return [lambda model, opt, hook=s.before_step, value=getattr(knobs, s.name): hook(value, model, opt, ctx)
-            for s in _with("before_step") if getattr(knobs, s.name) is not None]
+    return [
+        lambda model, opt, hook=s.before_step, value=getattr(knobs, s.name): hook(value, model, opt, ctx)
+        for s in _with("before_step")
+        if getattr(knobs, s.name) is not None
+    ]
 
 
 def ddp_options(knobs: Knobs, ctx: Context | None = None) -> dict[str, Any]:
@@ -269,4 +293,3 @@ def knob_table() -> str:
         default = f"`{s.default!r}`".replace("'", '"')
         rows.append(f"| `{name}` | {default} | {values} | {s.help.replace('|', '/')} |")
     return "\n".join(rows)
-

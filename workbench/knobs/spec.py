@@ -32,9 +32,29 @@ USER_GROUP = "Your knobs"  # knobs declared in a notebook cell with @wb.knob
 # `scaler`; batch: lines run on `batch` after the move (codegen's each_tensor maps every tensor);
 # forward: context expressions around forward + loss; no_sync: "ddp" when micro-batches skip the
 # all-reduce; before_step: after backward, before optimizer.step (gradients unscaled).
-CODE_SECTIONS = ("header", "imports", "functions", "setup", "loader_args", "move_args", "model", "optimizer",
-                 "ddp_args", "ddp_model", "fsdp_units", "fsdp_options", "fsdp_mp", "fsdp_before", "fsdp_after", "wrap",
-                 "scaler", "batch", "forward", "no_sync", "before_step")
+CODE_SECTIONS = (
+    "header",
+    "imports",
+    "functions",
+    "setup",
+    "loader_args",
+    "move_args",
+    "model",
+    "optimizer",
+    "ddp_args",
+    "ddp_model",
+    "fsdp_units",
+    "fsdp_options",
+    "fsdp_mp",
+    "fsdp_before",
+    "fsdp_after",
+    "wrap",
+    "scaler",
+    "batch",
+    "forward",
+    "no_sync",
+    "before_step",
+)
 BLOCK_KNOBS = ("checkpoint", "fsdp_shard")  # knobs of kind "blocks": tuples of block names (bench.blocks)
 # The only knobs the running core may read directly: they shape the loop itself (how many samples
 # per micro-batch and per step, how many processes, which parallel strategy, loader or cached batch).
@@ -129,8 +149,22 @@ class KnobSpec:
     function: Callable | None = None  # a user knob's decorated function (its source goes into to_code)
     name: str = ""  # filled in from the field name
 
-    RUNTIME_HOOKS = ("settings", "loader", "move", "on_model", "release", "checkpoint_kwargs", "on_optimizer", "wrap",
-                     "scaler", "forward", "before_step", "ddp_kwargs", "parallel", "traits")
+    RUNTIME_HOOKS = (
+        "settings",
+        "loader",
+        "move",
+        "on_model",
+        "release",
+        "checkpoint_kwargs",
+        "on_optimizer",
+        "wrap",
+        "scaler",
+        "forward",
+        "before_step",
+        "ddp_kwargs",
+        "parallel",
+        "traits",
+    )
 
     @property
     def flag(self) -> str:
@@ -156,7 +190,9 @@ class KnobSpec:
         elif self.kind == "float":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 extra = " or None" if self.optional else ""
-                raise TypeError(f"Knobs.{name} takes a number, got {value!r}: set it to a float >= {self.minimum}{extra}")
+                raise TypeError(
+                    f"Knobs.{name} takes a number, got {value!r}: set it to a float >= {self.minimum}{extra}"
+                )
             if self.minimum is not None and value < self.minimum:
                 raise ValueError(f"Knobs.{name}={value} is too small: set it to a float >= {self.minimum}")
         elif self.kind == "bool":
