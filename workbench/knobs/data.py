@@ -126,80 +126,23 @@ def prefetch_code(k: Any) -> dict[str, list[str]]:
 class DataKnobs:
     """The data-pipeline knobs, declared once each (Knobs inherits these fields)."""
 
-    batch_size: int = declare(
-        32,
-        kind="int",
-        minimum=1,
-        group="Data pipeline",
-        widget="int",
-        maximum="dataset",
+    batch_size: int = declare(32, kind="int", minimum=1, group="Data pipeline", widget="int", maximum="dataset",
         help="samples per micro-batch (per optimizer step: batch_size * accum_steps)",
-        fuzz=Fuzz(range(1, 49), (-2, 0, 49, 10_000)),
-    )
-    data: str = declare(
-        "loader",
-        note=data_note,
-        code=data_code,
-        kind="choice",
-        choices=DATA_MODES,
-        group="Data pipeline",
-        widget="dropdown",
+        fuzz=Fuzz(range(1, 49), (-2, 0, 49, 10_000)))
+    data: str = declare("loader", note=data_note, code=data_code, kind="choice", choices=DATA_MODES,
+        group="Data pipeline", widget="dropdown",
         help="loader = real DataLoader; cached = one batch kept on the device (much faster = data-bound)",
-        fuzz=Fuzz(DATA_MODES, ("disk",)),
-    )
-    num_workers: int = declare(
-        0,
-        loader=workers_loader,
-        traits=workers_traits,
-        code=workers_code,
-        kind="int",
-        minimum=0,
-        group="Data pipeline",
-        widget="slider",
-        maximum="workers",
-        probe=1,
-        fuzz=Fuzz(range(0, 3), (-1,)),
-        help="DataLoader worker processes; 0 = load in the main process (start near half the cores)",
-    )
-    pin_memory: bool = declare(
-        False,
-        loader=pin_loader,
-        move=pin_move,
-        note=pin_note,
-        code=pin_code,
-        kind="bool",
-        group="Data pipeline",
-        widget="checkbox",
-        probe=True,
-        fuzz=Fuzz((False, True)),
-        help="page-locked host buffers for faster async host->device copies",
-    )
-    persistent_workers: bool = declare(
-        False,
-        loader=persistent_loader,
-        traits=persistent_traits,
-        note=persistent_note,
-        code=persistent_code,
-        kind="bool",
-        group="Data pipeline",
-        widget="checkbox",
-        probe=True,
-        fuzz=Fuzz((False, True)),
-        help="keep workers alive across epochs (needs num_workers > 0)",
-    )
-    prefetch_factor: int | None = declare(
-        None,
-        loader=prefetch_loader,
-        traits=prefetch_traits,
-        note=prefetch_note,
-        code=prefetch_code,
-        kind="int",
-        minimum=1,
-        optional=True,
-        group="Data pipeline",
-        widget="dropdown",
-        options=(None, 1, 2, 4, 8),
-        probe=4,
-        fuzz=Fuzz((None, 1, 2, 3, 4), (0,)),
-        help="batches buffered per worker; None = torch's default (2); costs host memory",
-    )
+        fuzz=Fuzz(DATA_MODES, ("disk",)))
+    num_workers: int = declare(0, loader=workers_loader, traits=workers_traits, code=workers_code, kind="int",
+        minimum=0, group="Data pipeline", widget="slider", maximum="workers", probe=1, fuzz=Fuzz(range(0, 3), (-1,)),
+        help="DataLoader worker processes; 0 = load in the main process (start near half the cores)")
+    pin_memory: bool = declare(False, loader=pin_loader, move=pin_move, note=pin_note, code=pin_code, kind="bool",
+        group="Data pipeline", widget="checkbox", probe=True, fuzz=Fuzz((False, True)),
+        help="page-locked host buffers for faster async host->device copies")
+    persistent_workers: bool = declare(False, loader=persistent_loader, traits=persistent_traits,
+        note=persistent_note, code=persistent_code, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
+        fuzz=Fuzz((False, True)), help="keep workers alive across epochs (needs num_workers > 0)")
+    prefetch_factor: int | None = declare(None, loader=prefetch_loader, traits=prefetch_traits, note=prefetch_note,
+        code=prefetch_code, kind="int", minimum=1, optional=True, group="Data pipeline", widget="dropdown",
+        options=(None, 1, 2, 4, 8), probe=4, fuzz=Fuzz((None, 1, 2, 3, 4), (0,)),
+        help="batches buffered per worker; None = torch's default (2); costs host memory")

@@ -278,169 +278,55 @@ def ddp_flag(name: str, arg: str, *, help: str) -> Any:
 class ParallelKnobs:
     """The distributed knobs, declared once each (Knobs inherits these fields)."""
 
-    world_size: int = declare(
-        1,
-        kind="int",
-        minimum=1,
-        group="Distributed",
-        widget="dropdown",
-        options=(1, 2, 4),
-        note=world_size_note,
-        fuzz=Fuzz((1,), (0, -1)),  # multi-process trials: test_distributed
+    world_size: int = declare(1, kind="int", minimum=1, group="Distributed", widget="dropdown", options=(1, 2, 4),
+        note=world_size_note, fuzz=Fuzz((1,), (0, -1)),
         help="processes under DDP or FSDP2 (see strategy): one per GPU (NCCL), or gloo CPU "
-        "processes with 1 thread each unless cpu_threads says otherwise",
-    )
-    strategy: str = declare(
-        "ddp",
-        kind="choice",
-        choices=STRATEGIES,
-        group="Distributed",
-        widget="dropdown",
-        probe="fsdp2",
-        note=strategy_note,
-        code=fsdp_code,
-        fuzz=Fuzz(STRATEGIES, ("fsdp", "zero3")),
+        "processes with 1 thread each unless cpu_threads says otherwise")
+    strategy: str = declare("ddp", kind="choice", choices=STRATEGIES, group="Distributed", widget="dropdown",
+        probe="fsdp2", note=strategy_note, code=fsdp_code, fuzz=Fuzz(STRATEGIES, ("fsdp", "zero3")),
         help='data parallelism at world_size > 1: "ddp" replicates the model and all-reduces '
-        'gradients; "fsdp2" shards parameters, gradients and optimizer state (fully_shard)',
-    )
-    ddp_no_sync: bool = declare(
-        False,
-        kind="bool",
-        group="Distributed",
-        widget="checkbox",
-        probe=True,
-        parallel=no_sync_parallel,
-        note=no_sync_note,
-        code=no_sync_code,
-        fuzz=Fuzz((False, True)),
-        help="skip the gradient all-reduce on all but the last accumulation micro-batch",
-    )
-    ddp_bucket_cap_mb: int | None = declare(
-        None,
-        kind="int",
-        minimum=1,
-        optional=True,
-        group="Distributed",
-        widget="dropdown",
-        options=(None, 1, 5, 25, 100),
-        probe=5,
-        note=ddp_note("ddp_bucket_cap_mb", None),
-        ddp_kwargs=BUCKET[0],
-        code=BUCKET[1],
-        fuzz=Fuzz((None, 1, 25), (0,)),
+        'gradients; "fsdp2" shards parameters, gradients and optimizer state (fully_shard)')
+    ddp_no_sync: bool = declare(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
+        parallel=no_sync_parallel, note=no_sync_note, code=no_sync_code, fuzz=Fuzz((False, True)),
+        help="skip the gradient all-reduce on all but the last accumulation micro-batch")
+    ddp_bucket_cap_mb: int | None = declare(None, kind="int", minimum=1, optional=True, group="Distributed",
+        widget="dropdown", options=(None, 1, 5, 25, 100), probe=5, note=ddp_note("ddp_bucket_cap_mb", None),
+        ddp_kwargs=BUCKET[0], code=BUCKET[1], fuzz=Fuzz((None, 1, 25), (0,)),
         help="DDP gradient bucket size in MB; None = torch's 25 (the first bucket "
-        "is 1 MB); bigger = fewer all-reduces, later start",
-    )
-    ddp_comm_hook: str = declare(
-        "none",
-        kind="choice",
-        choices=COMM_HOOKS,
-        group="Distributed",
-        widget="dropdown",
-        probe="fp16",
-        note=ddp_note("ddp_comm_hook", "none"),
-        parallel=comm_hook_parallel,
-        check_run=comm_hook_check,
-        code=comm_hook_code,
-        fuzz=Fuzz(COMM_HOOKS, ("int8",)),
-        help='compress gradients before the all-reduce: "none" | "fp16" | "bf16" (NCCL only)',
-    )
-    ddp_gradient_as_bucket_view: bool = ddp_flag(
-        "ddp_gradient_as_bucket_view",
-        "gradient_as_bucket_view",
-        help="gradients are views into the all-reduce buckets: one copy less",
-    )
-    ddp_static_graph: bool = ddp_flag(
-        "ddp_static_graph", "static_graph", help="DDP static_graph=True: the same parameters get gradients every step"
-    )
-    ddp_find_unused_parameters: bool = ddp_flag(
-        "ddp_find_unused_parameters",
-        "find_unused_parameters",
-        help="DDP walks the graph each step for parameters without gradients",
-    )
-    ddp_broadcast_buffers: bool = declare(
-        True,
-        kind="bool",
-        group="Distributed",
-        widget="checkbox",
-        probe=False,
-        note=ddp_note("ddp_broadcast_buffers", True),
-        ddp_kwargs=broadcast_kwargs,
-        code=broadcast_code,
-        fuzz=Fuzz((True, False)),
-        help="DDP broadcasts rank 0's buffers (BatchNorm statistics) every forward",
-    )
-    fsdp_reshard_after_forward: bool = declare(
-        True,
-        parallel=fsdp_option("reshard_after_forward"),
-        code=RESHARD_CODE,
-        kind="bool",
-        group="Distributed",
-        widget="checkbox",
-        probe=False,
-        fuzz=Fuzz((True,), ("yes",)),
+        "is 1 MB); bigger = fewer all-reduces, later start")
+    ddp_comm_hook: str = declare("none", kind="choice", choices=COMM_HOOKS, group="Distributed", widget="dropdown",
+        probe="fp16", note=ddp_note("ddp_comm_hook", "none"), parallel=comm_hook_parallel, check_run=comm_hook_check,
+        code=comm_hook_code, fuzz=Fuzz(COMM_HOOKS, ("int8",)),
+        help='compress gradients before the all-reduce: "none" | "fp16" | "bf16" (NCCL only)')
+    ddp_gradient_as_bucket_view: bool = ddp_flag("ddp_gradient_as_bucket_view", "gradient_as_bucket_view",
+        help="gradients are views into the all-reduce buckets: one copy less")
+    ddp_static_graph: bool = ddp_flag("ddp_static_graph", "static_graph",
+        help="DDP static_graph=True: the same parameters get gradients every step")
+    ddp_find_unused_parameters: bool = ddp_flag("ddp_find_unused_parameters", "find_unused_parameters",
+        help="DDP walks the graph each step for parameters without gradients")
+    ddp_broadcast_buffers: bool = declare(True, kind="bool", group="Distributed", widget="checkbox", probe=False,
+        note=ddp_note("ddp_broadcast_buffers", True), ddp_kwargs=broadcast_kwargs, code=broadcast_code,
+        fuzz=Fuzz((True, False)), help="DDP broadcasts rank 0's buffers (BatchNorm statistics) every forward")
+    fsdp_reshard_after_forward: bool = declare(True, parallel=fsdp_option("reshard_after_forward"), code=RESHARD_CODE,
+        kind="bool", group="Distributed", widget="checkbox", probe=False, fuzz=Fuzz((True,), ("yes",)),
         help="FSDP2 frees each shard unit's gathered parameters after forward "
         "and gathers them again in backward (less memory, more "
-        "communication); the root follows FSDP2's default",
-    )
-    fsdp_param_dtype: str = declare(
-        "fp32",
-        parallel=fsdp_option("param_dtype", torch_dtype),
-        code=PARAM_DTYPE_CODE,
-        kind="choice",
-        choices=FSDP_DTYPES,
-        group="Distributed",
-        widget="dropdown",
-        probe="bf16",
+        "communication); the root follows FSDP2's default")
+    fsdp_param_dtype: str = declare("fp32", parallel=fsdp_option("param_dtype", torch_dtype), code=PARAM_DTYPE_CODE,
+        kind="choice", choices=FSDP_DTYPES, group="Distributed", widget="dropdown", probe="bf16",
         fuzz=Fuzz(("fp32",), ("fp16",)),
-        help="FSDP2 MixedPrecisionPolicy: dtype of the gathered parameters for compute",
-    )
-    fsdp_reduce_dtype: str = declare(
-        "fp32",
-        parallel=fsdp_option("reduce_dtype", torch_dtype),
-        code=REDUCE_DTYPE_CODE,
-        kind="choice",
-        choices=FSDP_DTYPES,
-        group="Distributed",
-        widget="dropdown",
-        probe="bf16",
-        fuzz=Fuzz(("fp32",), ("fp16",)),
-        help="FSDP2 MixedPrecisionPolicy: dtype of the gradient reduce-scatter",
-    )
-    fsdp_prefetch: int | None = declare(
-        None,
-        parallel=fsdp_option("prefetch"),
-        code=prefetch_code,
-        kind="int",
-        minimum=0,
-        optional=True,
-        group="Distributed",
-        widget="dropdown",
-        options=(None, 0, 1, 2),
-        probe=1,
+        help="FSDP2 MixedPrecisionPolicy: dtype of the gathered parameters for compute")
+    fsdp_reduce_dtype: str = declare("fp32", parallel=fsdp_option("reduce_dtype", torch_dtype),
+        code=REDUCE_DTYPE_CODE, kind="choice", choices=FSDP_DTYPES, group="Distributed", widget="dropdown",
+        probe="bf16", fuzz=Fuzz(("fp32",), ("fp16",)),
+        help="FSDP2 MixedPrecisionPolicy: dtype of the gradient reduce-scatter")
+    fsdp_prefetch: int | None = declare(None, parallel=fsdp_option("prefetch"), code=prefetch_code, kind="int",
+        minimum=0, optional=True, group="Distributed", widget="dropdown", options=(None, 0, 1, 2), probe=1,
         fuzz=Fuzz((None,), (-1,)),
-        help="FSDP2 units gathered ahead in forward and backward; None = FSDP2's default (one ahead in backward)",
-    )
-    fsdp_cpu_offload: bool = declare(
-        False,
-        kind="bool",
-        group="Distributed",
-        widget="checkbox",
-        probe=True,
-        parallel=offload_option,
-        note=offload_note,
-        code=offload_code,
-        fuzz=Fuzz((False,), ("no",)),
-        help="FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state in CPU memory (GPU only)",
-    )
-    fsdp_shard: tuple[str, ...] = declare(
-        (),
-        parallel=fsdp_option("units"),
-        code=UNITS_CODE,
-        kind="blocks",
-        group="Distributed",
-        widget="dropdown",
-        options=(("bench.blocks, then the root", ()),),
-        fuzz=Fuzz(((),)),  # names: test_strategy
-        help="FSDP2 shard units (block names); () = the blocks bench.blocks finds, then the root",
-    )
+        help="FSDP2 units gathered ahead in forward and backward; None = FSDP2's default (one ahead in backward)")
+    fsdp_cpu_offload: bool = declare(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
+        parallel=offload_option, note=offload_note, code=offload_code, fuzz=Fuzz((False,), ("no",)),
+        help="FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state in CPU memory (GPU only)")
+    fsdp_shard: tuple[str, ...] = declare((), parallel=fsdp_option("units"), code=UNITS_CODE, kind="blocks",
+        group="Distributed", widget="dropdown", options=(("bench.blocks, then the root", ()),), fuzz=Fuzz(((),)),
+        help="FSDP2 shard units (block names); () = the blocks bench.blocks finds, then the root")
