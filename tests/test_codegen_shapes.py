@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, TinyNet
 from test_step import NOT_HERE, switched_on
 from torch import nn
 from torch.utils.data import Dataset
@@ -22,21 +22,11 @@ from workbench.results import ResultLog
 from workbench.step import seeded
 
 
-class Blocks(nn.Module):
-    """Two residual blocks in a ModuleList, so checkpoint=('blocks.0',) has something to act on."""
+class Blocks(TinyNet):
+    """conftest's TinyNet (two residual blocks in a ModuleList, so checkpoint=('blocks.0',) has
+    something to act on), its forward renamed `logits` for the shapes below to call."""
 
-    def __init__(self, d: int = 16, inputs: int = 8) -> None:
-        super().__init__()
-        self.inp = nn.Linear(inputs, d)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
-                                    for _ in range(2))
-        self.head = nn.Linear(d, 4)
-
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x)
-        for block in self.blocks:
-            h = h + block(h)
-        return self.head(h)
+    logits = TinyNet.forward
 
 
 class TupleNet(Blocks):

@@ -260,7 +260,7 @@ def test_cli_joins_a_torchrun_job_of_two_simulated_nodes(tmp_path) -> None:
     assert [p.returncode for p in nodes] == [0, 0], [e[-2000:] for _, e in outs]
     printed = [o for o, _ in outs if o.strip()]
     assert len(printed) == 1  # rank 0 alone prints one JSON document
-    doc = json.loads(printed[0])  # the one --json document (README: JSON output)
+    doc = json.loads(printed[0])  # the one --json document (docs/cli.md: the JSON envelope)
     assert doc["ok"] and doc["command"] == "run"
     rec = doc["result"]
     assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["ddp_bucket_cap_mb"] == 1

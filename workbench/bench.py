@@ -103,8 +103,7 @@ class Workbench:
     # ---- validation ----------------------------------------------------------------------
     def _probe(self) -> None:
         """Run the step's forward once on a throw-away copy so mistakes surface now, with a fix."""
-        from .apply import build_loader
-        from .step import Stage, check_loss
+        from .step import Stage, build_loader, check_loss
 
         wl = self.workload
         if not wl.spec.iterable and len(wl.spec) == 0:

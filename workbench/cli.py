@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="results directory (JSONL; default workbench-runs); 'none' to keep nothing "
                             "(under torchrun write --log-path: torchrun's own parser claims --log)")
         p.add_argument("--json", action="store_true",
-                       help="print exactly one JSON document on stdout (shape: README, 'JSON output')")
+                       help="print exactly one JSON document on stdout (shape: docs/cli.md)")
         p.add_argument("--quiet", action="store_true", help="no progress bar (there is none unless stderr is a terminal)")
         if cmd == "run":
             p.add_argument("--trace", action="store_true",
@@ -170,7 +170,7 @@ def jsonable(obj: Any) -> Any:
 
 
 def document(command: str, *, result: Any = None, error: str | None = None, exit_code: int = 0) -> dict[str, Any]:
-    """The one JSON document a verb prints with --json (the shape README.md documents)."""
+    """The one JSON document a verb prints with --json (the shape docs/cli.md documents)."""
     from . import __version__
 
     return {"schema": JSON_SCHEMA, "command": command, "version": __version__, "ok": error is None and exit_code == 0,

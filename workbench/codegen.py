@@ -24,8 +24,9 @@ from __future__ import annotations
 import textwrap
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
-from .knobs import Knobs, code_sections
+from .knobs.spec import code_sections  # the declarations' code hooks; Knobs.to_code imports this module
 from .stepshape import StepShape, is_demo_source, is_import_path
 
 
@@ -35,7 +36,7 @@ def _identifier(name: str, what: str) -> str:
     return name
 
 
-def torchrun_command(knobs: Knobs, script: str | None = None, *, nnodes: int = 1) -> str:
+def torchrun_command(knobs: Any, script: str | None = None, *, nnodes: int = 1) -> str:
     """The torchrun line for the DDP (or FSDP2) script: `world_size` processes on one node (standalone
     rendezvous), or per node of `nnodes` with a c10d rendezvous at HOST:29500."""
     script = script or f"train_{knobs.strategy}.py"
@@ -50,7 +51,7 @@ def torchrun_command(knobs: Knobs, script: str | None = None, *, nnodes: int = 1
 class Program:
     """What every section needs: the knobs, their code sections, the step's shape, the user's names."""
 
-    k: Knobs
+    k: Any  # a Knobs value (not imported: knobs imports this module for Knobs.to_code)
     extra: dict[str, list[str]]
     shape: StepShape
     model: str
@@ -84,7 +85,7 @@ class Program:
         return {"loss_fn": self.loss_fn, "step_fn": self.step_fn}.get(self.shape.loss, "")
 
 
-def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset", loss_fn: str = "loss_fn",
+def knobs_to_code(knobs: Any, *, model: str = "model", dataset: str = "dataset", loss_fn: str = "loss_fn",
                   step_fn: str = "step_fn", optimizer: str = "make_optimizer", steps: int = 100,
                   shuffle: bool | None = None, drop_last: bool | None = None, seed: int | None = None,
                   warmup: int = 5, setup: str | None = None, shape: StepShape | None = None) -> str:
@@ -101,7 +102,7 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     it needs there and stops, naming each missing one, when run without them. A step the script
     cannot carry over (a lambda or closure `step_fn`) is said at its top and warned about.
     """
-    if not isinstance(knobs, Knobs):
+    if type(knobs).__name__ != "Knobs" or not callable(getattr(knobs, "to_dict", None)):
         raise TypeError(f"knobs_to_code takes a Knobs value, got {type(knobs).__name__}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
@@ -294,7 +295,7 @@ def model_and_optimizer(p: Program) -> list[str]:
     m, out = p.model, ["", f"{p.model} = {p.model}.to(device)"]
     out += p.extra["model"]
     wrapped = m
-    out += p.extra["shard"]  # FSDP2: fully_shard in place (the optimizer below sees the sharded parameters)
+    out += fsdp(p)  # FSDP2: fully_shard in place (the optimizer below sees the sharded parameters)
     if p.ddp and not p.fsdp:
         out += ["# all-reduces gradients in buckets during backward", "ddp_model = DDP(", f"    {m},",
                 '    device_ids=[local_rank] if device.type == "cuda" else None,']
@@ -317,6 +318,24 @@ def model_and_optimizer(p: Program) -> list[str]:
     return out
 
 
+def fsdp(p: Program) -> list[str]:
+    """FSDP2's section: fully_shard per shard unit (deepest first), then the root, with the fsdp_*
+    knobs' pieces; checkpoint wrappers (the model section) are already on the blocks."""
+    if not p.fsdp:
+        return []
+    x = p.extra
+    return ["# FSDP2: each shard unit gathers its parameters for its forward/backward and frees them after",
+            f"units = {x['fsdp_units'][0]}",
+            f"fsdp_options = dict({', '.join(x['fsdp_options'])}, mp_policy=MixedPrecisionPolicy({', '.join(x['fsdp_mp'])}))",
+            *x["fsdp_before"],
+            f"for unit in sorted(units, key=lambda u: -len(next(n for n, m in {p.model}.named_modules() if m is u)"
+            ".split('.'))):",
+            "    fully_shard(unit, **fsdp_options)  # deepest first: a unit inside another is sharded before it",
+            "# the root: every parameter left over; None = FSDP2 keeps a root's parameters for backward",
+            f'fully_shard({p.model}, **{{**fsdp_options, "reshard_after_forward": None}})',
+            *x["fsdp_after"]]
+
+
 def forward(p: Program) -> tuple[list[str], str]:
     """(lines before the forward, the forward + loss line) for the workload's batch and loss."""
     s, model = p.shape, "step_model"
@@ -331,7 +350,7 @@ def forward(p: Program) -> tuple[list[str], str]:
 def micro_batch(p: Program) -> list[str]:
     """One micro-batch: device move, the batch code, forward + loss under the forward contexts,
     backward (through the scaler), inside no_sync on all but the last micro-batch under DDP."""
-    move = ", non_blocking=True" if p.k.pin_memory else ""
+    move = "".join(f", {arg}" for arg in p.extra["move_args"])  # e.g. pin_memory's non_blocking
     before, compute_loss = forward(p)
     body = [f"batch = each_tensor(lambda t: t.to(device{move}), batch)",
             "seen += samples_in(batch)"] + p.extra["batch"] + before
@@ -342,7 +361,7 @@ def micro_batch(p: Program) -> list[str]:
                    if p.accum > 1 else "loss.backward()")
     if p.fsdp and p.accum > 1:  # FSDP2's no_sync: no reduce-scatter until the last micro-batch
         return [*body, f"{p.model}.set_requires_gradient_sync((micro + 1) % accum_steps == 0)", *compute]
-    if p.ddp and p.k.ddp_no_sync and p.accum > 1:
+    if p.ddp and p.extra["no_sync"] and p.accum > 1:  # ddp_no_sync's code hook
         return body + ["last_micro = (micro + 1) % accum_steps == 0",
                        "# no all-reduce until the last micro-batch of the optimizer step",
                        "with contextlib.nullcontext() if last_micro else ddp_model.no_sync():"] + [

@@ -73,7 +73,7 @@ def allocator_note(runs_a: Sequence[TrialResult], runs_b: Sequence[TrialResult])
     if len(seen) < 2:  # one setting, or logs from before the environment recorded it
         return ""
     return (f"The trials ran with different malloc settings ({', '.join(sorted(s or 'not glibc' for s in seen))}): "
-            "part of the difference may be page faults rather than the knobs (README 'Page faults').")
+            "part of the difference may be page faults rather than the knobs (docs/measurement.md 'Page faults').")
 
 
 def judge(a: Trials, b: Trials, *, log: HasNoise | None = None, noise: Noise | None = None,

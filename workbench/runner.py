@@ -29,10 +29,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from . import apply
 from . import trace as tracing
 from .compat import CompileWatch
-from .knobs import BLOCK_KNOBS, Knobs, device_notes
+from .knobs import BLOCK_KNOBS, Knobs, check_run, context, device_notes, settings, traits
 from .measure import (
     FOREIGN_LOAD_LIMIT,
     CpuLoad,
@@ -163,7 +162,7 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
     failed = False
     try:
         with contextlib.ExitStack() as stack:  # every object that holds memory or processes
-            stack.enter_context(apply.process_settings(knobs))
+            stack.enter_context(settings(knobs))
             stack.enter_context(seeded(workload.seed))
             env = environment(device)
             trace_to = tracing.trace_file(trace_dir, type(workload.pristine).__name__) if trace else None
@@ -191,7 +190,7 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
         status, message = sort_failure(e, stage, knobs)
         return _failure(knobs, status, message, stage, e, notes, started, device)
     finally:
-        if failed or knobs.compile != "off":
+        if failed or traits(knobs)["compiles"]:
             gc.collect()  # tracebacks and compiled graphs hold cycles; plain trials free by refcount
         release_free_memory()
         if device.type == "cuda":
@@ -206,8 +205,9 @@ def run_phases(step: TrainStep, source: BatchSource, stage: Stage, progress: Tri
     """First batch, warm-up, (`before_window`: a rank's barrier), the measured window, under a
     CompileWatch; the RawTrial with start-up, warm-up and compile figures filled in."""
     total = warmup_steps + steps
-    with CompileWatch(enabled=step.knobs.compile != "off") as watch:
-        progress.set("starting workers" if step.knobs.num_workers else "loading data", 0, total)
+    told = traits(step.knobs)  # what the knobs' hooks say the phases must know (compile, workers)
+    with CompileWatch(enabled=told["compiles"]) as watch:
+        progress.set("starting workers" if told["workers"] else "loading data", 0, total)
         startup_s = first_batch(source)
         warm = warm_up(step, source, warmup_steps, stage, progress, total, cancel, measure_memory=measure_memory)
         if before_window is not None:
@@ -257,13 +257,14 @@ def warm_up(step: TrainStep, source: BatchSource, n: int, stage: Stage, progress
     step runs under the profiler's memory events to find the step's peak tensor memory.
     """
     device = step.device
+    compiles = traits(step.knobs)["compiles"]
     peak_bytes = None
     probe_s = 0.0
     times: list[float] = []
     t_warm = time.perf_counter()
     for i in range(n):
         stage.phase, stage.step = "warm-up", i + 1
-        progress.set("compiling" if step.knobs.compile != "off" and i == 0 else "warming up", i, total)
+        progress.set("compiling" if compiles and i == 0 else "warming up", i, total)
         tw = time.perf_counter()
         if measure_memory and memory_meter(device.type) == "profiler" and i == n - 1:
             params = list(step.model.parameters())
@@ -355,20 +356,21 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         notes.append(f"disturbed: other processes kept {raw.foreign_cores:.2f} cores busy during the measurement")
     if raw.kernel_share is not None and raw.kernel_share > KERNEL_SHARE and raw.page_faults:
         notes.append(page_fault_note(raw.kernel_share, raw.page_faults / raw.steps, knobs))
-    if raw.epochs and not knobs.persistent_workers and knobs.num_workers:
+    told = traits(knobs)
+    if raw.epochs and not told["persistent_workers"] and told["workers"]:
         which = "an epoch boundary" if raw.epochs == 1 else f"{raw.epochs} epoch boundaries"
         notes.append(f"{which} in the window re-forked the workers (persistent_workers=True avoids it)")
     steady = statistics.median(raw.step_times_s)  # compile_s = warm-up time beyond steady-state steps
     warm = raw.warm_times_s
     compile_s = max(0.0, sum(warm) - steady * len(warm)) if warm else 0.0
-    compile_s = compile_s if knobs.compile != "off" else None  # nothing compiled: empty, not a small number
+    compile_s = compile_s if told["compiles"] else None  # nothing compiled: empty, not a small number
     status, message = "ok", ""
     bad = [i for i, x in enumerate(raw.losses) if not math.isfinite(x)]
     if bad:
         status = "nan"
         message = (f"loss became {raw.losses[bad[0]]} at measured step {bad[0] + 1}: lower the learning "
                    "rate, clip gradients, check input normalisation"
-                   + ("; with fp16 keep the GradScaler (it is on)" if knobs.amp == "fp16" else ""))
+                   + ("; with fp16 keep the GradScaler (it is on)" if told["loss_scaling"] else ""))
     extra: dict[str, Any] = {"epochs": raw.epochs, "warmup_steps": raw.warmup_steps, "wall_s": raw.wall_s,
                              "foreign_cores": raw.foreign_cores, "warmup_wall_s": raw.warmup_wall_s,
                              "memory_probe_s": raw.probe_s,
@@ -406,19 +408,19 @@ def page_fault_note(share: float, per_step: float, knobs: Knobs) -> str:
     """The note for a window whose process spent `share` of its CPU time in the kernel."""
     head = (f"page faults: the kernel took {share:.0%} of this process's CPU time ({per_step:,.0f} page faults "
             "per step)")
-    if knobs.num_workers:  # worker batches arrive in shared memory, mapped afresh each time
+    if traits(knobs)["workers"]:  # worker batches arrive in shared memory, mapped afresh each time
         return head + "; with workers part of it is each batch's shared memory being mapped in"
     if knobs.world_size > 1:  # gloo's sockets are kernel time too
         return head + "; with several ranks part of it is the gradient exchange between the processes"
     if keeps_freed_memory():  # what still faults: blocks above glibc's mmap ceiling, mapped fresh each time
         return (head + f" although malloc keeps freed memory here: blocks above {KEEP_MMAP_BYTES >> 20} MiB "
                 "are still mapped afresh every step; a smaller batch, or jemalloc/tcmalloc through LD_PRELOAD, "
-                "avoids it (README 'Page faults')")
+                "avoids it (docs/measurement.md 'Page faults')")
     return (head + ": freed memory went back to the OS and each step faulted it in again. Whether that "
             "happens depends on what ran before in this process, so the same knobs can read faster in "
             "another trial or in your own loop; to avoid it from now on in this process, call "
             "wb.keep_freed_memory(), or start Python (or Jupyter) with "
-            f"{MALLOC_ENV} (glibc), see README 'Page faults'")
+            f"{MALLOC_ENV} (glibc), see docs/measurement.md 'Page faults'")
 
 
 def _check_cancel(cancel: threading.Event | None) -> None:
@@ -495,6 +497,7 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
                     f"{knob} names unknown block {name!r}; choose from bench.blocks: "
                     f"{', '.join(workload.blocks) or '(none found)'}"
                 )
+    check_run(knobs, context(knobs, workload.device, spec=workload.spec, blocks=workload.blocks))  # device refusals
     if knobs.world_size > 1:
         from .distributed import check_launch
 
@@ -542,7 +545,7 @@ def failure_message(status: str, e: BaseException, stage: Stage, knobs: Knobs) -
     """One line: what failed, where (stage), when (phase and step), and what to try."""
     where = WHERE.get(stage.name, f"in {stage.name}")
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    if stage.name == "data" and knobs.num_workers and isinstance(e, (ConnectionError, EOFError)):
+    if stage.name == "data" and traits(knobs)["workers"] and isinstance(e, (ConnectionError, EOFError)):
         # a worker killed mid-send: the pipe breaks before torch notices the dead process
         text = f"a DataLoader worker exited while sending a batch ({text or type(e).__name__})"
     if status == "oom":
@@ -557,7 +560,7 @@ def failure_message(status: str, e: BaseException, stage: Stage, knobs: Knobs) -
         hints["loss"] = "check the model's output shape against the target"
     if isinstance(e, RuntimeError) and "modified by an inplace operation" in text:
         hints["backward"] = "an in-place op on a tensor autograd needs is the usual cause"
-    if stage.name in ("model", "step_fn") and knobs.compile != "off" and "torch._dynamo" in traceback.format_exc():
+    if stage.name in ("model", "step_fn") and traits(knobs)["compiles"] and "torch._dynamo" in traceback.format_exc():
         hints[stage.name] = "torch.compile failed: run with compile='off' to confirm, then see the traceback"
     hint = hints.get(stage.name, "see result.traceback")
     return f"{type(e).__name__} {where} {stage.when()}: {text} ({hint})"
