@@ -241,7 +241,7 @@ class Table:
     def _verdicts(self, noise: Noise, todo: list[int]) -> None:
         """The verdict of each row in `todo` by `stats.one_look`, decide()'s rule itself, on every row at
         once from running sums, so a new noise costs one vectorised pass, not n decide() calls.
-        tests/test_results.py holds every verdict equal to compare(*_sides(...))."""
+        tests/test_table.py holds every verdict equal to compare(*_sides(...))."""
         m = np.array([(*self._moments(self.sides[i][0]), *self._moments(self.sides[i][1])) for i in todo], dtype=float)
         for i, w in zip(todo, one_look(*m.T, noise).verdicts):
             self.verdicts[i] = w
