@@ -252,10 +252,12 @@ class ResultLog:
         self._observers.append(fn)
 
     def unobserve(self, fn: Callable[[TrialResult], None]) -> None:
+        """Stop calling `fn` after appends (a closed panel); unknown observers are ignored."""
         if fn in self._observers:
             self._observers.remove(fn)
 
     def get(self, trial_id: int) -> TrialResult:
+        """The trial with this id; ValueError listing the known ids when there is none."""
         for r in self.trials:
             if r.trial_id == trial_id:
                 return r
@@ -270,6 +272,7 @@ class ResultLog:
         return next((r for r in self.trials if r.ok), None)
 
     def set_baseline(self, trial_id: int) -> None:
+        """Make an ok trial the reference for speedups and verdicts; persisted as a "baseline" line."""
         r = self.get(trial_id)
         if not r.ok:
             raise ValueError(f"trial #{trial_id} has status {r.status!r}; only an ok trial can be the baseline")
