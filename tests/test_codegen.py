@@ -184,6 +184,7 @@ make_optimizer = lambda p: torch.optim.AdamW(p, lr=1e-2)
 
 
 @pytest.mark.slow
+@pytest.mark.fixed_warmup
 def test_fsdp2_script_runs_under_torchrun_and_trains_like_the_trial(tmp_path) -> None:
     """The exported FSDP2 script on 2 gloo ranks: its per-step losses are the trial's (fp32)."""
     import json

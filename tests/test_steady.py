@@ -94,11 +94,18 @@ def test_the_buffer_is_drained_before_warm_up_ends():
     assert rule.outcome()["buffer_batches"] == 16
 
 
-def test_a_pause_counts_as_a_slow_step():
+def test_a_pause_counts_as_a_slow_step_when_a_buffer_can_refill():
     steps = [(1.0, 0.0)] + [(0.01, 0.0)] * 4 + [(0.5, 0.0)] + [(0.01, 0.0)] * 40
-    rule = run_rule(WarmupRule(min_steps=5), steps)
+    rule = run_rule(WarmupRule(min_steps=5, buffer_batches=4, num_workers=2), steps)
     assert rule.ended == "steady" and rule.outcome()["last_slow_step"] == 6 and "neighbours" in rule.reason
     assert rule.steps == 6 + rule.needed()
+    # without workers a pause refills nothing: the same count as a trial without the pause
+    rule = run_rule(WarmupRule(min_steps=5), steps)
+    assert rule.ended == "steady" and rule.steps == 1 + rule.needed()
+
+
+def test_one_pause_in_a_half_is_not_a_trend():
+    assert is_steady([0.01, 0.01, 0.01, 0.01, 0.01, 0.2, 0.01, 0.01])[0]
 
 
 def test_an_endless_trend_hits_the_cap_and_says_so():

@@ -13,8 +13,10 @@ data-bound loader (DESIGN.md, round 4). So warm-up ends at steady state, not at 
     A cap (CAP_STEPS warm-up steps, or CAP_S seconds spent past the slow steps) ends warm-up
     anyway: the trial runs, and its notes say "warm-up cap: ...".
 
-A slow step is the first step, the memory probe, an epoch start, or any step that took more than
-`slow_factor` times the mean of the steps around it (a recompile, CUDA graph capture, a pause).
+A slow step is the first step, the memory probe, an epoch start, or (with a loader buffer to refill)
+any step that took more than `slow_factor` times the mean of the steps around it (a recompile,
+CUDA graph capture, a pause). Without workers the count is the same in every trial of the same
+knobs unless the trend test fails, so identical trials train identically (same losses).
 `WORKBENCH_FIXED_WARMUP=1` in the environment restores the old fixed count (exactly `warmup_steps`).
 This module is pure bookkeeping: no clocks, no torch.
 """
@@ -85,19 +87,29 @@ def is_steady(times_s: Sequence[float], waits_s: Sequence[float] | None = None, 
         raise ValueError(f"the trend test needs at least 2 step times, got {len(times_s)}")
     if half >= cycle:
         half -= half % cycle
-    first, second = sum(times_s[-2 * half:-half]), sum(times_s[-half:])
-    if first <= 0:
+    waits = list(waits_s) if waits_s is not None else [0.0] * len(times_s)
+    a, wait_a = _trimmed(list(times_s[-2 * half:-half]), waits[-2 * half:-half])
+    b, wait_b = _trimmed(list(times_s[-half:]), waits[-half:])
+    if a <= 0:
         return False, "the first half took no time"
-    change = second / first - 1
+    change = b / a - 1
     if abs(change) > tolerance:
         return False, (f"the last {half} steps took {change:+.0%} of the {half} before them "
                        f"({'slowing' if change > 0 else 'speeding'} up)")
     if waits_s is not None:
-        share_a = sum(waits_s[-2 * half:-half]) / first
-        share_b = sum(waits_s[-half:]) / second if second > 0 else 0.0
+        share_a, share_b = wait_a / a, (wait_b / b if b > 0 else 0.0)
         if abs(share_b - share_a) > tolerance:
             return False, f"the data-wait share went from {share_a:.0%} to {share_b:.0%} of step time"
     return True, ""
+
+
+def _trimmed(times: list[float], waits: list[float]) -> tuple[float, float]:
+    """(seconds, seconds waiting) of a half without its longest step when it has 3 or more: one
+    pause (another process took the core) is not a trend."""
+    if len(times) >= 3:
+        longest = max(range(len(times)), key=times.__getitem__)
+        times, waits = times[:longest] + times[longest + 1:], waits[:longest] + waits[longest + 1:]
+    return sum(times), sum(waits)
 
 
 @dataclass
@@ -191,6 +203,8 @@ class WarmupRule:
         """(index, why) of the last slow step: a known event or a step far above its neighbours."""
         n = len(self.times_s)
         last_event = max(self.events, default=-1)
+        if not self.buffer_batches:  # a pause fills no buffer: the trend test alone judges what follows
+            return last_event, self.events.get(last_event, "")
         after = 0.0
         for i in range(n - 1, last_event, -1):
             later = n - 1 - i
