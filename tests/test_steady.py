@@ -19,7 +19,9 @@ from conftest import ROOT, SLEEP_S, SleepData, TinyNet, workers_limit
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset, get_worker_info
 
 import workbench as wb
+from workbench.apply import LoaderMeter, build_loader
 from workbench.steady import CAP_STEPS, FIXED_ENV, WarmupRule, cycle_steps, is_steady, loader_buffer
+from workbench.workload import loader_spec
 
 OVER = 1.05  # a trial may read at most this much above what the workers can deliver (sleep overshoots only slow)
 
@@ -180,6 +182,12 @@ class SleepStream(IterableDataset):
         return (self.data[i] for i in range(start, len(self.data), step))
 
 
+@pytest.fixture(autouse=True)
+def steady_warmup(monkeypatch):
+    """These tests are about the steady rule: never the fixed count, whatever the caller's environment."""
+    monkeypatch.delenv(FIXED_ENV, raising=False)
+
+
 def sleep_bench(data=None, **kw) -> wb.Workbench:
     return wb.Workbench(TinyNet(), data if data is not None else SleepData(), loss_fn=torch.nn.CrossEntropyLoss(),
                         optimizer=lambda p: torch.optim.SGD(p, lr=0.05), log=None, device="cpu",
@@ -207,6 +215,7 @@ def test_no_trial_reads_more_than_the_workers_deliver():
             limit = workers_limit(knobs["num_workers"])
             rule = r.extra["warmup_rule"]
             assert r.ok and r.samples_per_s <= OVER * limit, (name, r.samples_per_s, limit, rule)
+            assert not any("faster than the loader" in n for n in r.notes), r.notes
             assert rule["rule"] == "steady" and rule["steps"] >= 5 and rule["reason"]
 
 
@@ -250,3 +259,53 @@ def test_the_first_compiled_trial_in_a_process_is_not_the_buffer():
 
 def test_sleep_data_has_the_promised_latency():
     assert SleepData(4).sleep_s == SLEEP_S and workers_limit(2) == pytest.approx(1333.3, abs=0.1)
+
+
+# ---- the loader-limit check -----------------------------------------------------------------------
+def test_the_loader_meter_measures_what_the_workers_can_deliver():
+    meter = LoaderMeter(2)
+    assert meter.limit(16) is None
+    loader = build_loader(loader_spec(SleepData(64)), wb.Knobs(batch_size=16, num_workers=2), seed=0,
+                          device=torch.device("cpu"), meter=meter)
+    assert sum(len(x) for x, _ in loader) == 64
+    busy, batches = meter.read()
+    assert batches == 4 and busy >= 64 * SLEEP_S  # sleeps only overshoot
+    assert meter.limit(16) <= workers_limit(2) * 1.001
+    stream = build_loader(loader_spec(SleepStream(32)), wb.Knobs(batch_size=16, num_workers=2), seed=0,
+                          device=torch.device("cpu"), meter=LoaderMeter(2))
+    assert sum(len(x) for x, _ in stream) == 32
+    with pytest.raises(ValueError):
+        LoaderMeter(0)
+
+
+def pause_first_step(seconds: float):
+    """A step_fn whose first trial step waits `seconds` (what a compile does to the loader), then
+    trains (call 1 is the Workbench's construction probe)."""
+    calls = [0]
+
+    def step_fn(model, batch):
+        import time
+
+        calls[0] += 1
+        if calls[0] == 2:
+            time.sleep(seconds)
+        x, y = batch
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    return step_fn
+
+
+@pytest.mark.slow
+def test_a_window_that_drains_the_buffer_is_flagged_and_the_rule_avoids_it(monkeypatch):
+    """A 0.6 s first step lets two workers buffer 16 batches. With the old fixed warm-up the
+    window drains them and reads above the workers' limit: flagged. The steady rule drains them first."""
+    knobs = dict(num_workers=2, prefetch_factor=8)
+    monkeypatch.setenv(FIXED_ENV, "1")
+    fixed = sleep_bench(step_fn=pause_first_step(0.6)).run(**knobs)
+    assert fixed.ok and fixed.samples_per_s > OVER * workers_limit(2)
+    assert fixed.extra["steady"] is False and any("faster than the loader" in n for n in fixed.notes), fixed.notes
+    assert fixed.extra["loader_limit_samples_per_s"] <= workers_limit(2) * 1.001
+    monkeypatch.delenv(FIXED_ENV)
+    steady = sleep_bench(step_fn=pause_first_step(0.6)).run(**knobs)
+    assert steady.ok and steady.samples_per_s <= OVER * workers_limit(2), steady.extra["warmup_rule"]
+    assert not any("faster than the loader" in n for n in steady.notes), steady.notes

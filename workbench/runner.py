@@ -58,6 +58,7 @@ from .workload import Workload
 
 Progress = Callable[[str, int, int], None]  # (phase, steps done, steps total), called by a Poller
 NOISY = 0.10  # IQR / median above this gets a "noisy" note
+LOADER_OVER = 1.05  # a window above this share of the workers' limit drained a buffer
 KERNEL_SHARE = 0.05  # kernel share of CPU time above this gets a "page faults" note (quiet steps: < 1%)
 T = TypeVar("T")
 TRACE_STEPS = 3  # optimizer steps in a trace (after one profiler warm-up step)
@@ -99,6 +100,7 @@ class RawTrial:
     kernel_share: float | None = None  # kernel share of this process's CPU seconds during the window
     warmup_rule: dict[str, Any] = field(default_factory=dict)  # WarmupRule.outcome(): steps taken, why it ended
     warmup_note: str | None = None  # WarmupRule.note(): set when warm-up did not reach steady state
+    loader_limit: float | None = None  # samples/s the workers can deliver at most (LoaderMeter), None without
 
 
 def run_trial(
@@ -317,6 +319,8 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
     load = CpuLoad()
     kernel = KernelTime()
     epochs = source.epochs
+    meter = getattr(source, "meter", None)
+    made = meter.read() if meter is not None else None
     t_start = time.perf_counter()
     clock.mark()
     for i in range(steps):
@@ -333,11 +337,13 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
     foreign = load.foreign_cores()
     peak = (torch.cuda.max_memory_allocated(device)
             if measure_memory and memory_meter(device.type) == "allocator" else None)
+    limit = meter.limit(step.knobs.batch_size, since=made) if meter is not None else None
     return RawTrial(warmup_steps=warmup_steps, steps=steps, startup_s=0.0, warm_times_s=[], warmup_wall_s=0.0,
                     probe_s=0.0, step_times_s=clock.durations_s(), waits_s=waits,
                     losses=losses.values(divide_by=step.knobs.accum_steps),  # the one device->host read
                     samples=samples, wall_s=wall, epochs=source.epochs - epochs, foreign_cores=foreign, peak_bytes=peak,
-                    page_faults=faults[0] if faults else None, kernel_share=faults[1] if faults else None)
+                    page_faults=faults[0] if faults else None, kernel_share=faults[1] if faults else None,
+                    loader_limit=limit)
 
 
 def trace_after(step: TrainStep, source: BatchSource, path: Any, stage: Stage, progress: TrialProgress,
@@ -382,7 +388,7 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
     if raw.epochs and not knobs.persistent_workers and knobs.num_workers:
         which = "an epoch boundary" if raw.epochs == 1 else f"{raw.epochs} epoch boundaries"
         notes.append(f"{which} in the window re-forked the workers (persistent_workers=True avoids it)")
-    window_steady = window_check(raw, knobs, notes)
+    window_steady = all([window_check(raw, knobs, notes), loader_check(raw, knobs, notes)])  # both notes
     steady = statistics.median(raw.step_times_s)  # compile_s = warm-up time beyond steady-state steps
     warm = raw.warm_times_s
     compile_s = max(0.0, sum(warm) - steady * len(warm)) if warm else 0.0
@@ -401,6 +407,7 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
                                                       else round(raw.page_faults / raw.steps, 1)),
                              "kernel_share": raw.kernel_share,
                              "warmup_rule": raw.warmup_rule,
+                             "loader_limit_samples_per_s": raw.loader_limit,
                              "steady": window_steady and not raw.warmup_note}
     info = raw.compile_info
     if info:
@@ -441,6 +448,23 @@ def window_check(raw: RawTrial, knobs: Knobs, notes: list[str]) -> bool:
     if not steady:
         notes.append(f"not steady: in the measured window {why}; repeat, or measure more steps")
     return steady
+
+
+def loader_check(raw: RawTrial, knobs: Knobs, notes: list[str]) -> bool:
+    """False (and a note) when the window read more samples/s than the workers can deliver: it
+    drained batches buffered before it, so the figure is the buffer's, not the pipeline's. One loader
+    cycle (a batch per worker) may be ready when the window starts, so that much is allowed over."""
+    if raw.loader_limit is None or raw.wall_s <= 0:
+        return True
+    rate = raw.samples / raw.wall_s
+    cycle = cycle_steps(knobs.num_workers, knobs.accum_steps)
+    allowed = raw.loader_limit * LOADER_OVER * raw.steps / max(1, raw.steps - cycle)
+    if rate <= allowed:
+        return True
+    notes.append(f"not steady: faster than the loader: the window read {rate:,.0f} samples/s, but "
+                 f"{knobs.num_workers} workers deliver at most {raw.loader_limit:,.0f} (measured in them): it "
+                 "drained batches buffered before it; not a clean figure, measure more warm-up or more steps")
+    return False
 
 
 def page_fault_note(share: float, per_step: float, knobs: Knobs) -> str:

@@ -67,8 +67,12 @@ class BatchSource:
         self.stage = stage or Stage()
         # pinned host buffers make the copy asynchronous; only then is non_blocking meaningful
         self.non_blocking = knobs.pin_memory and self.device.type == "cuda"
+        # with workers, what they can deliver is measured (the loader-limit check of a trial)
+        self.meter = (apply.LoaderMeter(knobs.num_workers) if knobs.num_workers and knobs.data != "cached"
+                      else None)
         self.loader = apply.build_loader(workload.spec, knobs, seed=workload.seed, device=self.device,
-                                         timeout_s=timeout_s if knobs.num_workers else 0, sampler=sampler)
+                                         timeout_s=timeout_s if knobs.num_workers else 0, sampler=sampler,
+                                         meter=self.meter)
         self.iterator: Iterator | None = None
         self.epochs = 0
         self.notes: list[str] = []  # fallbacks taken (see compat)
