@@ -123,6 +123,19 @@ def test_the_cap_in_seconds_ends_warm_up():
     assert rule.ended == "cap" and rule.steps < 20 and "warm-up cap" in rule.note()
 
 
+@pytest.mark.parametrize("workers, prefetch, accum, probe", [(0, None, 1, True), (2, 8, 1, True), (4, None, 2, False)])
+def test_planned_warmup_is_what_a_quiet_trial_takes(workers, prefetch, accum, probe):
+    from workbench.steady import planned_warmup
+
+    buffer = workers * (prefetch or 2)
+    rule = WarmupRule(min_steps=5, buffer_batches=buffer, num_workers=workers, accum_steps=accum)
+    steps = [(2.0, 0.0)] + [(0.01, 0.0, "memory probe" if probe and i == 0 else None) for i in range(100)]
+    run_rule(rule, steps)
+    assert rule.ended == "steady"
+    assert planned_warmup(5, num_workers=workers, prefetch_factor=prefetch, accum_steps=accum, probe=probe) == rule.steps
+    assert planned_warmup(0, num_workers=2) == 0 and planned_warmup(50) == 50
+
+
 def test_fixed_warmup_restores_the_count(monkeypatch):
     monkeypatch.setenv(FIXED_ENV, "1")
     rule = run_rule(WarmupRule.for_loader(DataLoader(TensorDataset(torch.zeros(8, 2)), num_workers=2), 3),

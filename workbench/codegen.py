@@ -21,6 +21,7 @@ import textwrap
 from dataclasses import dataclass
 
 from .knobs import Knobs, code_sections
+from .steady import planned_warmup
 
 
 def _identifier(name: str, what: str) -> str:
@@ -78,8 +79,10 @@ def knobs_to_code(knobs: Knobs, *, model: str = "model", dataset: str = "dataset
     With `seed`, the loop seeds torch and the loader's shuffle the way a trial does (same batches
     in the same order as `run_trial` with `Workbench(seed=...)`). It prints the samples/s of the
     steps after the first `warmup` (start-up and compilation are not timed), the figure a trial
-    reports, so the script can referee the workbench. With `world_size > 1` it is a whole DDP
-    script for torchrun; `setup` is code placed after the imports that defines the four names
+    reports, so the script can referee the workbench. `warmup` is a minimum: the script warms up
+    as a quiet trial does (`script_warmup`: the loader's buffer drained, then 8 steps), within
+    `steps - 1`; pass `steps=script_warmup(knobs, warmup) + timed` for `timed` timed steps. With
+    `world_size > 1` it is a whole DDP script for torchrun; `setup` is code placed after the imports that defines the four names
     (otherwise a comment marks where they go).
     """
     if not isinstance(knobs, Knobs):
@@ -227,6 +230,25 @@ def optimizer_step(p: Program) -> list[str]:
     return update
 
 
+def script_warmup(knobs: Knobs, warmup: int = 5) -> int:
+    """Untimed steps the script `knobs.to_code(warmup=...)` runs (given enough `steps`): at least
+    `warmup`, and as many as a quiet trial's steady warm-up (steady.planned_warmup, no memory
+    probe), so the script drains the loader's buffer before its window as a trial does."""
+    return planned_warmup(warmup, num_workers=knobs.num_workers, prefetch_factor=knobs.prefetch_factor,
+                          accum_steps=knobs.accum_steps)
+
+
+def warmup_line(p: Program) -> str:
+    """`warmup_steps = N  # why`: the steady warm-up of a trial, capped to leave one timed step."""
+    warm = min(script_warmup(p.k, p.warmup), p.steps - 1)
+    if warm <= p.warmup:
+        return f"warmup_steps = {warm}  # not timed: start-up, compilation"
+    drained = (f"the loader's {p.k.num_workers} workers x {p.k.prefetch_factor or 2} buffered batches drained, "
+               if p.k.num_workers else "")
+    return (f"warmup_steps = {warm}  # not timed: start-up, compilation, {drained}then steps without a trend "
+            "(a workbench trial's steady warm-up)")
+
+
 def loop(p: Program) -> list[str]:
     """The training loop over epochs (set_epoch under DDP), timed after `warmup` steps."""
     body = micro_batch(p)
@@ -237,7 +259,7 @@ def loop(p: Program) -> list[str]:
         body += update
     out = ["", "", "def sync():", '    """Wait for queued GPU work, so the clock measures it."""',
            '    if device.type == "cuda":', "        torch.cuda.synchronize()", "", "",
-           f"num_steps = {p.steps}", f"warmup_steps = {min(p.warmup, p.steps - 1)}  # not timed: start-up, compilation",
+           f"num_steps = {p.steps}", warmup_line(p),
            "step = micro = seen = 0" if p.accum > 1 else "step = seen = 0",
            "t0, seen0 = time.perf_counter(), 0", f"{p.model}.train()"]
     if p.ddp:

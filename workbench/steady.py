@@ -103,6 +103,22 @@ def is_steady(times_s: Sequence[float], waits_s: Sequence[float] | None = None, 
     return True, ""
 
 
+def planned_warmup(min_steps: int, *, num_workers: int = 0, prefetch_factor: int | None = None,
+                   accum_steps: int = 1, probe: bool = False) -> int:
+    """The warm-up steps the rule takes when no step after the known slow ones (the first step, and
+    the memory probe as the second when `probe`) is slow and nothing trends: what a quiet trial
+    takes, and what the script `Knobs.to_code()` writes warms up (it has no clock-driven rule)."""
+    if isinstance(min_steps, bool) or not isinstance(min_steps, int) or min_steps < 0:
+        raise ValueError(f"min_steps must be an int >= 0, got {min_steps!r}")
+    if min_steps == 0 or fixed_warmup():
+        return min_steps
+    buffer = num_workers * (prefetch_factor or DEFAULT_PREFETCH) if num_workers > 0 else 0
+    rule = WarmupRule(min_steps=min_steps, buffer_batches=buffer, accum_steps=accum_steps,
+                      num_workers=max(0, num_workers))
+    last_slow = 1 if probe and min_steps >= 2 else 0
+    return max(min_steps, last_slow + 1 + rule.needed())
+
+
 def _trimmed(times: list[float], waits: list[float]) -> tuple[float, float]:
     """(seconds, seconds waiting) of a half without its longest step when it has 3 or more: one
     pause (another process took the core) is not a trend."""
