@@ -11,7 +11,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 # codegen renders the core's step as text (Knobs.to_code): it sits with the core and imports nothing above it
 CORE = ("knobs", "workload", "step", "runner", "measure", "results", "progress", "compat", "stats", "system",
-        "trace", "codegen", "protocol", "stepshape")
+        "trace", "codegen", "protocol", "stepshape", "steady", "loadmeter")
 ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
               "display", "rebuild")
 MAX_FUNCTION_LINES = 80  # a function a newcomer reads in one screen

@@ -54,7 +54,7 @@ except ImportError:  # Windows: no lock; one file per process (see ResultLog)
 
 # The columns a reader wants first; knobs and details follow.
 SUMMARY_COLUMNS = [
-    "trial_id", "label", "status", "samples_per_s", "speedup", "verdict", "step_time_ms",
+    "trial_id", "label", "status", "samples_per_s", "speedup", "verdict", "steady", "step_time_ms",
     "step_time_iqr_ms", "data_wait_share", "peak_memory_mb", "model_state_mb", "startup_s", "compile_s",
     "final_loss", "message",
 ]
@@ -132,7 +132,7 @@ def compare(a: Trials, b: Trials, *, rounds: int | str = 0,
         noise = log.noise
     elif noise is None:
         noise = noise_of([*runs_a, *runs_b])
-    note = " ".join(filter(None, [note, allocator_note(runs_a, runs_b)]))
+    note = " ".join(filter(None, [note, allocator_note(runs_a, runs_b), steady_note(runs_a, runs_b)]))
     return decide([r.samples_per_s or 0.0 for r in runs_a], [r.samples_per_s or 0.0 for r in runs_b], noise,
                   a_trials=[r.trial_id for r in runs_a], b_trials=[r.trial_id for r in runs_b], rounds=done,
                   note=note, margin=margin, seconds=time.perf_counter() - t0 if rounds else None)
@@ -146,6 +146,17 @@ def allocator_note(runs_a: Sequence[TrialResult], runs_b: Sequence[TrialResult])
         return ""
     return (f"The trials ran with different malloc settings ({', '.join(sorted(s or 'not glibc' for s in seen))}): "
             "part of the difference may be page faults rather than the knobs (docs/measurement.md 'Page faults').")
+
+
+def steady_note(runs_a: Sequence[TrialResult], runs_b: Sequence[TrialResult]) -> str:
+    """A sentence when any trial on either side was not steady (warm-up cap, a trending window, a
+    window faster than its loader): the answer then rests on figures that may not be the pipeline's."""
+    bad = [r for r in [*runs_a, *runs_b] if r.steady is False]
+    if not bad:
+        return ""
+    ids = ", ".join(f"#{r.trial_id}" if r.trial_id is not None else "a trial" for r in bad)
+    return (f"Not steady: {ids} (see its notes); the answer rests on figures that may not be the pipeline's "
+            "steady state, so repeat those trials before believing it.")
 
 
 def _one_round(run: Callable[[Knobs], TrialResult | None], runs_a: list[TrialResult], runs_b: list[TrialResult],
@@ -193,7 +204,7 @@ def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *,
                                  before, looks=looks,
                                  margin=margin, a_trials=[r.trial_id for r in pa],
                                  b_trials=[r.trial_id for r in pb], rounds=done,
-                                 note=" ".join(filter(None, [note, allocator_note(pa, pb)])),
+                                 note=" ".join(filter(None, [note, allocator_note(pa, pb), steady_note(pa, pb)])),
                                  seconds=time.perf_counter() - t0, max_rounds=max_rounds)
 
     if pa:
@@ -514,7 +525,7 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
     for r in trials:
         row = {
             "trial_id": r.trial_id, "label": "", "status": r.status, "samples_per_s": r.samples_per_s,
-            "speedup": None, "verdict": "", "step_time_ms": _ms(r.step_time_s),
+            "speedup": None, "verdict": "", "steady": r.steady, "step_time_ms": _ms(r.step_time_s),
             "step_time_iqr_ms": _ms(r.step_time_iqr_s), "data_wait_share": r.data_wait_share,
             "peak_memory_mb": r.peak_memory_bytes / 1e6 if r.peak_memory_bytes is not None else None,
             "model_state_mb": r.model_state_bytes / 1e6 if r.model_state_bytes is not None else None,
