@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import workbench as wb
+from workbench.codegen import script_warmup  # the trial's steady warm-up (issue 30)
 from workbench.measure import environment
 from workbench.stats import t_quantile
 
@@ -59,7 +60,8 @@ model, dataset, loss_fn, make_optimizer = parts["model"], parts["data"], parts["
 def script_rate(demo: str, size: str, knobs: wb.Knobs, workdir: Path) -> float:
     """Run the generated loop as a plain `python` process; the samples/s it prints."""
     path = workdir / f"loop_{demo}.py"
-    path.write_text(PREAMBLE.format(demo=demo, size=size) + knobs.to_code(steps=WARMUP + STEPS, warmup=WARMUP))
+    path.write_text(PREAMBLE.format(demo=demo, size=size) + knobs.to_code(steps=script_warmup(knobs, WARMUP) + STEPS,
+                                                                              warmup=WARMUP))
     return run_script(path, knobs)
 
 

@@ -133,13 +133,24 @@ def script_losses(bench: wb.Workbench, knobs: wb.Knobs, names: dict, steps: int)
     return [sum(seen[i * k:(i + 1) * k]) / k for i in range(steps)]
 
 
+def script_losses_for(bench: wb.Workbench, knobs: wb.Knobs, names: dict, result) -> list[float]:
+    """The script's per-step losses over as many steps as the trial ran (its warm-up, steady or
+    fixed, then its measured window)."""
+    return script_losses(bench, knobs, names, result.extra["warmup_steps"] + len(result.losses))
+
+
+def trial_window(result, script: list[float]) -> list[float]:
+    """The script's losses at the steps the trial measured (after its warm-up)."""
+    return script[result.extra["warmup_steps"]:]
+
+
 def assert_script_is_the_trial(shape: str, knobs: wb.Knobs) -> None:
     bench, names = workbench_for(shape)
     result = bench.run(knobs, progress=False)
     assert result.ok, result.message
     assert result.extra["step"]["batch"] == bench.step_shape.batch
-    script = script_losses(bench, knobs, names, 5)
-    assert result.losses == pytest.approx(script[len(script) - len(result.losses):], abs=1e-5, rel=0)
+    assert result.losses == pytest.approx(trial_window(result, script_losses_for(bench, knobs, names, result)),
+                                          abs=1e-5, rel=0)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -211,7 +222,8 @@ def test_a_custom_sampler_and_collate_fn_are_carried_over():
     assert "sampler=sampler" in code and "collate_fn=collate_fn" in code
     names = {"model": model, "dataset": data, "loss_fn": nn.CrossEntropyLoss(), "sampler": order,
              "collate_fn": collate, "make_optimizer": lambda p: torch.optim.SGD(p, lr=0.1)}
-    assert result.losses == pytest.approx(script_losses(bench, knobs, names, 3)[1:], abs=1e-5, rel=0)
+    assert result.losses == pytest.approx(trial_window(result, script_losses_for(bench, knobs, names, result)),
+                                          abs=1e-5, rel=0)
 
 
 FACTORY = '''

@@ -29,6 +29,19 @@ def test_compare_says_when_the_sides_ran_with_different_malloc_settings():
     assert "malloc" not in str(same) and "malloc" not in str(old_log)
 
 
+def test_compare_says_when_a_side_was_not_steady():
+    """A "beyond noise" on a figure that drained the loader's buffer says so (issue 30)."""
+    a = replace(fake(noisy(0.010, 0.03)), trial_id=1, extra={"steady": True})
+    b = replace(fake(noisy(0.005, 0.03, seed=1), num_workers=1), trial_id=2, extra={"steady": False})
+    c = judge(a, b)
+    assert c.beyond_noise and "Not steady: #2" in str(c) and "repeat" in str(c)
+    assert "steady" not in judge(a, replace(b, extra={})).note  # records from before the check: no claim
+    log = ResultLog(None)
+    log.append(a)
+    log.append(b)
+    assert list(log.frame()["steady"]) == [True, False]
+
+
 def test_compare_steady_steps_are_no_evidence_between_trials():
     # 30 very steady steps each and a 25% gap: the old within-run bootstrap called this beyond
     # noise; one pair of trials cannot rule out a 20% run-to-run difference.

@@ -164,6 +164,7 @@ def test_a_smaller_bucket_cap_means_more_all_reduces(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.fixed_warmup  # the fault is planted at a forward call inside the window
 @pytest.mark.parametrize("kind, status, words", [
     ("raise", "error", ["rank 1: RuntimeError in the model's forward at measured step", "planted failure"]),
     ("oom", "oom", ["rank 1: out of memory in the model's forward"]),

@@ -131,6 +131,7 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
+@pytest.mark.fixed_warmup  # faults are planted at a call count: warm-up must take exactly warmup_steps
 @pytest.mark.parametrize("fault", list(MATRIX))
 def test_fault_matrix(fault, tmp_path, monkeypatch):
     knobs, status, words, where = MATRIX[fault]

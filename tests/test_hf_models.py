@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT
-from test_codegen_shapes import script_losses
+from test_codegen_shapes import script_losses_for, trial_window
 from torch.utils.data import Dataset
 
 import workbench as wb
@@ -79,8 +79,8 @@ def test_a_hugging_face_model_wraps_runs_checkpoints_and_exports_its_own_step(na
     assert checkpointed.losses == pytest.approx(plain.losses, abs=1e-4)  # recompute, same numbers
     for knobs in (wb.Knobs(batch_size=8), wb.Knobs(batch_size=4, accum_steps=2, checkpoint=(block,))):
         trial = bench.run(knobs, progress=False)
-        script = script_losses(bench, knobs, {**names, "model": copy.deepcopy(names["model"])}, 5)
-        assert trial.losses == pytest.approx(script[2:], abs=1e-5, rel=0)
+        script = script_losses_for(bench, knobs, {**names, "model": copy.deepcopy(names["model"])}, trial)
+        assert trial.losses == pytest.approx(trial_window(trial, script), abs=1e-5, rel=0)
     code = bench.to_code(wb.Knobs(batch_size=8))
     assert "loss = model_loss(step_model(**batch))" in code and "input_ids, attention_mask, labels" in code
 

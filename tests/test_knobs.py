@@ -147,6 +147,7 @@ def test_optimizer_impl_notes_a_class_without_the_argument():
     assert notes and "Plain takes no fused= argument" in notes[0]
 
 
+@pytest.mark.fixed_warmup
 def test_optimizer_impl_runs_in_a_trial_and_in_generated_code(make_bench):
     import torch
 
@@ -163,6 +164,7 @@ def test_optimizer_impl_runs_in_a_trial_and_in_generated_code(make_bench):
 
 
 # ---- checkpoint_mode -----------------------------------------------------------------------------
+@pytest.mark.fixed_warmup
 def test_selective_checkpointing_saves_matmuls_and_matches_full(make_bench):
     from workbench.knobs import checkpoint_options
 

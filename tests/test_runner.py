@@ -15,6 +15,7 @@ import workbench as wb
 from workbench.runner import TrialInterrupted
 
 
+@pytest.mark.fixed_warmup
 def test_identical_trials_give_bit_identical_losses(make_bench):
     bench = make_bench()
     a, b = bench.run(), bench.run()
@@ -22,6 +23,7 @@ def test_identical_trials_give_bit_identical_losses(make_bench):
     assert a.losses == b.losses and len(a.losses) == 3
 
 
+@pytest.mark.fixed_warmup
 def test_user_model_is_never_mutated(make_bench):
     class WithBN(TinyNet):
         def __init__(self):
@@ -195,6 +197,7 @@ def counting_step(after: int, action):
     return step_fn
 
 
+@pytest.mark.fixed_warmup
 def test_cancel_event_stops_at_a_step_boundary(make_bench):
     cancel = threading.Event()
     bench = make_bench(steps=50, step_fn=counting_step(4, cancel.set))

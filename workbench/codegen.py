@@ -26,7 +26,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from .knobs.spec import code_sections  # the declarations' code hooks; Knobs.to_code imports this module
+from .knobs.spec import code_sections, traits  # the declarations' hooks; Knobs.to_code imports this module
+from .steady import planned_warmup
 from .stepshape import StepShape, is_demo_source, is_import_path
 
 
@@ -97,7 +98,9 @@ def knobs_to_code(knobs: Any, *, model: str = "model", dataset: str = "dataset",
     shuffle the way a trial does (same batches in the same order as `run_trial` with
     `Workbench(seed=...)`). It prints the samples/s of the steps after the first `warmup`
     (start-up and compilation are not timed), the figure a trial reports, so the script can
-    referee the workbench. With `world_size > 1` it is a whole DDP script for torchrun. `setup` is
+    referee the workbench. `warmup` is a minimum: the script warms up as a quiet trial does
+    (`script_warmup`: the loader's buffer drained, then 8 steps), within `steps - 1`; pass
+    `steps=script_warmup(knobs, warmup) + timed` for `timed` timed steps. With `world_size > 1` it is a whole DDP script for torchrun. `setup` is
     code placed after the imports that defines the user's objects; otherwise the script lists what
     it needs there and stops, naming each missing one, when run without them. A step the script
     cannot carry over (a lambda or closure `step_fn`) is said at its top and warned about.
@@ -380,6 +383,28 @@ def optimizer_step(p: Program) -> list[str]:
     return update
 
 
+def script_warmup(knobs: Any, warmup: int = 5) -> int:
+    """Untimed steps the script `knobs.to_code(warmup=...)` runs (given enough `steps`): at least
+    `warmup`, and as many as a quiet trial's steady warm-up (steady.planned_warmup, no memory
+    probe), so the script drains the loader's buffer before its window as a trial does."""
+    told = traits(knobs)  # the data knobs' traits: workers and the batches they buffer
+    workers = told["workers"]
+    return planned_warmup(warmup, num_workers=workers, prefetch_factor=told["buffered_batches"] // workers
+                          if workers else None, accum_steps=knobs.accum_steps)
+
+
+def warmup_line(p: Program) -> str:
+    """`warmup_steps = N  # why`: the steady warm-up of a trial, capped to leave one timed step."""
+    warm = min(script_warmup(p.k, p.warmup), p.steps - 1)
+    if warm <= p.warmup:
+        return f"warmup_steps = {warm}  # not timed: start-up, compilation"
+    told = traits(p.k)
+    drained = (f"the loader's {told['workers']} workers' {told['buffered_batches']} buffered batches drained, "
+               if told["workers"] else "")
+    return (f"warmup_steps = {warm}  # not timed: start-up, compilation, {drained}then steps without a trend "
+            "(a workbench trial's steady warm-up)")
+
+
 def loop(p: Program) -> list[str]:
     """The training loop over epochs (set_epoch under DDP), timed after `warmup` steps."""
     body = micro_batch(p)
@@ -390,7 +415,7 @@ def loop(p: Program) -> list[str]:
         body += update
     out = ["", "", "def sync():", '    """Wait for queued GPU work, so the clock measures it."""',
            '    if device.type == "cuda":', "        torch.cuda.synchronize()", "", "",
-           f"num_steps = {p.steps}", f"warmup_steps = {min(p.warmup, p.steps - 1)}  # not timed: start-up, compilation",
+           f"num_steps = {p.steps}", warmup_line(p),
            "step = micro = seen = 0" if p.accum > 1 else "step = seen = 0",
            "t0, seen0 = time.perf_counter(), 0", f"{p.model}.train()"]
     if p.ddp:

@@ -76,6 +76,22 @@ def allocator_note(runs_a: Sequence[TrialResult], runs_b: Sequence[TrialResult])
             "part of the difference may be page faults rather than the knobs (docs/measurement.md 'Page faults').")
 
 
+def steady_note(runs_a: Sequence[TrialResult], runs_b: Sequence[TrialResult]) -> str:
+    """A sentence when any trial on either side was not steady (warm-up cap, a trending window, a
+    window faster than its loader): the answer then rests on figures that may not be the pipeline's."""
+    bad = [r for r in [*runs_a, *runs_b] if r.steady is False]
+    if not bad:
+        return ""
+    ids = ", ".join(f"#{r.trial_id}" if r.trial_id is not None else "a trial" for r in bad)
+    return (f"Not steady: {ids} (see its notes); the answer rests on figures that may not be the pipeline's "
+            "steady state, so repeat those trials before believing it.")
+
+
+def caveats(runs_a: Sequence[TrialResult], runs_b: Sequence[TrialResult], note: str = "") -> str:
+    """The comparison's note: how it came about, then what may make its answer less than it says."""
+    return " ".join(filter(None, [note, allocator_note(runs_a, runs_b), steady_note(runs_a, runs_b)]))
+
+
 def judge(a: Trials, b: Trials, *, log: HasNoise | None = None, noise: Noise | None = None,
           margin: float = MARGIN, rounds: int = 0, note: str = "", seconds: float | None = None) -> Comparison:
     """Is B faster than A, slower, the same speed, or undecided? One look at trials already run (runs none).
@@ -89,7 +105,7 @@ def judge(a: Trials, b: Trials, *, log: HasNoise | None = None, noise: Noise | N
     check_margin(margin)
     if noise is None:
         noise = log.noise if log is not None else noise_of([*runs_a, *runs_b])
-    note = " ".join(filter(None, [note, allocator_note(runs_a, runs_b)]))
+    note = caveats(runs_a, runs_b, note)
     return decide([r.samples_per_s or 0.0 for r in runs_a], [r.samples_per_s or 0.0 for r in runs_b], noise,
                   a_trials=[r.trial_id for r in runs_a], b_trials=[r.trial_id for r in runs_b], rounds=rounds,
                   note=note, margin=margin, seconds=seconds)

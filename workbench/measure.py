@@ -419,6 +419,13 @@ class TrialResult:
         kwargs.setdefault("shape", StepShape.from_record(self.extra.get("step")))
         return self.knobs.to_code(**kwargs)
 
+    @property
+    def steady(self) -> bool | None:
+        """Whether the measured window was steady state (steady.py): False after a warm-up cap, a
+        trending window or a window faster than its loader; None for trials recorded before the check."""
+        value = self.extra.get("steady") if isinstance(self.extra, dict) else None
+        return value if isinstance(value, bool) else None
+
     def to_record(self) -> dict[str, Any]:
         """A flat, JSON-safe dict (knobs inlined) for the log and for pandas."""
         d = asdict(self)

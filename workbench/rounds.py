@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from .comparison import Trials, allocator_note, check_margin, judge, noise_of, trials_of, usable
+from .comparison import Trials, caveats, check_margin, judge, noise_of, trials_of, usable
 from .knobs import Knobs
 from .measure import TrialResult
 from .resultlog import ResultLog
@@ -107,7 +107,7 @@ def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *, run: 
                                  before, looks=looks,
                                  margin=margin, a_trials=[r.trial_id for r in pa],
                                  b_trials=[r.trial_id for r in pb], rounds=done,
-                                 note=" ".join(filter(None, [note, allocator_note(pa, pb)])),
+                                 note=caveats(pa, pb, note),
                                  seconds=time.perf_counter() - t0, max_rounds=max_rounds)
 
     if pa:

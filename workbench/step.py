@@ -33,9 +33,11 @@ from .knobs import (
     release_model,
     settings,
     step_hooks,
+    traits,
     transform_model,
     wrap_model,
 )
+from .loadmeter import LoaderMeter
 from .workload import LoaderSpec, Workload, batch_size_of, move_to
 
 NoSync = Callable[[], contextlib.AbstractContextManager]  # e.g. DistributedDataParallel.no_sync
@@ -66,23 +68,27 @@ def check_loss(loss: Any, stage: Stage | None = None) -> None:
 
 
 def build_loader(spec: LoaderSpec, knobs: Knobs, *, seed: int, device: torch.device, timeout_s: float = 0,
-                 sampler: Any = None) -> DataLoader:
+                 sampler: Any = None, meter: LoaderMeter | None = None) -> DataLoader:
     """A DataLoader over the user's dataset with the knobs' keywords and a seeded data order.
 
     The generator fixes both the shuffle order and the workers' base seeds, so every trial with
     the same seed sees the same batches in the same order. `sampler` replaces the spec's sampler
     and shuffle (a DistributedSampler: each rank reads its own shard). Workers, pinning,
     persistence, prefetch and the worker timeout come from the data knobs' hooks (knobs/data.py).
+    `meter` (with workers) times what the workers do, for the loader-limit check.
     """
     kwargs: dict[str, Any] = dict(batch_size=knobs.batch_size, collate_fn=spec.collate_fn, drop_last=spec.drop_last,
                                   generator=torch.Generator().manual_seed(seed))
+    kwargs.update(loader_kwargs(knobs, context(knobs, device, spec=spec, loader_timeout_s=timeout_s)))
+    timed = meter is not None and kwargs.get("num_workers", 0) > 0
+    if timed:
+        kwargs["collate_fn"] = meter.collate(spec.collate_fn)
     if not spec.iterable:
         if sampler is not None or spec.sampler is not None:
             kwargs["sampler"] = sampler if sampler is not None else spec.sampler
         else:
             kwargs["shuffle"] = spec.shuffle
-    kwargs.update(loader_kwargs(knobs, context(knobs, device, spec=spec, loader_timeout_s=timeout_s)))
-    return DataLoader(spec.dataset, **kwargs)
+    return DataLoader(meter.dataset(spec.dataset) if timed else spec.dataset, **kwargs)
 
 
 class BatchSource:
@@ -101,8 +107,11 @@ class BatchSource:
         self.stage = stage or Stage()
         # the device move's keywords (pinned memory -> non_blocking, channels_last) from the knobs' hooks
         self.move = move_kwargs(knobs, context(knobs, self.device))
+        # with workers, what they can deliver is measured (the loader-limit check of a trial)
+        workers = traits(knobs)["workers"]
+        self.meter = LoaderMeter(workers) if workers and knobs.data != "cached" else None
         self.loader = build_loader(workload.spec, knobs, seed=workload.seed, device=self.device, timeout_s=timeout_s,
-                                   sampler=sampler)
+                                   sampler=sampler, meter=self.meter)
         self.iterator: Iterator | None = None
         self.epochs = 0
         self.notes: list[str] = []  # fallbacks taken (see compat)

@@ -170,8 +170,13 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
                 counter.reset()
                 cpu0[0] = time.process_time()
 
+            def agree(done: bool) -> bool:  # warm-up ends on every rank at the same step, or on none
+                flag = torch.tensor([1.0 if done else 0.0], device=device if dist.get_backend() == "nccl" else "cpu")
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+                return bool(flag.item())
+
             raw = run_phases(step, source, stage, progress, warmup_steps, steps, None,  # type: ignore[arg-type]
-                             measure_memory=measure_memory, before_window=together)
+                             measure_memory=measure_memory, before_window=together, agree=agree)
             own_cores = (time.process_time() - cpu0[0]) / raw.wall_s
             comm = {"allreduce_calls": counter.calls, "allreduce_bytes": counter.bytes}
             raw.state_bytes = model_state_bytes(step.model, step.optimizer)  # this rank's local shards

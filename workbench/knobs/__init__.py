@@ -37,7 +37,6 @@ from .registry import (
     release_model,
     settings,
     step_hooks,
-    traits,
     transform_model,
     tunable_knobs,
     user_code,
@@ -50,6 +49,7 @@ from .spec import (
     GROUPS,
     KNOBS,
     STRUCTURAL,
+    TRAIT_DEFAULTS,
     USER_GROUP,
     Context,
     Fuzz,
@@ -58,6 +58,7 @@ from .spec import (
     declare,
     function_source,
     knob_names,
+    traits,
 )
 from .value import BUILTIN_FIELDS, BUILTIN_KNOBS, Knobs
 
@@ -79,6 +80,7 @@ __all__ = [
     "SAVED_OPS",
     "STRATEGIES",
     "STRUCTURAL",
+    "TRAIT_DEFAULTS",
     "USER_GROUP",
     "USER_WHERE",
     "Context",

@@ -253,12 +253,6 @@ def parallel_options(knobs: Knobs, ctx: Context | None = None) -> dict[str, Any]
     return _merged(knobs, "parallel", ctx or context(knobs))
 
 
-def traits(knobs: Knobs, ctx: Context | None = None) -> dict[str, Any]:
-    """What the runner must know of a configuration, from the knobs' `traits` hooks: compiles,
-    workers, persistent_workers, buffered_batches, loss_scaling (TRAIT_DEFAULTS when none says)."""
-    return {**TRAIT_DEFAULTS, **_merged(knobs, "traits", ctx or context(knobs))}
-
-
 def check_run(knobs: Knobs, ctx: Context) -> None:
     """Every knob's `check_run` hook: a ValueError naming the fix when it cannot run on this device."""
     for spec in _with("check_run"):

@@ -59,8 +59,9 @@ BLOCK_KNOBS = ("checkpoint", "fsdp_shard")  # knobs of kind "blocks": tuples of 
 # The only knobs the running core may read directly: they shape the loop itself (how many samples
 # per micro-batch and per step, how many processes, which parallel strategy, loader or cached batch).
 STRUCTURAL = frozenset({"batch_size", "accum_steps", "world_size", "strategy", "data"})
-# The knobs the registry reports to the runner (traits): what a trial's phases must know.
-TRAITS = ("compiles", "workers", "restarts_workers", "buffered_batches", "loss_scaling")
+# What a trial's phases must know of a configuration (`traits`), and what it is when no knob says.
+TRAIT_DEFAULTS: dict[str, Any] = {"compiles": False, "workers": 0, "persistent_workers": False,
+                                  "buffered_batches": 0, "loss_scaling": False}
 
 
 @dataclass(frozen=True)
@@ -235,4 +236,15 @@ def code_sections(knobs: Any) -> dict[str, list[str]]:
         if spec.code is not None:
             for section, lines in spec.code(knobs).items():
                 out[section] += lines
+    return out
+
+
+def traits(knobs: Any, ctx: Context | None = None) -> dict[str, Any]:
+    """What the runner (and the script's warm-up) must know of a configuration, from the knobs'
+    `traits` hooks: compiles, workers, persistent_workers, buffered_batches, loss_scaling."""
+    ctx = ctx or Context(knobs=knobs)
+    out = dict(TRAIT_DEFAULTS)
+    for spec in KNOBS.values():
+        if spec.traits is not None:
+            out.update(spec.traits(getattr(knobs, spec.name), ctx))
     return out
