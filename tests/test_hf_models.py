@@ -5,6 +5,7 @@ the model computes its own loss, as `transformers` models do."""
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 
@@ -67,6 +68,7 @@ def workbench_for(name: str) -> tuple[wb.Workbench, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.fixed_warmup  # plain and checkpointed trials compared step by step: the same warm-up count
 @pytest.mark.parametrize("name", list(MODELS))
 def test_a_hugging_face_model_wraps_runs_checkpoints_and_exports_its_own_step(name):
     bench, names = workbench_for(name)
@@ -94,7 +96,7 @@ def test_the_exported_script_runs_with_the_users_objects_pasted_above_it(name, t
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "samples/s over 3 timed steps" in proc.stdout
+    assert re.search(r"samples/s over \d+ timed steps", proc.stdout), proc.stdout
 
 
 @pytest.mark.slow
