@@ -384,7 +384,7 @@ def test_derive_notes_page_faults_only_when_the_kernel_took_a_real_share(monkeyp
     (wb.keep_freed_memory() or glibc's environment variables; once malloc keeps freed memory, what
     is left: blocks above 32 MiB); with workers the note names shared memory instead; quiet windows get none."""
     from workbench import runner
-    from workbench.runner import MALLOC_ENV, RawTrial, derive
+    from workbench.phases import MALLOC_ENV, RawTrial, derive
 
     monkeypatch.setattr(runner, "keeps_freed_memory", lambda: False)
 
