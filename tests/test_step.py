@@ -68,7 +68,7 @@ def generated_losses(knobs: wb.Knobs, model: nn.Module, data, steps: int) -> lis
                                   accum_steps=2)),
 ])
 @pytest.mark.fixed_warmup
-def test_generated_code_and_run_trial_give_the_same_losses(make_model, make_data, knobs, tmp_path):
+def test_generated_code_and_run_trial_give_the_same_losses(make_model, make_data, knobs, tmp_path, tolerance=1e-6):
     torch.manual_seed(0)
     model, data = make_model(), make_data()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
@@ -79,7 +79,7 @@ def test_generated_code_and_run_trial_give_the_same_losses(make_model, make_data
     fresh = make_model()
     fresh.load_state_dict(initial)
     code = generated_losses(knobs, fresh, data, steps=6)[2:]  # the trial measured steps 3..6
-    assert result.losses == pytest.approx(code, abs=1e-6, rel=0)
+    assert result.losses == pytest.approx(code, abs=tolerance, rel=0)
 
 
 # Knobs the per-knob equivalence below cannot run in one process, and where each is covered instead.
@@ -150,17 +150,8 @@ def test_a_knob_that_does_nothing_on_a_cpu_says_so(name):
 def test_a_compiled_trial_and_its_script_give_the_same_losses(tmp_path):
     """compile='default' (inductor) in the trial and in the exported loop: the same numbers (to float32
     rounding of the fused kernels)."""
-    torch.manual_seed(0)
-    model, data = ConvBlocks(), conv_data()
-    initial = {k: v.clone() for k, v in model.state_dict().items()}
-    knobs = wb.Knobs(batch_size=8, compile="default")
-    bench = wb.Workbench(model, data, loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-                         steps=4, warmup_steps=2, log=None, knobs=knobs)
-    result = bench.run(knobs)
-    assert result.ok, result.message
-    fresh = ConvBlocks()
-    fresh.load_state_dict(initial)
-    assert result.losses == pytest.approx(generated_losses(knobs, fresh, data, steps=6)[2:], abs=1e-4, rel=0)
+    test_generated_code_and_run_trial_give_the_same_losses(ConvBlocks, conv_data, wb.Knobs(batch_size=8, compile="default"),
+                                                           tmp_path, tolerance=1e-4)
 
 
 def test_loss_buffer_keeps_values_the_step_overwrites():
