@@ -14,7 +14,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 # resultlog/records/table/comparison hold the log and decide; rounds (which runs trials) and the results
 # facade that re-exports it sit above
 CORE = ("knobs", "workload", "step", "runner", "measure", "resultlog", "records", "table", "comparison", "progress",
-        "compat", "stats", "system", "trace", "codegen", "protocol", "stepshape", "steady", "loadmeter", "phases")
+        "compat", "stats", "system", "trace", "codegen", "protocol", "stepshape", "steady", "loadmeter", "phases",
+        "earlystop")
 ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
               "display", "rebuild", "results", "rounds", "learners")
 MAX_FUNCTION_LINES = 80  # a function a newcomer reads in one screen

@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from .earlystop import StopRule
 from .knobs import Knobs, device_notes
 from .measure import TrialResult
 from .progress import TrialProgress, search, shown
@@ -150,7 +151,8 @@ class Workbench:
         return (base or self.defaults).replace(**changes)
 
     def run(self, knobs: Knobs | None = None, /, *, progress: TrialProgress | Progress | bool | None = None,
-            cancel: threading.Event | None = None, trace: bool = False, **changes: Any) -> TrialResult:
+            cancel: threading.Event | None = None, trace: bool = False, stop_early: bool = True,
+            **changes: Any) -> TrialResult:
         """Run one measured trial (blocking) and append it to `results`.
 
         `bench.run(num_workers=2, amp="bf16")` changes the defaults; `bench.run(knobs)` runs a
@@ -160,7 +162,12 @@ class Workbench:
         times a second (never from inside the measured loop); a TrialProgress is stored into.
         `trace=True` profiles a few steps after the measured window into a Chrome-trace JSON next
         to the log (`result.trace_path`; open it in Perfetto or chrome://tracing).
+        `stop_early=True` ends the measured window after a few steps when they already show the trial
+        far slower than the baseline (earlystop.py: ≥ 2× per sample, ≤ 1% chance of stopping one that is
+        not slower); it keeps status ok, its steps and a note. `stop_early=False` runs the whole window.
         """
+        if not isinstance(stop_early, bool):
+            raise TypeError(f"stop_early must be True or False, got {stop_early!r}")
         k = self.knobs(knobs, **changes)
         check_knobs(self.workload, k)  # a ValueError here, in the caller's thread, records nothing
         if threading.current_thread() is threading.main_thread():  # a cell or a script: warn there, once
@@ -176,7 +183,8 @@ class Workbench:
             future = submit_trial(run_trial, self.workload, k, warmup_steps=self.warmup_steps,
                                   steps=self.steps, progress=state, cancel=stop,
                                   loader_timeout_s=self.loader_timeout_s, trace=trace,
-                                  trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s)
+                                  trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s,
+                                  stop=self._stop_rule(k) if stop_early else None)
             try:
                 result = _wait(future)
                 if not result.ok:  # the bar ends in the trial's status, not the runner's "done"
@@ -196,6 +204,17 @@ class Workbench:
                     future.add_done_callback(lambda f: self._record(_outcome(f)))
                     raise
                 raise TrialInterrupted(self._record(result)) from None
+
+    def _stop_rule(self, knobs: Knobs) -> StopRule | None:
+        """The early-stop rule for a trial of `knobs` against the baseline: None without an ok baseline
+        measured here (this device), for the baseline's own knobs (a repeat is noise evidence), and for
+        several ranks."""
+        base = self.log.baseline
+        if (base is None or not base.ok or base.knobs == knobs or max(knobs.world_size, base.knobs.world_size) > 1
+                or base.env.get("device", str(self.device)) != str(self.device)):
+            return None
+        return StopRule.against(base.step_times_s, base.samples_per_step, steps=self.steps,
+                                baseline_id=base.trial_id)
 
     def came_from(self, source: str) -> None:
         """Record where this workbench's objects can be rebuilt: "pkg.module:factory" (the CLI's

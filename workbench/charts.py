@@ -44,11 +44,14 @@ def chart_frame(results: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["trial_id", "trial", "kind", "throughput"])
     df = results.reset_index(drop=True).copy()
     df["trial"] = "#" + df["trial_id"].astype(str) + " " + df["label"].astype(str)
+    if "window" in df.columns:  # a trial stopped early (earlystop.py) says so on its axis label
+        window = df["window"].fillna("").astype(str)
+        df["trial"] = df["trial"] + window.map(lambda w: f" (stopped early {w})" if w else "")
     df["kind"] = df["status"].astype(str).where(df["verdict"] != "baseline", "baseline")  # status is categorical
     df["throughput"] = pd.to_numeric(df["samples_per_s"], errors="coerce").fillna(0.0)
     df["speedup_pct"] = (pd.to_numeric(df["speedup"], errors="coerce") - 1.0) * 100.0
     keep = ["trial_id", "trial", "kind", "throughput", "samples_per_s", "samples_per_s_low",
-            "samples_per_s_high", "speedup", "speedup_pct", "verdict", "steady", "status", "label",
+            "samples_per_s_high", "speedup", "speedup_pct", "verdict", "steady", "window", "status", "label",
             "step_time_ms", "step_time_iqr_ms", "peak_memory_mb", "data_wait_share", "final_loss",
             "message", *knob_names()]
     return df[[c for c in keep if c in df.columns]]

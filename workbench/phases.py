@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from .compat import CompileWatch
+from .earlystop import StopRule
 from .knobs import Knobs, traits
 from .measure import (
     FOREIGN_LOAD_LIMIT,
@@ -94,10 +95,11 @@ class RawTrial:
 def run_phases(step: TrainStep, source: BatchSource, stage: Stage, progress: TrialProgress, warmup_steps: int,
                steps: int, cancel: threading.Event | None, *, measure_memory: bool,
                before_window: Callable[[], None] | None = None,
-               agree: Callable[[bool], bool] | None = None) -> RawTrial:
+               agree: Callable[[bool], bool] | None = None, stop: StopRule | None = None) -> RawTrial:
     """First batch, warm-up to steady state, (`before_window`: a rank's barrier), the measured
     window, under a CompileWatch; the RawTrial with start-up, warm-up and compile figures filled in.
-    `agree(done)` makes ranks end warm-up together (each rank's answer in, everyone's out)."""
+    `agree(done)` makes ranks end warm-up together (each rank's answer in, everyone's out).
+    `stop` (earlystop.StopRule) may end the window early: `raw.steps` is then the steps measured."""
     total = warmup_steps + steps
     rule = WarmupRule.for_loader(source.loader, warmup_steps, accum_steps=step.knobs.accum_steps,
                                  cached=step.knobs.data == "cached")
@@ -110,7 +112,7 @@ def run_phases(step: TrainStep, source: BatchSource, stage: Stage, progress: Tri
         if before_window is not None:
             before_window()
         raw = measure_window(step, source, warmup_steps, steps, stage, progress, cancel,
-                             measure_memory=measure_memory)
+                             measure_memory=measure_memory, stop=stop)
     raw.startup_s = startup_s
     raw.warm_times_s, raw.warmup_wall_s, raw.probe_s = warm[0], warm[1], warm[2]
     if raw.peak_bytes is None:
@@ -193,8 +195,10 @@ def warm_up(step: TrainStep, source: BatchSource, rule: WarmupRule, stage: Stage
 
 
 def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, steps: int, stage: Stage,
-                   progress: TrialProgress, cancel: threading.Event | None, *, measure_memory: bool) -> RawTrial:
-    """The measured window: `steps` optimizer steps bracketed by device syncs; raw samples only."""
+                   progress: TrialProgress, cancel: threading.Event | None, *, measure_memory: bool,
+                   stop: StopRule | None = None) -> RawTrial:
+    """The measured window: `steps` optimizer steps bracketed by device syncs; raw samples only.
+    `stop.observe(seconds, samples)` after each step may end it sooner (the steps measured are kept)."""
     device = step.device
     total = warmup_steps + steps
     progress.set("measuring", warmup_steps, total)
@@ -210,8 +214,9 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
     epochs = source.epochs
     meter = getattr(source, "meter", None)
     made = meter.read() if meter is not None else None
-    t_start = time.perf_counter()
+    t_start = last = time.perf_counter()
     clock.mark()
+    measured = steps
     for i in range(steps):
         stage.phase, stage.step = "measured", i + 1
         out = step(source, losses, i)
@@ -220,6 +225,13 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
         waits.append(out.wait_s)
         progress.set("measuring", warmup_steps + i + 1, total)
         check_cancel(cancel)
+        if stop is not None:  # host time per step (CUDA: runs ahead of the device, so it under-states)
+            now = time.perf_counter()
+            if stop.observe(now - last, out.samples):
+                measured = i + 1
+                progress.set("stopping early: clearly slower", warmup_steps + measured, total)
+                break
+            last = now
     sync(device)
     wall = time.perf_counter() - t_start
     faults = kernel.since()  # before foreign_cores: psutil's reads fault too, and belong outside
@@ -227,7 +239,7 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
     peak = (torch.cuda.max_memory_allocated(device)
             if measure_memory and memory_meter(device.type) == "allocator" else None)
     limit = meter.limit(step.knobs.batch_size, since=made) if meter is not None else None
-    return RawTrial(warmup_steps=warmup_steps, steps=steps, startup_s=0.0, warm_times_s=[], warmup_wall_s=0.0,
+    return RawTrial(warmup_steps=warmup_steps, steps=measured, startup_s=0.0, warm_times_s=[], warmup_wall_s=0.0,
                     probe_s=0.0, step_times_s=clock.durations_s(), waits_s=waits,
                     losses=losses.values(divide_by=step.knobs.accum_steps),  # the one device->host read
                     samples=samples, wall_s=wall, epochs=source.epochs - epochs, foreign_cores=foreign, peak_bytes=peak,

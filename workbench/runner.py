@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import torch
 
 from . import trace as tracing
+from .earlystop import StopRule
 from .knobs import BLOCK_KNOBS, Knobs, check_run, context, device_notes, settings, traits
 from .measure import (
     TrialResult,
@@ -82,6 +83,7 @@ def run_trial(
     trace: bool = False,
     trace_dir: str | os.PathLike | None = None,
     collective_timeout_s: float = 120.0,
+    stop: StopRule | None = None,
 ) -> TrialResult:
     """Run warm-up + `steps` measured optimizer steps; never raises for a failing trial.
 
@@ -93,6 +95,9 @@ def run_trial(
     than the dataset) and TrialInterrupted on KeyboardInterrupt (after recording the result).
     With `knobs.world_size > 1` the trial runs on that many DDP ranks (workbench/distributed/), each
     collective bounded by `collective_timeout_s`; inside a torchrun job it joins the job instead.
+    `stop` (earlystop.StopRule, one per trial) ends the window once its steps show the trial is far
+    slower than the baseline: the trial keeps status ok, its steps, a note and `extra['stopped_early']`
+    (one process only: a `world_size > 1` trial runs its whole window).
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"steps must be >= 1 and warmup_steps >= 0, got steps={steps}, warmup_steps={warmup_steps}")
@@ -117,16 +122,17 @@ def run_trial(
             return run_distributed(workload, knobs, progress=state, **dist_args)
     if progress is None or isinstance(progress, TrialProgress):
         return _run(workload, knobs, warmup_steps, steps, progress or TrialProgress(), cancel, measure_memory,
-                    loader_timeout_s, trace, trace_dir)
+                    loader_timeout_s, trace, trace_dir, stop)
     state = TrialProgress()
     with Poller(state, progress):
         return _run(workload, knobs, warmup_steps, steps, state, cancel, measure_memory, loader_timeout_s,
-                    trace, trace_dir)
+                    trace, trace_dir, stop)
 
 
 def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progress: TrialProgress,
          cancel: threading.Event | None, measure_memory: bool, loader_timeout_s: float,
-         trace: bool = False, trace_dir: str | os.PathLike | None = None) -> TrialResult:
+         trace: bool = False, trace_dir: str | os.PathLike | None = None,
+         stop: StopRule | None = None) -> TrialResult:
     device = workload.device
     notes = device_notes(knobs, device.type, has_conv=workload.has_conv)
     started = now_iso()
@@ -140,13 +146,18 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
             env = environment(device)
             trace_to = tracing.trace_file(trace_dir, type(workload.pristine).__name__) if trace else None
             step, source = build(workload, knobs, stack, stage=stage, loader_timeout_s=loader_timeout_s)
-            raw = run_phases(step, source, stage, progress, warmup_steps, steps, cancel, measure_memory=measure_memory)
+            raw = run_phases(step, source, stage, progress, warmup_steps, steps, cancel, measure_memory=measure_memory,
+                             stop=stop)
+            if stop is not None and stop.stopped_at is not None:
+                notes.append(stop.note())
             raw.state_bytes = model_state_bytes(step.model, step.optimizer)
             trace_info = trace_after(step, source, trace_to, stage, progress, total, cancel, notes) if trace_to else {}
             notes += [n for n in source.notes + step.notes if n not in notes]
             if measure_memory and memory_meter(device.type) is None:
                 notes.append(f"peak memory is not measured on {device.type} (no peak counter there)")
         fields_, more_notes = derive(raw, knobs)
+        if stop is not None and stop.stopped_at is not None:
+            fields_["extra"]["stopped_early"] = stop.outcome()
         if trace_info:
             fields_["extra"]["trace"] = trace_info
             fields_["trace_path"] = trace_info["trace_path"]

@@ -26,7 +26,7 @@ from .stats import Noise, adjacent_noise, critical, estimate_noise, one_look
 
 # The columns a reader wants first; knobs and details follow.
 SUMMARY_COLUMNS = [
-    "trial_id", "label", "status", "samples_per_s", "speedup", "verdict", "steady", "step_time_ms",
+    "trial_id", "label", "status", "samples_per_s", "speedup", "verdict", "steady", "window", "step_time_ms",
     "step_time_iqr_ms", "data_wait_share", "peak_memory_mb", "model_state_mb", "startup_s", "compile_s",
     "final_loss", "message",
 ]
@@ -36,6 +36,12 @@ OPTIONAL_INT_KNOBS = tuple(n for n, s in KNOBS.items() if s.kind == "int" and s.
 
 def _ms(s: float | None) -> float | None:
     return None if s is None else s * 1e3
+
+
+def _window(r: TrialResult) -> str:
+    """"5/30" for a trial stopped early (5 of 30 measured steps, earlystop.py), else empty."""
+    stopped = r.extra.get("stopped_early") if isinstance(r.extra, dict) else None
+    return f"{stopped.get('steps')}/{stopped.get('of')}" if isinstance(stopped, dict) else ""
 
 
 def _sides(trials: Sequence[TrialResult], base: TrialResult, r: TrialResult) -> tuple[Trials, Trials]:
@@ -54,7 +60,8 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
     for r in trials:
         row = {
             "trial_id": r.trial_id, "label": "", "status": r.status, "samples_per_s": r.samples_per_s,
-            "speedup": None, "verdict": "", "steady": r.steady, "step_time_ms": _ms(r.step_time_s),
+            "speedup": None, "verdict": "", "steady": r.steady, "window": _window(r),
+            "step_time_ms": _ms(r.step_time_s),
             "step_time_iqr_ms": _ms(r.step_time_iqr_s), "data_wait_share": r.data_wait_share,
             "peak_memory_mb": r.peak_memory_bytes / 1e6 if r.peak_memory_bytes is not None else None,
             "model_state_mb": r.model_state_bytes / 1e6 if r.model_state_bytes is not None else None,
