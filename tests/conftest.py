@@ -134,3 +134,19 @@ class SleepData(Dataset):
 def workers_limit(num_workers: int, sleep_s: float = SLEEP_S) -> float:
     """Samples/s that `num_workers` SleepData workers can deliver at most."""
     return num_workers / sleep_s
+
+
+class SleepNet(torch.nn.Module):
+    """A forward that sleeps `sleep_s` (default 20 ms): step times set by the clock, not by the
+    shared, loaded CPU (sleeping takes no CPU), for timing truths (early stop, budgets)."""
+
+    def __init__(self, sleep_s: float = 0.02) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+        self.sleep_s = sleep_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(self.sleep_s)
+        return self.lin(x)

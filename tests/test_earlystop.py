@@ -8,25 +8,13 @@ import random
 import time
 
 import pytest
-import torch
+from conftest import SleepNet
 
 import workbench as wb
 from workbench.earlystop import ALPHA, MIN_STEPS, StopRule, binomial_tail
 
 BASE_S = 0.02  # the sleep model's forward, per step
 SLOW = 8  # the user knob makes the forward this many times slower
-
-
-class SleepNet(torch.nn.Module):
-    """A forward that sleeps BASE_S: step times set by the clock, not by the (shared, loaded) CPU."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(BASE_S)
-        return self.lin(x)
 
 
 def test_binomial_tail():
@@ -77,7 +65,7 @@ def test_a_user_knob_8x_slower_stops_early_keeps_its_steps_and_compare_calls_it_
         return _sleeping((SLOW - 1) * BASE_S) if value else contextlib.nullcontext()
 
     try:
-        bench = make_bench(model=SleepNet(), steps=30, warmup_steps=1)
+        bench = make_bench(model=SleepNet(BASE_S), steps=30, warmup_steps=1)
         t = time.perf_counter()
         base = bench.run()
         base_wall = time.perf_counter() - t

@@ -59,7 +59,7 @@ class FakeBench:
         self.speed, self.peak, self.oom_at = speed, peak, oom_at
         self.rng, self.noise, self.clock = random.Random(seed), noise, 0.0
 
-    def run(self, knobs: wb.Knobs) -> TrialResult:
+    def run(self, knobs: wb.Knobs, **kwargs) -> TrialResult:  # cancel, stop_early: a fake trial ignores them
         self.clock += 1.0
         peak = self.peak(knobs)
         if peak > self.oom_at:

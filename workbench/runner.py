@@ -168,7 +168,8 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
         raise TrialInterrupted(res) from None
     except Stopped:
         failed = True
-        return _failure(knobs, "interrupted", f"stopped by the user {stage.when()}", stage, None, notes, started, device)
+        why = getattr(cancel, "reason", "") or "stopped by the user"  # a deadline's cancel says whose stop it was
+        return _failure(knobs, "interrupted", f"{why} {stage.when()}", stage, None, notes, started, device)
     except Exception as e:  # a failing trial is a result, whatever raised
         failed = True
         status, message = sort_failure(e, stage, knobs)

@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from .budget import DEADLINE, EXPLAIN_PRIOR, Spend, check_budget_s
 from .comparison import Trials
 from .fit import DEFAULT_HEADROOM, FitResult, fit_memory  # the memory rescue lives in fit.py
 from .knobs import Knobs, tunable_knobs
@@ -193,6 +194,7 @@ class TuneResult:
     seconds: float = 0.0
     budget_s: float | None = None
     explanation: Any = None  # the winner explained against the start (bench.explain); None when the start won
+    spent: Spend | None = None  # how the seconds went: race, confirm, explain; trials kept out or stopped by the budget
 
     @property
     def speedup(self) -> float | None:
@@ -213,7 +215,8 @@ class TuneResult:
         sp = f"{self.speedup:.2f}x" if self.speedup else "n/a"
         budget = f"{self.trials_used} trials, {self.seconds:.0f} s" + (f" of {self.budget_s:.0f} s" if self.budget_s else "")
         verdict = f" ({self.confirmation})" if self.confirmation is not None else ""
-        return f"Tuned in {budget}: {self.best_knobs}\n  {sp} vs the start; answer: {self.answer}{verdict}"
+        spent = f"\n  budget: {self.spent}" if self.spent is not None and self.budget_s else ""
+        return f"Tuned in {budget}: {self.best_knobs}\n  {sp} vs the start; answer: {self.answer}{verdict}{spent}"
 
     def __str__(self) -> str:
         cols = ["stage", "change", "trial", "samples_per_s", "speedup", "decision"]
@@ -253,15 +256,26 @@ class _Ctx:
     """The tuner's budget (trials and seconds), its trials, and the path's rows."""
 
     def __init__(self, bench: Bench, limit: int, budget_s: float | None, memory_cap: float | None,
-                 memory_budget: int | None) -> None:
+                 memory_budget: int | None, stop_early: bool = True) -> None:
         self.bench, self.limit, self.budget_s = bench, limit, budget_s
         self.memory_cap, self.memory_budget = memory_cap, memory_budget
         self.t0, self.used, self.durations = time.perf_counter(), 0, []
         self.rows: list[dict[str, Any]] = []
         self.start: _Entry | None = None
+        self.stop_early = stop_early
+        self.spent = Spend(budget_s)  # seconds per purpose, and the trials behind the estimates
+        self.purpose = "race"  # what the seconds of the next trials are spent on (race, confirm, explain)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        """Seconds left of the budget (inf without one)."""
+        return math.inf if self.budget_s is None else self.budget_s - self.elapsed()
+
+    def fits(self, knobs: Knobs, factor: float = 1.0) -> bool:
+        """Whether a trial of `knobs` (its estimate x `factor`) fits the seconds left."""
+        return self.budget_s is None or self.spent.fits(knobs, self.left(), factor)
 
     def affordable(self) -> int:
         """Trials still affordable: the trial cap, and the seconds left over the median trial's."""
@@ -271,15 +285,24 @@ class _Ctx:
             n = min(n, int((self.budget_s - self.elapsed()) / max(per, 1e-6)))
         return max(0, n)
 
-    def run(self, knobs: Knobs) -> TrialResult:
-        t = time.perf_counter()
-        r = self.bench.run(knobs)
+    def run(self, knobs: Knobs) -> TrialResult | None:
+        """One trial through bench.run, or None (not started) when its estimate does not fit the seconds
+        left; under a budget it is stopped at the deadline and recorded as stopped by the budget."""
+        if self.used and not self.fits(knobs):
+            self.spent.not_started += 1
+            return None
+        at = self.budget_s * DEADLINE - self.elapsed() if self.budget_s is not None and self.used else None
+        r = self.spent.run(self.bench.run, knobs, purpose=self.purpose, deadline_in_s=at,  # the start runs whole
+                           stop_early=self.stop_early, clock=time.perf_counter)
         self.used += 1
-        self.durations.append(time.perf_counter() - t)
+        if r.trial_id not in self.spent.stopped:
+            self.durations.append(self.spent.measured[-1][1])
         return r
 
     def rejected(self, r: TrialResult) -> str | None:
         """Why a trial's configuration cannot be kept (failed, over the budget or the headroom)."""
+        if r.trial_id in self.spent.stopped:
+            return "stopped by the budget at its deadline: not evidence"
         if not r.ok or not r.samples_per_s:
             return f"rejected: {r.status}"
         peak = r.peak_memory_bytes
@@ -310,6 +333,10 @@ def _race(ctx: _Ctx, entries: list[_Entry], rounds: int = MAX_ROUNDS) -> _Entry:
             break
         for e in alive if rnd % 2 == 0 else alive[::-1]:
             r = ctx.run(e.knobs)
+            if r is None:  # its estimate does not fit the seconds left
+                ctx.rows.append({"stage": e.stage, "change": e.label, "trial": None, "samples_per_s": None,
+                                 "speedup": None, "decision": "not run: its estimate does not fit the seconds left"})
+                continue
             why = ctx.rejected(r)
             if why:
                 e.alive = False
@@ -455,6 +482,7 @@ def _confirm(ctx: _Ctx, leader: _Entry, rivals: list[_Entry]) -> tuple[str, Comp
     if other is None or not other.trials:
         return "undecided", None
     ans, c = _answer(start.trials, other.trials, log=log)
+    ctx.purpose = "confirm"
     if ans == "undecided" and ctx.affordable() >= 2:
         ans, c = _answer(start.trials, other.trials, rounds=min(CONFIRM_ROUNDS, ctx.affordable() // 2), run=ctx.run, log=log)
     if leader is start or ans != "faster":
@@ -474,14 +502,16 @@ def _explain(ctx: _Ctx, start: TrialResult, best: TrialResult) -> Any:
     from .diagnose.explain import explain_winner, has_trace  # analysis beside tune; imported only for a winner
 
     need = sum(not has_trace(t) for t in (start, best))
-    if need > ctx.affordable():
+    fits = all(ctx.fits(t.knobs, EXPLAIN_PRIOR * need) for t in (start, best) if not has_trace(t))
+    if need > ctx.affordable() or not fits:
         ctx.rows.append({"stage": "explain", "change": "", "trial": None, "samples_per_s": None, "speedup": None,
                          "decision": f"not explained: its {need} traced repeat(s) would pass the budget "
                                     "(bench.explain(start, best) runs them)"})
         return None
-    before = len(ctx.bench.trials)
+    before, t = len(ctx.bench.trials), time.perf_counter()
     why = explain_winner(ctx.bench, start, best)
     ctx.used += len(ctx.bench.trials) - before  # the traced repeats are trials of this tune() call
+    ctx.spent.add("explain", time.perf_counter() - t)
     return why
 
 
@@ -490,8 +520,7 @@ def _check(budget: int | None, budget_s: float | None, stages: tuple[str, ...], 
     """Validate tune()'s arguments; returns the trial cap."""
     if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 2):
         raise ValueError(f"budget must be an int >= 2 (a cap on trials, the start included), got {budget!r}")
-    if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or budget_s <= 0):
-        raise ValueError(f"budget_s must be a positive number of seconds (e.g. budget_s=120), got {budget_s!r}")
+    check_budget_s(budget_s)
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; choose from {STAGES}")
@@ -505,7 +534,7 @@ def _check(budget: int | None, budget_s: float | None, stages: tuple[str, ...], 
 def tune(bench: Bench, budget: int | None = None, *, budget_s: float | None = None, start: Knobs | None = None,
          memory_budget: int | None = None, stages: tuple[str, ...] = STAGES, max_batch_size: int | None = None,
          headroom: float = DEFAULT_HEADROOM, axes: tuple[str, ...] | None = None, confirm: bool = True,
-         explain: bool = True) -> TuneResult:
+         explain: bool = True, stop_early: bool = True) -> TuneResult:
     """Race candidates under noise within `budget_s` seconds (and `budget` trials); returns the best.
 
     The first race holds the start, each stage's options and cross-stage pairs; later races stack
@@ -514,16 +543,30 @@ def tune(bench: Bench, budget: int | None = None, *, budget_s: float | None = No
     `headroom` keeps every trial that share below the memory ceiling (no batch on the OOM edge).
     `axes` narrows the space to named axes (see `stage_axes`). `confirm=False` skips the extra confirmation rounds (the race's own rounds still decide).
     `explain=True` explains a winner against the start from traced steps (up to two traced repeats after the search).
+    `budget_s` is a cap (budget.py): a trial starts only when its estimate (from this search's trials of
+    the most similar configuration) fits the seconds left, a running one is stopped at the deadline
+    (recorded as stopped by the budget, never evidence); `TuneResult.spent` says how the seconds went.
+    `stop_early=False` runs every trial's whole window (by default a trial far slower than the baseline
+    stops after a few steps, earlystop.py).
     """
     limit = _check(budget, budget_s, stages, memory_budget, headroom)
     ceiling = _memory_ceiling(bench, memory_budget)
-    ctx = _Ctx(bench, limit, budget_s, None if ceiling is None else ceiling * (1 - headroom), memory_budget)
+    ctx = _Ctx(bench, limit, budget_s, None if ceiling is None else ceiling * (1 - headroom), memory_budget,
+               stop_early=stop_early)
     k0 = start or bench.defaults
     ctx.start = first = _Entry("start", "the start", k0)
+    ctx.purpose = "start"
     r = ctx.run(k0)
+    assert r is not None  # the start always runs
+    ctx.purpose = "race"
     ctx.row(first, r, "start" if r.ok else f"start failed: {r.status}")
     if not r.ok:
-        return TuneResult(k0, r, r, pd.DataFrame(ctx.rows), ctx.used, limit, "undecided", None, ctx.elapsed(), budget_s)
+        return TuneResult(k0, r, r, pd.DataFrame(ctx.rows), ctx.used, limit, "undecided", None, ctx.elapsed(), budget_s,
+                          spent=ctx.spent)
+    if budget_s is not None and not ctx.fits(k0):
+        ctx.rows.append({"stage": "budget", "change": "", "trial": None, "samples_per_s": None, "speedup": None,
+                         "decision": f"the start alone took {ctx.elapsed():.1f} s of budget_s={budget_s:g}: no other "
+                                     "trial fits; raise budget_s to tune"})
     first.trials.append(r)
     seen, leader = {k0}, first
     axes_of = functools.partial(stage_axes, bench, max_batch_size=max_batch_size, axes=axes)
@@ -549,7 +592,7 @@ def tune(bench: Bench, budget: int | None = None, *, budget_s: float | None = No
     best = leader if answer == "faster" else first
     why = _explain(ctx, r, best.trials[-1]) if explain and best is not first and hasattr(bench, "explain") else None
     return TuneResult(best.knobs, best.trials[-1], r, pd.DataFrame(ctx.rows), ctx.used, limit, answer, c,
-                      ctx.elapsed(), budget_s, why)
+                      ctx.elapsed(), budget_s, why, ctx.spent)
 
 
 __all__ = ["PAIRS", "STAGES", "FitResult", "TuneResult", "fit_memory", "stage_axes", "stage_options", "tune"]
