@@ -263,7 +263,9 @@ class Panel:
         if result.ok:  # the poller may not have seen the last step before "done"
             self.progress.value = self.progress.max
         done, total = self.progress.value, self.progress.max
-        self.rate.value = f"{total}/{total} steps" if result.ok else f"{result.status} after {done}/{total} steps"
+        stopped = result.extra.get("stopped_early") if result.ok else None  # earlystop.py: clearly slower
+        self.rate.value = (f"stopped early: clearly slower after {stopped['steps']}/{stopped['of']} steps" if stopped
+                           else f"{total}/{total} steps" if result.ok else f"{result.status} after {done}/{total} steps")
         self._set_status(result.status, what + result_line(result, self.bench))
         return result
 
