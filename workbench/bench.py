@@ -171,9 +171,13 @@ class Workbench:
         k = self.knobs(knobs, **changes)
         check_knobs(self.workload, k)  # a ValueError here, in the caller's thread, records nothing
         if threading.current_thread() is threading.main_thread():  # a cell or a script: warn there, once
-            for note in device_notes(k, self.device.type, has_conv=self.workload.has_conv):
-                if note.startswith(LOUD_NOTES):
-                    warn_at_caller(note)
+            loud = [n for n in device_notes(k, self.device.type, has_conv=self.workload.has_conv)
+                    if n.startswith(LOUD_NOTES)]
+            hopeless = self.expect_slow(k)  # a known hopeless trial, with this machine's earlier factor
+            if hopeless:  # one warning: the note (if any), then what to expect here
+                loud = [f"{loud[0]}. {hopeless}" if loud else hopeless]
+            for note in loud:
+                warn_at_caller(note)
         trace_dir = (self.log.path.parent if self.log.path is not None else None) if trace else None
         with self._lock, shown(progress, desc=self.name) as state:  # bars and callbacks poll it, off the trial thread
             stop = cancel or threading.Event()
@@ -204,6 +208,14 @@ class Workbench:
                     future.add_done_callback(lambda f: self._record(_outcome(f)))
                     raise
                 raise TrialInterrupted(self._record(result)) from None
+
+    def expect_slow(self, knobs: Knobs) -> str | None:
+        """The warning before a trial known to be far slower here (bf16 without native units, fp16 on a
+        CPU, CUDA-graph compile without CUDA), with the factor this machine's earlier trials measured
+        (hopeless.py); None for any other trial."""
+        from .hopeless import warning
+
+        return warning(knobs, self.log.trials, str(self.device))
 
     def _stop_rule(self, knobs: Knobs) -> StopRule | None:
         """The early-stop rule for a trial of `knobs` against the baseline: None without an ok baseline

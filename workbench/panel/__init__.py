@@ -250,7 +250,8 @@ class Panel:
         self.rate.value = ""
         self.stop_button.button_style = "danger"
         label = knobs.label(self._base_knobs())
-        self._set_status("starting", f"{what}starting: {label}")
+        hopeless = self.bench.expect_slow(knobs) if hasattr(self.bench, "expect_slow") else None
+        self._set_status("starting", f"{what}starting: {label}" + (f" (warning: {hopeless})" if hopeless else ""))
         try:
             with Poller(self.trial_progress, self._progress):  # widgets set from the poller's thread
                 result = self.bench.run(knobs, progress=self.trial_progress, cancel=self.queue.cancel)
