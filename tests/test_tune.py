@@ -50,7 +50,7 @@ class FakeBench:
     """
 
     def __init__(self, speed, peak, oom_at: float = float("inf"), defaults: wb.Knobs | None = None,
-                 noise: float = 0.0, conv: bool = False, seed: int = 0) -> None:
+                 noise: float = 0.0, conv: bool = False, seed: int = 0, wait=None) -> None:
         self.workload = Workload(Net(), data(), loss_fn=nn.CrossEntropyLoss(), device="cpu")
         self.workload.has_conv = conv
         self.device = torch.device("cpu")
@@ -58,6 +58,7 @@ class FakeBench:
         self.log = ResultLog(None)
         self.speed, self.peak, self.oom_at = speed, peak, oom_at
         self.rng, self.noise, self.clock = random.Random(seed), noise, 0.0
+        self.wait = wait or (lambda k: 0.0)  # data-wait share of a trial's window
 
     def run(self, knobs: wb.Knobs, **kwargs) -> TrialResult:  # cancel, stop_early: a fake trial ignores them
         self.clock += 1.0
@@ -70,7 +71,7 @@ class FakeBench:
             times = tuple(step * (1 + 0.005 * ((i % 3) - 1)) for i in range(10))
             r = TrialResult(knobs=knobs, status="ok", samples_per_s=knobs.batch_size * knobs.accum_steps / step,
                             step_time_s=step, step_times_s=times, samples_per_step=knobs.batch_size * knobs.accum_steps,
-                            peak_memory_bytes=int(peak), data_wait_share=0.0)
+                            peak_memory_bytes=int(peak), data_wait_share=self.wait(knobs))
         return self.log.append(r)
 
     @property
@@ -340,3 +341,17 @@ def test_the_winners_explanation_is_paid_from_the_budget(tmp_path):
     fresh = bench.run(batch_size=8)
     assert tune_mod._explain(broke, start, fresh) is None and broke.used == 3 and len(bench.trials) == 5
     assert "not explained" in broke.rows[-1]["decision"]
+
+
+def test_a_data_bound_start_enters_every_worker_count_first(monkeypatch):
+    """Issue 35: with a small budget, a start that waits for data races worker counts (with compute
+    threads) before precision or kernels, and `steps` says why."""
+    monkeypatch.setattr(tune_mod, "_cores", lambda: 2)
+    bench = FakeBench(speed_model, lambda k: 1000, conv=True, wait=lambda k: 0.0 if k.num_workers else 0.6)
+    res = tune(bench, budget=12, stages=("data", "precision", "kernels"), confirm=False, explain=False)
+    why = res.steps[res.steps["decision"].str.startswith("entered first")]
+    assert len(why) == 1 and "waits for data 60%" in why["decision"].iloc[0]
+    raced = [t.knobs for t in bench.trials[1:]]
+    workers = [k for k in raced if k.num_workers]
+    assert {(k.num_workers, k.cpu_threads) for k in workers} >= {(1, 1), (2, 1)}
+    assert raced.index(workers[0]) == 1 and res.best_knobs.num_workers == 1  # the start, then the workers

@@ -17,6 +17,23 @@ from .measure import TrialResult, fmt_bytes
 from .protocol import Bench
 
 DEFAULT_HEADROOM = 0.1  # stay 10% below the budget: a peak on the edge fails later (fragmentation, longer inputs)
+BATCH_GROWTH_LIMIT = 0.8  # never try a batch whose predicted peak exceeds this share of free memory
+
+
+def memory_ceiling(bench: Bench, memory_budget: int | None) -> float | None:
+    """The most memory a trial may use: the caller's budget, else most of the free device memory."""
+    if memory_budget is not None:
+        return float(memory_budget)
+    if bench.device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(bench.device)
+        return BATCH_GROWTH_LIMIT * free
+    try:
+        import psutil
+
+        return BATCH_GROWTH_LIMIT * psutil.virtual_memory().available
+    except ImportError:
+        return None
+
 
 @dataclass
 class FitResult:

@@ -28,7 +28,8 @@ import torch
 
 from .budget import DEADLINE, EXPLAIN_PRIOR, Spend, check_budget_s
 from .comparison import Trials
-from .fit import DEFAULT_HEADROOM, FitResult, fit_memory  # the memory rescue lives in fit.py
+from .fit import BATCH_GROWTH_LIMIT, DEFAULT_HEADROOM, FitResult, fit_memory  # noqa: F401  (the memory rescue lives in fit.py)
+from .fit import memory_ceiling as _memory_ceiling
 from .knobs import Knobs, tunable_knobs
 from .measure import TrialResult, fmt_bytes
 from .protocol import Bench
@@ -38,7 +39,6 @@ from .stats import Comparison
 from .stepshape import StepShape
 
 STAGES = ("data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
-BATCH_GROWTH_LIMIT = 0.8  # never try a batch whose predicted peak exceeds this share of free memory
 SAME_MARGIN = 0.05  # "same speed": the interval of the ratio lies within ±5%
 ANSWERS = ("faster", "slower", "same", "undecided")
 DEFAULT_TRIALS = 24  # the trial cap when neither budget nor budget_s is given
@@ -156,26 +156,6 @@ def _valid(knobs: Knobs, change: dict[str, Any]) -> bool:
 def stage_options(bench: Bench, stage: str, knobs: Knobs) -> list[dict[str, Any]]:
     """Candidate changes for one stage, relative to `knobs`, in the order they enter the race."""
     return [c for _name, changes in stage_axes(bench, stage, knobs) for c in changes]
-
-
-def _predicted_peak(result: TrialResult, factor: float) -> float | None:
-    """Peak memory if the batch grows by `factor`: the whole peak scaled (a safe over-estimate)."""
-    return None if result.peak_memory_bytes is None else result.peak_memory_bytes * factor
-
-
-def _memory_ceiling(bench: Bench, memory_budget: int | None) -> float | None:
-    """The most memory a trial may use: the caller's budget, else most of the free device memory."""
-    if memory_budget is not None:
-        return float(memory_budget)
-    if bench.device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(bench.device)
-        return BATCH_GROWTH_LIMIT * free
-    try:
-        import psutil
-
-        return BATCH_GROWTH_LIMIT * psutil.virtual_memory().available
-    except ImportError:
-        return None
 
 
 # ---- the result types ---------------------------------------------------------------------------
@@ -389,14 +369,18 @@ def _entry(stage: str, k0: Knobs, change: dict[str, Any]) -> _Entry:
     return _Entry(stage, _label(change), k0.replace(**change), dict(change))
 
 
-def _first_entries(axes_of: Callable[..., Any], k0: Knobs, stages: tuple[str, ...]) -> list[_Entry]:
-    """The first race's candidates in entry order: each axis's first (the seeds' preferred) option,
-    stage by stage; then cross-stage pairs, preferred options first; then the other alternatives."""
+def _first_entries(axes_of: Callable[..., Any], k0: Knobs, stages: tuple[str, ...],
+                   lead: tuple[str, ...] = ()) -> list[_Entry]:
+    """The first race's candidates in entry order: every option of the `lead` axes (those the
+    bottleneck names), then each axis's first (the seeds' preferred) option, stage by stage; then
+    cross-stage pairs, preferred options first; then the other alternatives."""
     axes: dict[str, tuple[str, list[dict[str, Any]]]] = {}
     for stage in stages:
         for name, changes in axes_of(stage, k0):
             axes[name] = (stage, changes)
-    first = [_entry(stage, k0, changes[0]) for stage, changes in axes.values()]
+    led = [_entry(stage, k0, c) for name, (stage, changes) in axes.items() if name in lead for c in changes]
+    axes = {name: v for name, v in axes.items() if name not in lead}
+    first = led + [_entry(stage, k0, changes[0]) for stage, changes in axes.values()]
     pairs = []
     for x, y in PAIRS:
         for i, cx in enumerate(axes.get(x, ("", []))[1]):
@@ -515,6 +499,20 @@ def _explain(ctx: _Ctx, start: TrialResult, best: TrialResult) -> Any:
     return why
 
 
+DATA_BOUND = 0.2  # a start that waits for data this share of its window enters every worker option first
+
+
+def _lead(ctx: _Ctx, start: TrialResult) -> tuple[str, ...]:
+    """The axes the start's bottleneck names, entered first (a row in `steps` says why): the workers
+    (with their compute threads) for a data-bound start."""
+    wait = start.data_wait_share or 0.0
+    if wait >= DATA_BOUND:
+        ctx.rows.append({"stage": "data", "change": "every worker count", "trial": None, "samples_per_s": None,
+                         "speedup": None, "decision": f"entered first: the start waits for data {wait:.0%} of its "
+                         "window, so worker counts (with compute threads) go before precision or kernels"})
+    return ("workers",) if wait >= DATA_BOUND else ()
+
+
 def _check(budget: int | None, budget_s: float | None, stages: tuple[str, ...], memory_budget: int | None,
            headroom: float) -> int:
     """Validate tune()'s arguments; returns the trial cap."""
@@ -570,7 +568,8 @@ def tune(bench: Bench, budget: int | None = None, *, budget_s: float | None = No
     first.trials.append(r)
     seen, leader = {k0}, first
     axes_of = functools.partial(stage_axes, bench, max_batch_size=max_batch_size, axes=axes)
-    cands = _first_entries(axes_of, k0, stages)
+    lead = _lead(ctx, r)
+    cands = _first_entries(axes_of, k0, stages, lead)
     rivals: list[_Entry] = []
     leaders: list[_Entry] = []
     for _gen in range(MAX_GENERATIONS):
