@@ -162,6 +162,12 @@ def test_tune_budget_in_seconds_and_trial_cap(fake_clock):
     bench = FakeBench(speed_model, lambda k: 1000 * k.batch_size)
     res = tune(bench, budget=3, stages=("data",))
     assert res.trials_used <= 3 and len(bench.trials) <= 3
+    bench = fake_clock(FakeBench(speed_model, lambda k: 1000 * k.batch_size))
+    res = tune(bench, budget_s=0.5, stages=("data",))  # smaller than one trial: the start alone, and why
+    assert len(bench.trials) == 1 and res.steps["decision"].str.contains("the start alone took 1.0 s").any()
+    assert "budget: start 1.0 s" in str(res)
+    with pytest.raises(ValueError, match="finite"):
+        tune(bench, budget_s=float("nan"))
 
 
 def test_tune_batch_stage_keeps_headroom_below_memory():
