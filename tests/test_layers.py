@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 # codegen renders the core's step as text (Knobs.to_code): it sits with the core and imports nothing above it
 CORE = ("knobs", "workload", "step", "runner", "measure", "results", "apply", "progress", "compat", "stats", "system",
         "trace", "codegen", "protocol")
-ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
+ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export", "interleave",
               "display")
 MAX_FUNCTION_LINES = 80  # a function a newcomer reads in one screen
 

@@ -89,6 +89,8 @@ class KnobSpec:
     before_step: Callable[[Any, Any, Any], None] | None = None
     function: Callable | None = None  # a user knob's decorated function (its source goes into to_code)
     name: str = ""  # filled in from the field name
+    # True when two values can take turns on live steps in one process (see INTERLEAVE_KNOBS)
+    interleave: bool = False
 
     @property
     def flag(self) -> str:
@@ -777,13 +779,27 @@ class Knobs:
 BUILTIN_FIELDS = tuple(f for f in fields(Knobs) if f.name != "user")
 BUILTIN_KNOBS = frozenset(f.name for f in BUILTIN_FIELDS)
 # the registry: the built-in knobs in declaration order, then the user's (@knob), in definition order
-KNOBS: dict[str, KnobSpec] = {f.name: dataclasses.replace(f.metadata["spec"], name=f.name) for f in BUILTIN_FIELDS}
+# Knobs whose two values can take turns in short blocks in one process (bench.compare's interleaved
+# path, workbench/interleave.py): each acts on its own side's model copy, optimizer or step (amp,
+# compile, channels_last, checkpoint*, optimizer_impl, grad_clip_norm), or is a process setting the
+# interleaver switches per block (matmul_precision, cudnn_benchmark, cpu_threads); batch_size and
+# accum_steps change what one step does, and samples/s per block still compares them. Left out: the
+# data pipeline (data, num_workers, pin_memory, persistent_workers, prefetch_factor: each side would need
+# its own loader, and the interleaver replays prepared batches, so the loader is not measured) and
+# world_size, strategy, ddp_*, fsdp_* (other processes).
+INTERLEAVE_KNOBS = frozenset({"batch_size", "accum_steps", "amp", "compile", "matmul_precision", "channels_last",
+                              "cudnn_benchmark", "checkpoint", "checkpoint_mode", "optimizer_impl", "grad_clip_norm",
+                              "cpu_threads"})
+KNOBS: dict[str, KnobSpec] = {f.name: dataclasses.replace(f.metadata["spec"], name=f.name,
+                                                          interleave=f.name in INTERLEAVE_KNOBS)
+                              for f in BUILTIN_FIELDS}
 
 
 USER_WHERE = ("model", "forward", "before_step")
 
 
-def knob(*, choices: Any = (), default: Any = None, help: str = "", where: str = "model") -> Callable[[Callable], Callable]:
+def knob(*, choices: Any = (), default: Any = None, help: str = "", where: str = "model",
+         interleave: bool = True) -> Callable[[Callable], Callable]:
     """Declare your own knob from a notebook cell; the function's name is the knob's name.
 
         @wb.knob(choices=["naive", "sdpa"], default="naive", help="attention implementation")
@@ -796,9 +812,16 @@ def knob(*, choices: Any = (), default: Any = None, help: str = "", where: str =
     A knob takes `choices` (what tune() tries), or is a switch with default True/False. Running
     the cell again replaces the knob. It then shows up in the panel, results, compare, the log,
     tune() and to_code() like a built-in knob.
+
+    `interleave=False` says the function changes something global (a torch flag, an environment
+    variable, a module-level setting) rather than the model or the step it is given: then
+    `bench.compare(..., rounds="auto")` compares its values by separate trials instead of taking
+    turns on two live models in one process.
     """
     if where not in USER_WHERE:
         raise ValueError(f"where={where!r} is not one of {', '.join(map(repr, USER_WHERE))}")
+    if not isinstance(interleave, bool):
+        raise TypeError(f"interleave takes True or False, got {interleave!r}")
     choices = tuple(choices)
     if not choices and not isinstance(default, bool):
         raise TypeError("a knob needs choices=[...] (the values to try), or default=True/False for a switch; "
@@ -816,7 +839,7 @@ def knob(*, choices: Any = (), default: Any = None, help: str = "", where: str =
         spec = KnobSpec(default=default, kind=kind, choices=choices, help=help or first_doc_line(fn, name),
                         group=USER_GROUP, widget="dropdown" if choices else "checkbox",
                         fuzz=Fuzz(choices or (False, True)), code=user_code(name, where), function=fn,
-                        name=name, **{hook: fn})
+                        name=name, interleave=interleave, **{hook: fn})
         spec.check(default)
         KNOBS.pop(name, None)  # a re-run cell replaces the knob (and moves it to the end)
         KNOBS[name] = spec
