@@ -160,6 +160,8 @@ def test_known_slowdown_is_called_slower_in_seconds(sleepy):
     assert time.perf_counter() - t0 < 30
     assert 0.45 < c.speedup < 0.85  # 1/1.5 = 0.67, blurred by sleep overshoot under load
     assert model.delay == DELAY_S and model.lin.weight.grad is None  # the user's model was never run
+    logged = bench.log.comparisons[-1]  # the log keeps it
+    assert (logged.method, logged.answer, logged.b_knobs) == ("interleaved", "slower", b.knobs)
 
 
 @pytest.mark.slow
@@ -202,3 +204,46 @@ def test_bad_arguments_are_refused(sleepy):
         interleaved(bench.workload, k, k, block_steps=0)
     with pytest.raises(ValueError, match="cannot interleave"):
         interleaved(bench.workload, k, k.replace(num_workers=1))
+
+
+# ---- the comparison is a record ----------------------------------------------------------------
+def test_comparisons_go_into_the_log_and_survive_a_restart(tmp_path):
+    from workbench.results import LoggedComparison, ResultLog, parse_record
+    from workbench.stats import decide_interleaved
+
+    log = ResultLog(tmp_path / "log.jsonl")
+    a, b = Knobs(batch_size=8), Knobs(batch_size=8, channels_last=True)
+    c = decide_interleaved([100.0] * 8, [80.0, 81, 79, 80, 80, 82, 78, 80], a=1, b=2, seconds=4.0, block_steps=3)
+    assert c.answer == "slower"
+    logged = log.record_comparison(c, a, b)
+    again = ResultLog(tmp_path / "log.jsonl")  # a restarted kernel
+    assert again.comparisons == [logged]
+    got = again.comparisons[0]
+    assert (got.method, got.answer, got.blocks, got.a_knobs, got.b_knobs) == ("interleaved", "slower", 8, a, b)
+    assert got.how == "interleaved, 8 pairs of blocks, 4 s"
+    assert again.decided(b, a) is got and again.decided(a, a) is None
+    kind, value = parse_record(json_line(logged))
+    assert kind == "comparison" and value == logged
+    for bad in ({"method": "magic"}, {"speedup": -1}, {"a_knobs": {"batch_size": 0}}, {"note": 3}):
+        with pytest.raises(ValueError):
+            parse_record(json_line(logged, **bad))
+    assert isinstance(logged, LoggedComparison)
+
+
+def json_line(logged, **changes) -> str:
+    import json
+
+    return json.dumps({**logged.to_record(), **changes})
+
+
+def test_the_table_verdict_uses_the_logged_comparison(make_bench):
+    bench = make_bench()
+    a = bench.run(progress=False)
+    b = bench.run(progress=False, batch_size=16)
+    before = bench.results.set_index("trial_id").loc[b.trial_id, "verdict"]
+    c = decide_interleaved([100.0] * 8, [150.0, 151, 149, 150, 150, 152, 148, 150], a=a.trial_id, b=b.trial_id,
+                           seconds=3.0, block_steps=2)
+    bench.log.record_comparison(c, a.knobs, b.knobs)
+    row = bench.results.set_index("trial_id").loc[b.trial_id]
+    assert row["verdict"] == "beyond noise" and row["decided_speedup"] == pytest.approx(c.speedup)
+    assert row["decided_by"].startswith("interleaved") and before in ("beyond noise", "within noise", "same speed")

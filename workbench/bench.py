@@ -234,14 +234,16 @@ class Workbench:
         rb = b if isinstance(b, TrialResult) else self.log.get(b)
         if interleave not in (None, True, False):
             raise TypeError(f"interleave takes None (when possible), True or False, got {interleave!r}")
-        note = ""
+        c, note = None, ""
         if rounds == "auto" and interleave is not False:
             c, note = self._interleaved(ra, rb, margin=margin, budget_s=budget_s, required=interleave is True)
-            if c is not None:
-                return c
-        c = compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log, max_rounds=max_rounds,
-                    margin=margin, budget_s=budget_s)
-        return replace(c, note=f"{note} {c.note}".strip()) if note else c
+        if c is None:
+            c = compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log, max_rounds=max_rounds,
+                        margin=margin, budget_s=budget_s)
+            c = replace(c, note=f"{note} {c.note}".strip()) if note else c
+        if rounds:  # new evidence was measured: the log keeps the comparison (the table's verdict uses it)
+            self.log.record_comparison(c, ra.knobs, rb.knobs)
+        return c
 
     def _interleaved(self, ra: TrialResult, rb: TrialResult, *, margin: float, budget_s: float | None,
                      required: bool) -> tuple[Comparison | None, str]:

@@ -23,14 +23,14 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from .knobs import BLOCK_KNOBS, KNOBS, Knobs, knob_names
+from .knobs import BLOCK_KNOBS, BUILTIN_KNOBS, KNOBS, Knobs, knob_names
 from .measure import STATUSES, TrialResult
 from .stats import (
     MARGIN,
@@ -148,6 +148,86 @@ def allocator_note(runs_a: Sequence[TrialResult], runs_b: Sequence[TrialResult])
             "part of the difference may be page faults rather than the knobs (README 'Page faults').")
 
 
+ANSWERS = ("faster", "slower", "same", "undecided")
+METHODS = ("trials", "interleaved")
+
+
+@dataclass(frozen=True)
+class LoggedComparison:
+    """A comparison as the log keeps it (one "comparison" line): both sides' knobs, how it was
+    decided, and the answer with its interval. A restarted kernel reads it back; the table's
+    verdict uses the latest decided one for a trial's knobs against the baseline's."""
+
+    a: int | None
+    b: int | None
+    a_knobs: Knobs
+    b_knobs: Knobs
+    method: str  # "trials" or "interleaved"
+    answer: str  # "faster", "slower", "same" or "undecided"
+    speedup: float
+    low: float
+    high: float
+    margin: float
+    seconds: float | None = None
+    blocks: int = 0  # interleaved: pairs of blocks
+    block_steps: int = 0
+    rounds: int = 0  # trials: alternating rounds
+    note: str = ""
+    at: str = ""  # when it was decided (UTC, ISO 8601)
+
+    @classmethod
+    def of(cls, c: Comparison, a_knobs: Knobs, b_knobs: Knobs) -> LoggedComparison:
+        """The log's form of a Comparison between configurations `a_knobs` and `b_knobs`."""
+        return cls(c.a, c.b, a_knobs, b_knobs, c.method, c.answer, c.speedup, c.low, c.high, c.margin, c.seconds,
+                   c.blocks, c.block_steps, c.rounds, c.note, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+    @property
+    def how(self) -> str:
+        """How it was decided, in a few words (the table's `decided_by` column)."""
+        secs = f", {self.seconds:.0f} s" if self.seconds is not None else ""
+        if self.method == "interleaved":
+            return f"interleaved, {self.blocks} pairs of blocks{secs}"
+        return f"trials, {self.rounds} round{'s' if self.rounds != 1 else ''}{secs}"
+
+    def to_record(self) -> dict[str, Any]:
+        """A flat JSON-safe dict: event "comparison", each side's knobs as a trial record holds them."""
+        def side(k: Knobs) -> dict[str, Any]:
+            d = k.to_dict()
+            return {**d, "user_knobs": [n for n in d if n not in BUILTIN_KNOBS]}
+
+        return {"event": "comparison", "a": self.a, "b": self.b, "a_knobs": side(self.a_knobs),
+                "b_knobs": side(self.b_knobs), "method": self.method, "answer": self.answer,
+                "speedup": self.speedup, "low": self.low, "high": self.high, "margin": self.margin,
+                "seconds": self.seconds, "blocks": self.blocks, "block_steps": self.block_steps,
+                "rounds": self.rounds, "note": self.note, "at": self.at}
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> LoggedComparison:
+        """Rebuild from `to_record()` output read back from an untrusted line (BadRecord if it is not one)."""
+        if rec.get("method") not in METHODS or rec.get("answer") not in ANSWERS:
+            raise BadRecord("a comparison without a known method and answer")
+        for key in ("speedup", "low", "high", "margin"):
+            if not _num_ok(rec.get(key)) or not rec[key] > 0:
+                raise BadRecord(f"a comparison's {key} is not a number > 0")
+        for key in ("seconds",):
+            _check_number(rec, key, (int, float))
+        for key in ("a", "b", "blocks", "block_steps", "rounds"):
+            _check_number(rec, key, int)
+        if not isinstance(rec.get("note", ""), str) or not isinstance(rec.get("at", ""), str):
+            raise BadRecord("a comparison's note is not text")
+        sides = [rec.get("a_knobs"), rec.get("b_knobs")]
+        if not all(isinstance(k, dict) for k in sides):
+            raise BadRecord("a comparison without both sides' knobs")
+        try:
+            a_knobs, b_knobs = (_knobs_of(k) for k in sides)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
+            raise BadRecord(f"a comparison's knobs fail validation ({type(e).__name__})") from None
+        return cls(rec.get("a"), rec.get("b"), a_knobs, b_knobs, rec["method"], rec["answer"], float(rec["speedup"]),
+                   float(rec["low"]), float(rec["high"]), float(rec["margin"]), rec.get("seconds"),
+                   rec.get("blocks") or 0, rec.get("block_steps") or 0, rec.get("rounds") or 0,
+                   rec.get("note", ""), rec.get("at", ""))
+
+
 def _one_round(run: Callable[[Knobs], TrialResult | None], runs_a: list[TrialResult], runs_b: list[TrialResult],
                i: int, done: int, knobs: tuple[Knobs, Knobs] | None = None,
                ) -> tuple[list[tuple[list[TrialResult], TrialResult]], str]:
@@ -232,6 +312,7 @@ class ResultLog:
         self.path = Path(path) if path is not None else None
         self.participant = participant if participant is not None else default_participant()
         self.trials: list[TrialResult] = []
+        self.comparisons: list[LoggedComparison] = []  # rounds="auto" comparisons, in the order they ended
         self._baseline_id: int | None = None
         self._observers: list[Callable[[TrialResult], None]] = []
         self._offset = 0  # bytes of the file already read into `trials`
@@ -266,7 +347,7 @@ class ResultLog:
             return
         complete = data[: data.rfind(b"\n") + 1]
         tail = data[len(complete):]
-        trials, baseline_id, bad = read_records(complete.split(b"\n"))
+        trials, baseline_id, bad = read_records(complete.split(b"\n"), comparisons=self.comparisons)
         self.trials += trials
         if baseline_id is not None:
             self._baseline_id = baseline_id
@@ -440,6 +521,22 @@ class ResultLog:
                 return r
         raise ValueError(f"no trial #{trial_id}; known ids: {[r.trial_id for r in self.trials]}")
 
+    def record_comparison(self, c: Comparison, a_knobs: Knobs, b_knobs: Knobs) -> LoggedComparison:
+        """Keep a comparison of configurations `a_knobs` (A) and `b_knobs` (B): in memory and as one
+        line of the file, so it survives a restart (a failed write keeps it in memory, like a trial)."""
+        logged = LoggedComparison.of(c, a_knobs, b_knobs)
+        self._write(_clean(logged.to_record()))
+        self.comparisons.append(logged)
+        return logged
+
+    def decided(self, a_knobs: Knobs, b_knobs: Knobs) -> LoggedComparison | None:
+        """The latest decided (not undecided) logged comparison of B's knobs against A's, either way round
+        (a B-against-A one is returned as it was logged: check `.a_knobs`)."""
+        for c in reversed(self.comparisons):
+            if c.answer != "undecided" and {c.a_knobs, c.b_knobs} == {a_knobs, b_knobs} and a_knobs != b_knobs:
+                return c
+        return None
+
     # ---- baseline ---------------------------------------------------------------------------
     @property
     def baseline(self) -> TrialResult | None:
@@ -475,7 +572,24 @@ class ResultLog:
         Kept up to date as trials arrive: a new trial adds its row, a new noise re-judges cheaply.
         """
         table = self._table.sync(self)
-        return table.frame(self.baseline, table.noise())
+        df = table.frame(self.baseline, table.noise())
+        return self._with_decided(df) if self.comparisons else df
+
+    def _with_decided(self, df: pd.DataFrame) -> pd.DataFrame:
+        """Rows whose knobs a logged comparison decided against the baseline's take its verdict; the
+        columns `decided_speedup` (that comparison's B/A ratio) and `decided_by` say which."""
+        base = self.baseline
+        df["decided_speedup"], df["decided_by"] = np.nan, ""
+        if base is None or len(df) != len(self.trials):
+            return df
+        words = {"faster": "beyond noise", "slower": "beyond noise", "same": "same speed"}
+        for i, r in enumerate(self.trials):
+            c = self.decided(base.knobs, r.knobs) if r.ok and r.trial_id != base.trial_id else None
+            if c is not None:
+                df.loc[i, "verdict"] = words[c.answer]
+                df.loc[i, "decided_speedup"] = c.speedup if c.b_knobs == r.knobs else 1 / c.speedup
+                df.loc[i, "decided_by"] = c.how
+        return df
 
     def steps_frame(self) -> pd.DataFrame:
         """One row per measured step of every trial: trial_id, step, step_time_s, data_wait_s, loss."""
@@ -828,7 +942,7 @@ def _knobs_of(rec: dict[str, Any]) -> Knobs:
 
 
 def parse_record(line: str | bytes) -> tuple[str, Any]:
-    """One JSONL line of a log: ("baseline", trial id) or ("trial", TrialResult).
+    """One JSONL line of a log: ("baseline", trial id), ("comparison", LoggedComparison) or ("trial", TrialResult).
 
     Treats the line as untrusted: raises BadRecord (a ValueError whose message never quotes the
     line) for a line over MAX_LINE_BYTES, nesting deeper than MAX_DEPTH, not JSON, infinite or
@@ -856,6 +970,8 @@ def parse_record(line: str | bytes) -> tuple[str, Any]:
         if not _num_ok(tid, int) or tid < 1:
             raise BadRecord("a baseline event without a trial id")
         return "baseline", tid
+    if rec.get("event") == "comparison":
+        return "comparison", LoggedComparison.from_record(rec)
     if "status" not in rec or "trial_id" not in rec:
         raise BadRecord("no status/trial_id: not a workbench trial")
     _check_trial(rec)
@@ -866,8 +982,10 @@ def parse_record(line: str | bytes) -> tuple[str, Any]:
         raise BadRecord(f"{where} fails validation ({type(e).__name__})") from None
 
 
-def read_records(lines: Iterable[str | bytes]) -> tuple[list[TrialResult], int | None, list[tuple[int, Exception]]]:
-    """(trials, the last explicit baseline id, [(line index, BadRecord) of unusable lines]) of log lines.
+def read_records(lines: Iterable[str | bytes], *, comparisons: list[LoggedComparison] | None = None,
+                 ) -> tuple[list[TrialResult], int | None, list[tuple[int, Exception]]]:
+    """(trials, the last explicit baseline id, [(line index, BadRecord) of unusable lines]) of log lines;
+    logged comparisons are appended to `comparisons` when given (else skipped).
 
     Never raises on content (see `parse_record`); the errors never quote the lines.
     """
@@ -884,6 +1002,9 @@ def read_records(lines: Iterable[str | bytes]) -> tuple[list[TrialResult], int |
             continue
         if kind == "baseline":
             baseline_id = value
+        elif kind == "comparison":
+            if comparisons is not None:
+                comparisons.append(value)
         else:
             trials.append(value)
     return trials, baseline_id, bad
