@@ -248,7 +248,7 @@ class Workbench:
     def _interleaved(self, ra: TrialResult, rb: TrialResult, *, margin: float, budget_s: float | None,
                      required: bool) -> tuple[Comparison | None, str]:
         """The interleaved comparison of two trials' knobs, or (None, why trials must decide instead)."""
-        from .interleave import BUDGET_S, InterleaveFailed, interleaved, memory_reason, why_not
+        from .interleave import BUDGET_S, INTERLEAVE_WARMUP, InterleaveFailed, interleaved, memory_reason, why_not
 
         reason = why_not(ra.knobs, rb.knobs) or memory_reason(self.device, ra.peak_memory_bytes,
                                                                rb.peak_memory_bytes)
@@ -259,7 +259,7 @@ class Workbench:
         with self._lock:
             future = submit_trial(interleaved, self.workload, ra.knobs, rb.knobs, a_id=ra.trial_id,
                                   b_id=rb.trial_id, margin=margin, budget_s=budget_s or BUDGET_S,
-                                  warmup_steps=self.warmup_steps)
+                                  warmup_steps=min(self.warmup_steps, INTERLEAVE_WARMUP))
             try:
                 return _wait(future), ""
             except InterleaveFailed as e:

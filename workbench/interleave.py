@@ -44,6 +44,7 @@ BLOCK_S = 0.03  # a block lasts about this long (at least one step, at most MAX_
 MAX_BLOCK_STEPS = 8
 MIN_PAIRS = 6  # the first look needs at least this many pairs (a t interval from fewer is too wide to use)
 REPLAY_BATCHES = 8  # prepared batches per side, replayed in a cycle
+INTERLEAVE_WARMUP = 3  # warm-up steps per side at most (each side's first trial already ran: compile caches are warm)
 WARMUP_S = 0.3  # warm each side at least this long (beyond its warm-up steps): allocator, caches, threads
 DATA_KNOBS = ("data", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 
@@ -187,14 +188,14 @@ def _checked(side: _Side, run: Callable[[], float], pairs: Callable[[], Comparis
 
 
 def _warm(sides: list[_Side], warmup_steps: int) -> float:
-    """Warm both sides (alternately) for `warmup_steps` steps and at least WARMUP_S each; the slower
-    side's seconds per step, measured on its last steps."""
+    """Warm each side for `warmup_steps` steps, then at least 2 more and WARMUP_S seconds; the slower
+    side's seconds per step, timed on those last steps."""
     per_step = []
     for side in sides:
         _checked(side, lambda s=side: _block(s, max(1, warmup_steps), False), lambda: None)
     for side in sides:
         t0, n = time.perf_counter(), 0
-        while n < 3 or time.perf_counter() - t0 < WARMUP_S:
+        while n < 2 or time.perf_counter() - t0 < WARMUP_S:
             _checked(side, lambda s=side: _block(s, 1, False), lambda: None)
             n += 1
         per_step.append((time.perf_counter() - t0) / n)
@@ -241,10 +242,13 @@ def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float,
     """Warm both sides, then pairs of blocks (A B, B A, ...) with a look every `look_every` pairs."""
     step_s = _warm(sides, warmup_steps)
     k = block_steps or max(1, min(MAX_BLOCK_STEPS, round(BLOCK_S / max(step_s, 1e-6))))
-    # looks are spread over the time left, fixed before any pair is measured (so they cannot chase the data)
+    # The looks are planned over the time left, from the warm-up's timing alone, before any pair is
+    # measured (so they cannot chase the data): as many as fit (at most `looks`), each spending an
+    # equal share of the error rate; a slow step gets fewer, better-funded looks.
     pair_s = 2 * k * step_s * 1.1
-    left = budget_s - (time.perf_counter() - t0)
-    look_every = max(MIN_PAIRS, math.ceil(max(left, 0) / pair_s / looks))
+    fit = max(0.0, budget_s - (time.perf_counter() - t0)) / pair_s  # pairs the budget holds
+    looks = max(1, min(looks, int(fit // MIN_PAIRS)))
+    look_every = max(MIN_PAIRS, math.ceil(fit / looks))
     switch = any(KNOBS[n].settings is not None for n in sides[0].knobs.diff(sides[1].knobs) if n in KNOBS)
     a, b = sides
 
@@ -257,6 +261,11 @@ def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float,
 
     c, look, pairs, started = None, 0, 0, time.perf_counter()
     while look < looks:
+        now = time.perf_counter()
+        per_pair = (now - started) / pairs if pairs else pair_s
+        if pairs >= 2 and now - t0 + per_pair > budget_s:  # the budget ends: a last look at what there is
+            c = judge(f"Stopped at the time budget (budget_s={budget_s:g}).")
+            break
         order = sides if pairs % 2 == 0 else sides[::-1]  # A B, then B A: a linear drift cancels over two pairs
         for side in order:
             side.rates.append(_checked(side, lambda s=side: _block(s, k, switch), judge))
@@ -266,10 +275,6 @@ def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float,
         look += 1
         c = judge()
         if c is None or c.answer != "undecided":
-            break
-        now = time.perf_counter()
-        if now - t0 + look_every * (now - started) / pairs > budget_s:  # the next look would end past the budget
-            c = judge(f"Stopped at the time budget (budget_s={budget_s:g}).")
             break
     if c is None:
         raise InterleaveFailed("no pair of blocks was measured")

@@ -1,0 +1,121 @@
+"""Time to a decision (issue 34): `compare(a, b, rounds="auto")` before (alternating trials) and after
+(interleaved blocks in one process), for a ~10% effect, a ~3% effect and identical knobs.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_decide.py [model ...] [--reps N] [--methods after,before]
+                                                             [--cases 10,3,0] [--budget S]
+
+Models: the demos `cnn` and `transformer` (size default), `heldout` (benchmarks/_heldout.py: a CNN the
+tuner was not shaped on) and `own` (a 1-D conv net over 4,000-sample signals, written for this
+benchmark). The effects come from a user knob, `extra_work`, that runs each batch with an extra 10% or
+3% of its samples appended (one call, the output cut back), so the change costs about that fraction of
+the step for a model whose cost grows with the batch; the trials ("before") say what the ratio really is.
+
+before: `bench.compare(a, b, rounds="auto", interleave=False)`, today's alternating trials (max_rounds=8).
+after:  `bench.compare(a, b, rounds="auto")`, interleaved blocks (budget_s=30 unless --budget).
+
+Each line: model, case, method, answer, ratio and interval, rounds or pairs of blocks, seconds from the
+call to the answer (the two trials a and b that name the pair are run before the clock starts).
+Measures and prints; asserts nothing. State the machine's load next to any figure you quote.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import workbench as wb
+
+CASES = {"10": 0.10, "3": 0.03, "0": 0.0}
+
+
+class _Extra(nn.Module):
+    """The model on each batch plus an extra `frac` of it, in one call (a known slowdown: for a model
+    whose cost grows with the batch, about `frac` of the step), the output cut back to the batch."""
+
+    def __init__(self, inner: nn.Module, frac: float) -> None:
+        super().__init__()
+        self.inner, self.frac = inner, frac
+
+    def forward(self, x, *args, **kwargs):  # any model's signature
+        if not (self.frac and isinstance(x, torch.Tensor)):
+            return self.inner(x, *args, **kwargs)
+        n = x.shape[0]
+        m = max(1, round(self.frac * n))
+        more = [torch.cat([a, a[:m]]) if isinstance(a, torch.Tensor) and a.shape[:1] == (n,) else a for a in args]
+        out = self.inner(torch.cat([x, x[:m]]), *more, **kwargs)
+        return out[:n] if isinstance(out, torch.Tensor) else out
+
+
+@wb.knob(choices=[0.0, 0.03, 0.10], help="also train on an extra slice of each batch (a known slowdown)")
+def extra_work(model, value):
+    """Wrap the model so each step costs about `value` more (benchmarks/bench_decide.py)."""
+    return _Extra(model, value) if value else model
+
+
+def own() -> wb.Workbench:
+    """A 1-D conv net over 4,000-sample signals, 8 classes: a model of this benchmark's own."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv1d(1, 16, 9, 4, 4), nn.ReLU(), nn.Conv1d(16, 32, 9, 4, 4), nn.ReLU(),
+                        nn.Conv1d(32, 64, 9, 4, 4), nn.ReLU(), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(64, 8))
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(512, 1, 4000, generator=g), torch.randint(0, 8, (512,), generator=g))
+    return wb.Workbench(net, data, loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.AdamW(p, 1e-3),
+                        knobs=wb.Knobs(batch_size=32), log=None, name="own-conv1d", device="cpu")
+
+
+def make(name: str) -> wb.Workbench:
+    if name == "own":
+        return own()
+    if name == "heldout":
+        sys.path.insert(0, os.path.dirname(__file__))
+        import _heldout
+
+        return _heldout.bench()
+    return wb.demo(name, log=None)
+
+
+def one(bench: wb.Workbench, frac: float, method: str, budget: float | None) -> str:
+    """One comparison from a fresh pair of trials; its line of the table."""
+    a = bench.run(progress=False)
+    b = bench.run(progress=False, extra_work=frac)  # frac 0: identical knobs (the default value)
+    t0 = time.perf_counter()
+    c = bench.compare(a, b, rounds="auto", interleave=method == "after", max_rounds=8,
+                      budget_s=budget if method == "after" else None)
+    secs = time.perf_counter() - t0
+    how = f"{c.blocks} pairs x {c.block_steps} steps" if c.method == "interleaved" else f"{c.rounds} rounds"
+    return (f"| {c.answer} | {c.speedup:.3f} ({c.low:.3f} … {c.high:.3f}) | {how} | {secs:.1f} s |")
+
+
+def main(argv: list[str]) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description="time to a decision, before and after interleaving")
+    p.add_argument("models", nargs="*", default=["cnn", "own"])
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--methods", default="after,before")
+    p.add_argument("--cases", default="10,3,0")
+    p.add_argument("--budget", type=float, default=None)
+    args = p.parse_args(argv)
+    names, reps, budget = args.models, args.reps, args.budget
+    methods, cases = args.methods.split(","), args.cases.split(",")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f} "
+          f"(1-min average at the start)")
+    print("| model | case | method | answer | B/A ratio (interval) | evidence | seconds to the answer |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name in names:
+        bench = make(name)
+        for case in cases:
+            for method in methods:
+                for _ in range(reps):
+                    label = f"~{case}% slower" if CASES[case] else "identical"
+                    print(f"| {name} | {label} | {method} {one(bench, CASES[case], method, budget)}", flush=True)
+    print(f"load at the end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
