@@ -15,6 +15,10 @@ after:  `bench.compare(a, b, rounds="auto")`, interleaved blocks (budget_s=30 un
 
 Each line: model, case, method, answer, ratio and interval, rounds or pairs of blocks, seconds from the
 call to the answer (the two trials a and b that name the pair are run before the clock starts).
+`--simulate`: the sequential rule alone on simulated pairs (no machine): identical sides and 10% / 3%
+effects at 10% sd per pair, with and without bursts (20% of blocks hit by a ±30-100% outlier), looked
+at every 8 pairs up to 20 times; false alarms, answers and the median pairs to an answer.
+
 Measures and prints; asserts nothing. State the machine's load next to any figure you quote.
 """
 
@@ -91,6 +95,37 @@ def one(bench: wb.Workbench, frac: float, method: str, budget: float | None) -> 
     return (f"| {c.answer} | {c.speedup:.3f} ({c.low:.3f} … {c.high:.3f}) | {how} | {secs:.1f} s |")
 
 
+def simulate(sims: int = 1000, every: int = 8, looks: int = 20, sd: float = 0.10) -> None:
+    """The interleaved rule on simulated pair log-ratios: error rates with peeking and pairs to an answer."""
+    import numpy as np
+
+    from workbench.stats import decide_interleaved
+
+    rng = np.random.default_rng(34)
+    print(f"simulated: {sims} comparisons per row, {sd:.0%} sd per pair, a look every {every} pairs, at most {looks}")
+    print("| true B/A | bursts | faster | slower | same | undecided | median pairs to an answer |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for effect in (1.0, 0.97, 0.90):
+        for burst in (0.0, 0.2):
+            counts, pairs = dict.fromkeys(("faster", "slower", "same", "undecided"), 0), []
+            for _ in range(sims):
+                d = rng.normal(np.log(effect), sd, every * looks)
+                hit = rng.random(len(d)) < burst
+                d[hit] += rng.choice([-1.0, 1.0], hit.sum()) * rng.uniform(0.3, 1.0, hit.sum())
+                a = np.full(len(d), 100.0)
+                answer = "undecided"
+                for look in range(1, looks + 1):
+                    n = look * every
+                    answer = decide_interleaved(a[:n], a[:n] * np.exp(d[:n]), looks=looks, look_every=every).answer
+                    if answer != "undecided":
+                        pairs.append(n)
+                        break
+                counts[answer] += 1
+            med = f"{np.median(pairs):.0f}" if pairs else "-"
+            print(f"| {effect:.2f} | {burst:.0%} | {counts['faster']} | {counts['slower']} | {counts['same']} | "
+                  f"{counts['undecided']} | {med} |", flush=True)
+
+
 def main(argv: list[str]) -> None:
     import argparse
 
@@ -100,7 +135,11 @@ def main(argv: list[str]) -> None:
     p.add_argument("--methods", default="after,before")
     p.add_argument("--cases", default="10,3,0")
     p.add_argument("--budget", type=float, default=None)
+    p.add_argument("--simulate", action="store_true", help="the sequential rule on simulated pairs only")
     args = p.parse_args(argv)
+    if args.simulate:
+        simulate()
+        return
     names, reps, budget = args.models, args.reps, args.budget
     methods, cases = args.methods.split(","), args.cases.split(",")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f} "

@@ -10,8 +10,9 @@ and warmed. Then blocks of a few steps alternate A B, B A, A B, ... on prepared 
 seeded batches for both sides, replayed from memory), each block under its own side's process
 settings (threads, matmul precision, cuDNN flags). Block i of A and block i of B form a pair; drift
 over seconds moves both blocks of a pair, and cancels in their log-ratio. `stats.decide_interleaved`
-looks at the pairs every `look_every` pairs, spending the 5% error rate evenly over at most
-`looks` looks, and the comparison stops at the first decided look or when the time budget ends.
+looks at the pairs at times planned before the first pair (spread over the budget), spending the 5%
+error rate evenly over at most `looks` looks, and the comparison stops at the first decided look or
+when the time budget ends.
 
 What the ratio is, and is not: the two models share the machine's caches, and each block starts
 with the other side's weights in them; prepared batches leave the data loader out of both sides.
@@ -239,16 +240,18 @@ def interleaved(workload: Workload, a: Knobs, b: Knobs, *, a_id: int | None = No
 
 def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float, warmup_steps: int,
                block_steps: int | None, looks: int, ids: tuple[int | None, int | None]) -> Comparison:
-    """Warm both sides, then pairs of blocks (A B, B A, ...) with a look every `look_every` pairs."""
+    """Warm both sides, then pairs of blocks (A B, B A, ...), looking at the pairs at planned times."""
     step_s = _warm(sides, warmup_steps)
     k = block_steps or max(1, min(MAX_BLOCK_STEPS, round(BLOCK_S / max(step_s, 1e-6))))
-    # The looks are planned over the time left, from the warm-up's timing alone, before any pair is
-    # measured (so they cannot chase the data): as many as fit (at most `looks`), each spending an
-    # equal share of the error rate; a slow step gets fewer, better-funded looks.
+    # The looks are planned from the clock and the warm-up's timing alone, before any pair is measured
+    # (so they cannot chase the data): as many as the budget holds pairs for (at least MIN_PAIRS a look,
+    # at most `looks`), each spending an equal share of the error rate, spread evenly over the time
+    # left; a slow step gets fewer, better-funded looks, and a step that speeds up still uses the budget.
     pair_s = 2 * k * step_s * 1.1
-    fit = max(0.0, budget_s - (time.perf_counter() - t0)) / pair_s  # pairs the budget holds
-    looks = max(1, min(looks, int(fit // MIN_PAIRS)))
-    look_every = max(MIN_PAIRS, math.ceil(fit / looks))
+    started = time.perf_counter()
+    span = max(0.0, budget_s - (started - t0))
+    looks = max(1, min(looks, int(span / pair_s // MIN_PAIRS)))
+    look_every = max(MIN_PAIRS, math.ceil(span / pair_s / looks))  # pairs between looks, as planned (for hints)
     switch = any(KNOBS[n].settings is not None for n in sides[0].knobs.diff(sides[1].knobs) if n in KNOBS)
     a, b = sides
 
@@ -259,7 +262,7 @@ def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float,
         return decide_interleaved(a.rates[:n], b.rates[:n], looks=looks, margin=margin, a=ids[0], b=ids[1],
                                   seconds=time.perf_counter() - t0, block_steps=k, look_every=look_every, note=note)
 
-    c, look, pairs, started = None, 0, 0, time.perf_counter()
+    c, look, pairs = None, 0, 0
     while look < looks:
         now = time.perf_counter()
         per_pair = (now - started) / pairs if pairs else pair_s
@@ -270,7 +273,7 @@ def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float,
         for side in order:
             side.rates.append(_checked(side, lambda s=side: _block(s, k, switch), judge))
         pairs += 1
-        if pairs % look_every:
+        if pairs < MIN_PAIRS or time.perf_counter() - started < (look + 1) * span / looks:
             continue
         look += 1
         c = judge()
