@@ -19,6 +19,11 @@ call to the answer (the two trials a and b that name the pair are run before the
 effects at 10% sd per pair, with and without bursts (20% of blocks hit by a ±30-100% outlier), looked
 at every 8 pairs up to 20 times; false alarms, answers and the median pairs to an answer.
 
+`--truth [rounds]`: issue 34's agreement check: for bench_referee.py's knob sets that interleave (cnn:
+channels_last, batch_size=64, cpu_threads=1), the interleaved ratio (budget 60 s) against the ratio of
+`rounds` alternating trials each (default 4); goal: within ±5%. (The exported script's side is
+bench_referee.py's own run.)
+
 Measures and prints; asserts nothing. State the machine's load next to any figure you quote.
 """
 
@@ -126,6 +131,27 @@ def simulate(sims: int = 1000, every: int = 8, looks: int = 20, sd: float = 0.10
                   f"{counts['undecided']} | {med} |", flush=True)
 
 
+def truth(rounds: int = 4) -> None:
+    """Interleaved ratio against separate trials' ratio, for bench_referee.py's interleavable knob sets."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from bench_referee import KNOB_SETS
+
+    from workbench.interleave import why_not
+
+    benches: dict[str, wb.Workbench] = {}
+    print("| demo | change | interleaved B/A (pairs, s) | trials B/A (rounds) | interleaved / trials |")
+    print("| --- | --- | --- | --- | --- |")
+    for demo, change in KNOB_SETS:
+        bench = benches.setdefault(demo, wb.demo(demo, log=None))
+        if not change or why_not(bench.defaults, bench.knobs(**change)) is not None:
+            continue
+        a, b = bench.run(progress=False), bench.run(progress=False, **change)
+        inter = bench.compare(a, b, rounds="auto", budget_s=60, margin=0.02)
+        trials = bench.compare(a, b, rounds=rounds, interleave=False)
+        print(f"| {demo} | {change} | {inter.speedup:.3f} ({inter.blocks}, {inter.seconds:.0f}) | "
+              f"{trials.speedup:.3f} ({trials.rounds}) | {inter.speedup / trials.speedup:.3f} |", flush=True)
+
+
 def main(argv: list[str]) -> None:
     import argparse
 
@@ -136,9 +162,14 @@ def main(argv: list[str]) -> None:
     p.add_argument("--cases", default="10,3,0")
     p.add_argument("--budget", type=float, default=None)
     p.add_argument("--simulate", action="store_true", help="the sequential rule on simulated pairs only")
+    p.add_argument("--truth", type=int, nargs="?", const=4, default=None, metavar="ROUNDS",
+                   help="interleaved ratio against trials for bench_referee.py's knob sets")
     args = p.parse_args(argv)
     if args.simulate:
         simulate()
+        return
+    if args.truth is not None:
+        truth(args.truth)
         return
     names, reps, budget = args.models, args.reps, args.budget
     methods, cases = args.methods.split(","), args.cases.split(",")
