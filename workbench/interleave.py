@@ -107,7 +107,6 @@ class Replay:
             raise ValueError("Replay needs at least one batch")
         self.batches = batches
         self.i = 0
-        self.device = None
 
     def next(self) -> Any:
         """The next prepared batch (the first again after the last)."""
