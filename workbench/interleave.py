@@ -139,13 +139,21 @@ def _prepared(workload: Workload, knobs: Knobs, n: int) -> list[Any]:
         return [first] + [source.next() for _ in range(n - 1)]
 
 
-def _build(workload: Workload, name: str, knobs: Knobs, stack: contextlib.ExitStack) -> _Side:
-    """Build one side under its process settings and the workload's seed (so both start alike)."""
+def _batch_key(k: Knobs) -> tuple[Any, ...]:
+    """The knobs that shape the prepared batches: sides equal in these share one set."""
+    return k.batch_size, k.accum_steps, k.channels_last, k.data
+
+
+def _build(workload: Workload, name: str, knobs: Knobs, stack: contextlib.ExitStack,
+           batches: list[Any] | None = None) -> _Side:
+    """Build one side under its process settings and the workload's seed (so both start alike);
+    `batches`: the other side's prepared batches when they are the same (see _batch_key)."""
     stage = Stage()
     try:
         with apply.process_settings(knobs), seeded(workload.seed):
             step = stack.enter_context(TrainStep(workload, knobs, stage=stage))
-            batches = _prepared(workload, knobs, REPLAY_BATCHES * knobs.accum_steps)
+            if batches is None:
+                batches = _prepared(workload, knobs, REPLAY_BATCHES * knobs.accum_steps)
     except Exception as e:
         status, message = sort_failure(e, stage, knobs)
         raise InterleaveFailed(f"side {name} failed while being built: {message}", side=name, status=status) from e
@@ -226,7 +234,9 @@ def interleaved(workload: Workload, a: Knobs, b: Knobs, *, a_id: int | None = No
     compiled = a.compile != "off" or b.compile != "off"
     try:
         with contextlib.ExitStack() as stack:
-            sides = [_build(workload, "A", a, stack), _build(workload, "B", b, stack)]
+            first = _build(workload, "A", a, stack)
+            shared = first.replay.batches if _batch_key(a) == _batch_key(b) else None  # read-only: both may use them
+            sides = [first, _build(workload, "B", b, stack, shared)]
             return _alternate(sides, t0, margin=margin, budget_s=budget_s, warmup_steps=warmup_steps,
                               block_steps=block_steps, looks=looks, ids=(a_id, b_id))
     finally:
