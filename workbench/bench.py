@@ -235,7 +235,7 @@ class Workbench:
         if interleave not in (None, True, False):
             raise TypeError(f"interleave takes None (when possible), True or False, got {interleave!r}")
         c, note = None, ""
-        if rounds == "auto" and interleave is not False:
+        if rounds == "auto" and interleave is not False and ra.ok and rb.ok:  # a failed trial: compare says why
             c, note = self._interleaved(ra, rb, margin=margin, budget_s=budget_s, required=interleave is True)
         if c is None:
             c = compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log, max_rounds=max_rounds,
