@@ -1,6 +1,7 @@
 # Two commands on a fresh machine (see README.md):
 #   make lab    create/refresh .venv, then open JupyterLab on the quickstart notebook
 #   make test   create/refresh .venv, then lint + every test + every notebook (in headless Chromium, else nbval)
+# Also: make docs (docs/knobs.md from the knob declarations), make screenshots (docs/panel.png from a real browser run)
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
@@ -9,7 +10,7 @@ export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.inductor-cache
 # JupyterLab refuses to start as root unless told.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--ServerApp.allow_root=True,)
 
-.PHONY: env lab test test-quick bench clean
+.PHONY: env lab test test-quick bench docs screenshots clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +25,7 @@ lab: env
 	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/01_quickstart.ipynb
 
 test: env
-	$(BIN)/ruff check workbench tests benchmarks
+	$(BIN)/ruff check workbench tests benchmarks scripts
 	$(BIN)/pytest --nbval-lax -p no:cacheprovider -ra --durations=15
 
 test-quick: env
@@ -33,6 +34,15 @@ test-quick: env
 bench: env
 	$(BIN)/python benchmarks/bench_overhead.py
 	$(BIN)/python benchmarks/bench_fixed_cost.py
+
+# docs/knobs.md is generated from workbench/knobs.py (tests/test_docs.py fails when it is stale).
+docs: env
+	$(BIN)/python scripts/gen_knobs_doc.py
+
+# docs/panel.png: the quickstart notebook's panel, taken by the real-browser test (needs /usr/bin/chromium).
+screenshots: env
+	@test -x /usr/bin/chromium || { echo "make screenshots needs /usr/bin/chromium (apt-get install -y chromium)"; exit 1; }
+	WORKBENCH_SCREENSHOT=$(CURDIR)/docs/panel.png $(BIN)/pytest tests/test_browser.py -k quickstart_panel -p no:cacheprovider -q
 
 clean:
 	rm -rf $(VENV) workbench-runs .inductor-cache .pytest_cache

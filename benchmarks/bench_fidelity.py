@@ -49,6 +49,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import workbench as wb
+from workbench.codegen import script_warmup  # the trial's steady warm-up (issue 30)
 from workbench.measure import KernelTime, environment
 from workbench.runner import run_trial, trial_thread
 from workbench.system import MALLOC_ENV, malloc_policy
@@ -131,7 +132,7 @@ def script_rate(knobs: wb.Knobs, warmup: int, steps: int, workdir: Path) -> floa
     path = workdir / "fidelity_loop.py"
     preamble = PARTS + ("\nmodel, dataset = build()\nloss_fn = nn.CrossEntropyLoss()\n\n\ndef make_optimizer(params):\n"
                         "    return torch.optim.SGD(params, lr=0.01, momentum=0.9)\n\n\n")
-    path.write_text(preamble + knobs.to_code(steps=warmup + steps, warmup=warmup))
+    path.write_text(preamble + knobs.to_code(steps=script_warmup(knobs, warmup) + steps, warmup=warmup))
     return run_script(path, knobs)
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 import workbench as wb
+from workbench.codegen import script_warmup  # the trial's steady warm-up (issue 30)
 from workbench.measure import environment
 from workbench.runner import run_trial
 from workbench.system import malloc_policy
@@ -68,8 +69,8 @@ def main() -> None:
     knobs = bench.knobs(**parse_knobs(args.knobs))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"loop_{args.demo}.py"
-        path.write_text(PREAMBLE.format(demo=args.demo, size="default") + knobs.to_code(steps=WARMUP + STEPS,
-                                                                                         warmup=WARMUP))
+        path.write_text(PREAMBLE.format(demo=args.demo, size="default") + knobs.to_code(
+            steps=script_warmup(knobs, WARMUP) + STEPS, warmup=WARMUP))
         code = compile(path.read_text(), str(path), "exec")
 
         def inproc() -> float:

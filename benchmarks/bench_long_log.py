@@ -26,7 +26,7 @@ from pathlib import Path
 
 import workbench as wb
 from workbench.charts import comparison_chart
-from workbench.results import ResultLog, _clean
+from workbench.resultlog import ResultLog, _clean
 
 VARIANTS = [{}, {"batch_size": 16}, {"batch_size": 64}, {"num_workers": 1}, {"amp": "bf16"}, {"cpu_threads": 1},
             {"batch_size": 16, "cpu_threads": 1}, {"checkpoint": []}]

@@ -10,7 +10,7 @@ both figures, the workbench/script ratio (median over rounds of the per-round ra
 side's speedup over the demo's defaults, and whether the evidence shows the workbench agreeing with
 the script within ±10% (`--margin`; an equivalence test on the per-round ratios, see `agreement`),
 differing, or cannot tell yet, in samples/s and in speedup; the workbench trials' kernel share of
-CPU time (page faults, README 'Page faults'); the machine, the load and the glibc malloc variables
+CPU time (page faults, docs/measurement.md 'Page faults'); the machine, the load and the glibc malloc variables
 the run had (the scripts inherit them). Goal: every ratio within ±10%. Measures, asserts nothing.
 """
 
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import workbench as wb
+from workbench.codegen import script_warmup  # the trial's steady warm-up (issue 30)
 from workbench.measure import environment
 from workbench.stats import t_quantile
 
@@ -59,7 +60,8 @@ model, dataset, loss_fn, make_optimizer = parts["model"], parts["data"], parts["
 def script_rate(demo: str, size: str, knobs: wb.Knobs, workdir: Path) -> float:
     """Run the generated loop as a plain `python` process; the samples/s it prints."""
     path = workdir / f"loop_{demo}.py"
-    path.write_text(PREAMBLE.format(demo=demo, size=size) + knobs.to_code(steps=WARMUP + STEPS, warmup=WARMUP))
+    path.write_text(PREAMBLE.format(demo=demo, size=size) + knobs.to_code(steps=script_warmup(knobs, WARMUP) + STEPS,
+                                                                              warmup=WARMUP))
     return run_script(path, knobs)
 
 
@@ -95,7 +97,7 @@ def agreement(w: list[float], s: list[float], margin: float = 0.10) -> tuple[str
 
 def allocator_env() -> str:
     """The glibc malloc variables this process (and the scripts it starts) run with: they decide
-    whether freed memory goes back to the OS and is faulted in again (README 'Page faults')."""
+    whether freed memory goes back to the OS and is faulted in again (docs/measurement.md 'Page faults')."""
     named = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
     return " ".join(f"{k}={v}" for k, v in sorted(named.items())) or "defaults"
 

@@ -120,7 +120,7 @@ def count(rows: Sequence[Row]) -> dict[str, int]:
 
 
 def summary_line(rows: Sequence[Row], device: str, elapsed_s: float) -> str:
-    """The one line the README's device table quotes."""
+    """The one line docs/devices.md's device table quotes."""
     n = count(rows)
     return (f"gpu_check: {n['pass']} pass, {n['fail']} fail, {n['skipped']} skipped "
             f"on {device} in {elapsed_s:.0f} s")

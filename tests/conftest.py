@@ -70,6 +70,15 @@ def make_bench(tmp_path):
     return make
 
 
+@pytest.fixture(autouse=True)
+def _fixed_warmup(request, monkeypatch):
+    """`@pytest.mark.fixed_warmup`: exactly `warmup_steps` warm-up steps (steady.py's old count), for
+    tests that count steps or compare losses across trials (a steady warm-up may take more steps
+    in one trial than in another, and every warm-up step trains)."""
+    if request.node.get_closest_marker("fixed_warmup") is not None:
+        monkeypatch.setenv("WORKBENCH_FIXED_WARMUP", "1")
+
+
 @pytest.hookimpl(trylast=True)  # after `-m`/`-k` deselection: only what will really run counts
 def pytest_collection_modifyitems(config, items):
     """When the browser test runs the notebooks (Chromium present, test selected), skip nbval's
@@ -96,3 +105,32 @@ def _notebook_of(item) -> str | None:
     if spec is not None and "name" in spec.params:
         return spec.params["name"]
     return "01_quickstart.ipynb" if "quickstart" in item.name else None
+
+
+SLEEP_S = 0.0015  # SleepData: seconds per sample; 2 workers deliver at most 2 / SLEEP_S = 1,333 samples/s
+
+
+class SleepData(Dataset):
+    """A data-bound map-style dataset: each sample waits SLEEP_S (a sleep, like a small file on a
+    network disk), so `num_workers` workers deliver at most num_workers / SLEEP_S samples/s, a
+    truth that holds however busy the CPU is (sleeping takes no CPU)."""
+
+    def __init__(self, n: int = 4096, sleep_s: float = SLEEP_S) -> None:
+        g = torch.Generator().manual_seed(2)
+        self.x = torch.randn(n, 8, generator=g)
+        self.y = torch.randint(0, 4, (n,), generator=g)
+        self.sleep_s = sleep_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        import time
+
+        time.sleep(self.sleep_s)
+        return self.x[i], self.y[i]
+
+
+def workers_limit(num_workers: int, sleep_s: float = SLEEP_S) -> float:
+    """Samples/s that `num_workers` SleepData workers can deliver at most."""
+    return num_workers / sleep_s

@@ -12,7 +12,8 @@ before the last cell, a progress bar left unfinished. A cell that raises shows a
 stops Run All, so this is nbval's check too: when this test is collected (Chromium present),
 conftest.py deselects nbval's run of the same notebooks instead of running each notebook twice.
 `WORKBENCH_BROWSER_NOTEBOOKS=03,05` limits it to some notebooks while iterating; `WORKBENCH_BROWSER_DUMP=dir`
-saves each notebook's output text there.
+saves each notebook's output text there; `WORKBENCH_SCREENSHOT=path.png` saves the quickstart panel, after
+the trial its knob change started, there (`make screenshots` writes the README's docs/panel.png so).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 NOTEBOOK = "01_quickstart.ipynb"
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+SCREENSHOT = os.environ.get("WORKBENCH_SCREENSHOT")  # the README's picture: make screenshots
 ONLY = [x.strip() for x in os.environ.get("WORKBENCH_BROWSER_NOTEBOOKS", "").split(",") if x.strip()]
 OTHERS = [n for n in NOTEBOOKS if n != NOTEBOOK and (not ONLY or n[:2] in ONLY or n in ONLY)]
 # Charts each notebook must show rendered (at least): panels' live charts, bench.chart(), scaling, workshop.
@@ -311,6 +313,13 @@ def test_quickstart_panel_in_a_real_browser(lab, browser, tmp_path) -> None:
         assert "num_workers=1" in rows.first.inner_text()
         change_to_running_s = (w["running"] - t_change) / 1e3
         end_to_mark_s = (w["mark"] - w["done"]) / 1e3
+        if SCREENSHOT:  # a finished trial started from the page: what a reader sees after a change
+            page.set_viewport_size({"width": 1400, "height": 3400})  # the whole panel, not what one screen shows
+            page.wait_for_timeout(500)
+            panel.scroll_into_view_if_needed()
+            panel.screenshot(path=SCREENSHOT)
+            page.set_viewport_size({"width": 1400, "height": 2000})
+            assert Path(SCREENSHOT).stat().st_size > 10_000
 
         # ---- Stop during a run: recorded as interrupted -------------------------------------
         panel.locator(".wb-run").click()

@@ -55,7 +55,7 @@ def test_comparison_chart_has_band_baseline_linked_views_and_full_tooltip(log: R
     assert len(spec["vconcat"]) == 3  # throughput, peak memory, data wait
     throughput = spec["vconcat"][0]["layer"]
     marks = [layer["mark"]["type"] for layer in throughput]
-    assert marks == ["rule", "rule", "point", "text"]  # band, baseline line, trials, failure labels
+    assert marks == ["rule", "rule", "point", "text", "text"]  # band, baseline, trials, failure and "not steady" labels
     band = throughput[0]["encoding"]
     assert band["y"]["field"] == "samples_per_s_low" and band["y2"]["field"] == "samples_per_s_high"
     assert "baseline" in json.dumps(throughput[1]["transform"])
@@ -213,3 +213,15 @@ def test_a_new_kind_of_trial_rebuilds_the_legend_instead_of_swapping_data():
     domains = [e["scale"]["domain"] for layer in jc.spec["vconcat"][0]["layer"]
                for key, e in layer.get("encoding", {}).items() if key == "color"]
     assert domains and all("nan" in d for d in domains)
+
+
+def test_a_trial_that_was_not_steady_is_marked_on_the_chart():
+    from dataclasses import replace
+
+    log = ResultLog(None)
+    log.append(fake(wb.Knobs(), step_ms=10))
+    log.append(replace(fake(wb.Knobs(num_workers=2), step_ms=5), extra={"steady": False}))
+    data = chart_frame(log.frame())
+    assert list(data["steady"]) == [None, False]
+    spec = json.dumps(comparison_chart(log.frame()).to_dict())
+    assert "datum.steady === false" in spec and "not steady" in spec

@@ -174,7 +174,7 @@ def test_model_factory_works_for_a_single_process_verb(tmp_path, monkeypatch, ca
 
     assert main(["run", "--model", "clifactory:as_dict", "--device", "cpu", "--steps", "2", "--warmup-steps", "0",
                  "--batch-size", "8", "--json", "--quiet", "--log-path", str(tmp_path / "runs")]) == 0
-    rec = json.loads(capsys.readouterr().out)["result"]  # the one --json document (README: JSON output)
+    rec = json.loads(capsys.readouterr().out)["result"]  # the one --json document (docs/cli.md: the JSON envelope)
     assert rec["status"] == "ok" and rec["batch_size"] == 8 and rec["world_size"] == 1
     assert (tmp_path / "runs" / "fac.jsonl").exists()
     assert main(["run", "--model", "clifactory:as_bench", "--steps", "2", "--warmup-steps", "0", "--quiet"]) == 0

@@ -184,6 +184,7 @@ make_optimizer = lambda p: torch.optim.AdamW(p, lr=1e-2)
 
 
 @pytest.mark.slow
+@pytest.mark.fixed_warmup
 def test_fsdp2_script_runs_under_torchrun_and_trains_like_the_trial(tmp_path) -> None:
     """The exported FSDP2 script on 2 gloo ranks: its per-step losses are the trial's (fp32)."""
     import json
@@ -202,3 +203,18 @@ def test_fsdp2_script_runs_under_torchrun_and_trains_like_the_trial(tmp_path) ->
     trial = bench.run(k)
     assert trial.ok, trial.message
     assert list(trial.losses) == pytest.approx(per_step[2:], abs=1e-4, rel=0)  # the trial measured steps 3..6
+
+
+def test_the_script_warms_up_as_a_steady_trial_does(monkeypatch):
+    """The exported loop drains the loader's buffer before its timed window (issue 30)."""
+    from workbench.codegen import script_warmup
+
+    monkeypatch.delenv("WORKBENCH_FIXED_WARMUP", raising=False)
+    k = wb.Knobs(num_workers=2, prefetch_factor=8)
+    warm = script_warmup(k, 5)
+    assert warm == 1 + 17 + 8  # the first step, 2 x 8 buffered batches + 1 in flight, 8 steps without a trend
+    code = k.to_code(steps=warm + 30)
+    assert f"warmup_steps = {warm}  #" in code and "buffered batches drained" in code
+    assert "warmup_steps = 4  #" in k.to_code(steps=5)  # a short loop keeps one timed step
+    monkeypatch.setenv("WORKBENCH_FIXED_WARMUP", "1")
+    assert script_warmup(k, 5) == 5

@@ -44,6 +44,7 @@ def test_tiny_demo_builds_and_runs_ok(name):
     assert r.knobs.batch_size == DEMOS[name].build("tiny")["knobs"].batch_size
 
 
+@pytest.mark.fixed_warmup
 @pytest.mark.parametrize("name", NAMES)
 def test_tiny_runs_are_deterministic(name):
     """Same seed, num_workers=0: data order, augmentations and initial weights repeat exactly."""
@@ -73,6 +74,7 @@ def test_workbench_kwargs_pass_through(tmp_path):
     assert (tmp_path / "demo-cnn.jsonl").exists()
 
 
+@pytest.mark.fixed_warmup
 def test_jpeg_runs_with_worker_processes():
     """Workers fork with the module-level dataset and collate; augmentations still seeded."""
     bench = wb.demo("jpeg", **TINY)
@@ -102,6 +104,7 @@ def test_transformer_uses_dict_batches_and_step_fn():
     assert loss.dim() == 0 and loss.requires_grad
 
 
+@pytest.mark.fixed_warmup
 @pytest.mark.slow
 def test_mlp_memory_checkpointing_lowers_peak_threefold():
     bench = wb.demo("mlp-memory", log=None, steps=2, warmup_steps=1)  # peak comes from the warm-up step

@@ -6,6 +6,7 @@ whole file stays within about a minute on a 2-core machine.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -125,7 +126,7 @@ def test_two_ranks_report_global_throughput_per_rank_times_and_comm(tmp_path) ->
     assert 0.0 <= d["exposed_comm_share"] <= 1.0 and d["slowest_rank"] in (0, 1)
     assert len(r.step_times_s) == 6 and all(t > 0 for t in r.step_times_s)
     # ranks started from the same snapshot and read different shards: losses are finite means
-    assert all(map(lambda x: x == x, r.losses))
+    assert r.losses and all(math.isfinite(x) for x in r.losses), r.losses
     # the log holds it like any trial, and the user's model was never touched
     assert wb.Workbench(FaultyMLP(), bench.workload.spec.dataset, log=tmp_path / "log.jsonl", device="cpu",
                         loss_fn=nn.CrossEntropyLoss()).trials[-1].knobs.world_size == 2
@@ -163,6 +164,7 @@ def test_a_smaller_bucket_cap_means_more_all_reduces(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.fixed_warmup  # the fault is planted at a forward call inside the window
 @pytest.mark.parametrize("kind, status, words", [
     ("raise", "error", ["rank 1: RuntimeError in the model's forward at measured step", "planted failure"]),
     ("oom", "oom", ["rank 1: out of memory in the model's forward"]),
@@ -259,7 +261,7 @@ def test_cli_joins_a_torchrun_job_of_two_simulated_nodes(tmp_path) -> None:
     assert [p.returncode for p in nodes] == [0, 0], [e[-2000:] for _, e in outs]
     printed = [o for o, _ in outs if o.strip()]
     assert len(printed) == 1  # rank 0 alone prints one JSON document
-    doc = json.loads(printed[0])  # the one --json document (README: JSON output)
+    doc = json.loads(printed[0])  # the one --json document (docs/cli.md: the JSON envelope)
     assert doc["ok"] and doc["command"] == "run"
     rec = doc["result"]
     assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["ddp_bucket_cap_mb"] == 1

@@ -9,6 +9,7 @@ next trial succeeds.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import gc
 import os
@@ -26,7 +27,7 @@ from conftest import ROOT, SquareDataset, TinyNet
 from torch.utils.data import get_worker_info
 
 import workbench as wb
-from workbench import apply
+from workbench.knobs import KNOBS
 from workbench.results import ResultLog
 
 # Resident memory a failed trial may leave behind once collected. Measured here: at most ~2 MB
@@ -130,6 +131,7 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
+@pytest.mark.fixed_warmup  # faults are planted at a call count: warm-up must take exactly warmup_steps
 @pytest.mark.parametrize("fault", list(MATRIX))
 def test_fault_matrix(fault, tmp_path, monkeypatch):
     knobs, status, words, where = MATRIX[fault]
@@ -149,7 +151,8 @@ def test_fault_matrix(fault, tmp_path, monkeypatch):
 
     Fault.mode, Fault.calls = fault, 0
     if fault == "compile":
-        monkeypatch.setattr(apply, "compile_model", lambda m, k, d: torch.compile(m, backend=_failing_backend))
+        failing = dataclasses.replace(KNOBS["compile"], wrap=lambda m, v, ctx: torch.compile(m, backend=_failing_backend))
+        monkeypatch.setitem(KNOBS, "compile", failing)  # the knob's own seam: its wrap hook
     if fault == "interrupt":
         with pytest.raises(KeyboardInterrupt):
             bench.run()

@@ -1,4 +1,4 @@
-"""Fuzzing the whole Knobs space x the built-in demos: every combination either runs (ok or nan)
+"""Fuzzing the whole Knobs space x the built-in demos: every combination either runs (ok; nan only under fp16)
 or is rejected up front with a ValueError that names the fix — never a raw error from PyTorch.
 
 The quick run draws a few dozen examples; the slow one draws 1,000 (CI runs both).
@@ -7,6 +7,7 @@ The quick run draws a few dozen examples; the slow one draws 1,000 (CI runs both
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import pytest
@@ -51,7 +52,7 @@ FIX_WORDS = ("set ", "use ", "lower ", "choose ", "is not one of", "list each on
 
 
 def check(name: str, values: dict, tally: dict) -> None:
-    """Run one draw: a ValueError naming the fix, or a trial that ends ok or nan."""
+    """Run one draw: a ValueError naming the fix, or a trial that ends ok (nan only under fp16)."""
     b = bench(name)
     try:
         knobs = b.knobs(**values)
@@ -63,7 +64,10 @@ def check(name: str, values: dict, tally: dict) -> None:
         assert any(w in text for w in FIX_WORDS), f"rejection without a fix: {text}"
         tally["rejected"] += 1
         return
-    assert result.status in ("ok", "nan"), f"{name} {knobs}: {result.status}: {result.message}\n{result.traceback}"
+    what = f"{name} {knobs}: {result.status}: {result.message}\n{result.traceback}"
+    # a non-finite loss is an honest outcome only where fp16 can overflow; anywhere else it is a bug
+    assert result.status == "ok" or (result.status == "nan" and knobs.amp == "fp16"), what
+    assert result.status == "nan" or (result.samples_per_s or 0) > 0, what
     tally[result.status] += 1
 
 
@@ -86,7 +90,7 @@ def fuzz(examples: int, *, invalid: bool) -> dict:
 
 def test_fuzz_valid_ranges_quick():
     tally = fuzz(25, invalid=False)
-    assert tally["ok"] + tally["nan"] >= 8, tally  # a third of the draws must run trials, not only validate
+    assert tally["ok"] >= 8, tally  # a third of the draws must run ok trials, not only validate (nan is no pass)
 
 
 def test_fuzz_invalid_values_are_rejected_with_a_fix():
@@ -97,7 +101,7 @@ def test_fuzz_invalid_values_are_rejected_with_a_fix():
 @pytest.mark.slow
 def test_fuzz_1000():
     tally = fuzz(1000, invalid=False)
-    assert tally["ok"] + tally["nan"] >= 333, tally
+    assert tally["ok"] >= 333, tally
 
 
 @pytest.mark.slow
@@ -109,4 +113,5 @@ def test_fuzz_1000():
 def test_compile_modes_run_on_every_demo(name, mode, extra):
     """Each compile mode with other knobs on a different demo (one cold compile each)."""
     result = bench(name).run(compile=mode, **extra)
-    assert result.status in ("ok", "nan"), result.message
+    assert result.ok, f"{result.status}: {result.message}"  # no fp16 here: a nan loss is a failure
+    assert result.losses and all(math.isfinite(x) for x in result.losses), result.losses

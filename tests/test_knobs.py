@@ -89,10 +89,13 @@ def test_knob_table_has_one_row_per_knob_from_its_declaration():
 
 
 def test_every_declaration_is_complete_and_its_fuzz_ranges_hold():
-    from workbench.knobs import GROUPS, KNOBS
+    from workbench.knobs import GROUPS, KNOBS, STRUCTURAL
 
     for name, spec in KNOBS.items():
         assert spec.name == name and spec.help and spec.group in GROUPS, name
+        # applied by its own run-time hook, or one of the few knobs the loop itself reads
+        assert spec.runtime_hooks or name in STRUCTURAL, f"{name} has no run-time hook and is not structural"
+        assert spec.code is not None or name in STRUCTURAL, f"{name} has no code hook: to_code() would drop it"
         assert spec.widget in ("int", "slider", "checkbox", "dropdown", "blocks"), name
         spec.check(spec.default)
         if spec.fuzz.valid != "blocks":
@@ -144,6 +147,7 @@ def test_optimizer_impl_notes_a_class_without_the_argument():
     assert notes and "Plain takes no fused= argument" in notes[0]
 
 
+@pytest.mark.fixed_warmup
 def test_optimizer_impl_runs_in_a_trial_and_in_generated_code(make_bench):
     import torch
 
@@ -160,6 +164,7 @@ def test_optimizer_impl_runs_in_a_trial_and_in_generated_code(make_bench):
 
 
 # ---- checkpoint_mode -----------------------------------------------------------------------------
+@pytest.mark.fixed_warmup
 def test_selective_checkpointing_saves_matmuls_and_matches_full(make_bench):
     from workbench.knobs import checkpoint_options
 
@@ -330,3 +335,31 @@ def test_a_knob_that_is_off_adds_no_work_to_the_measured_step():
 
     assert step_hooks(wb.Knobs()) == []  # grad_clip_norm=None: no per-step call, no fp16 unscale
     assert len(step_hooks(wb.Knobs(grad_clip_norm=1.0))) == 1
+
+
+def test_the_completeness_rule_fails_a_knob_with_no_hook():
+    """The rule above is not vacuous: a declaration without hooks, outside STRUCTURAL, is caught."""
+    from workbench.knobs import STRUCTURAL, Fuzz, KnobSpec
+
+    bare = KnobSpec(default=False, kind="bool", help="does nothing", group="Memory", widget="checkbox",
+                    fuzz=Fuzz((False, True)), name="bare")
+    assert not bare.runtime_hooks and bare.name not in STRUCTURAL
+
+
+def test_the_running_core_reads_only_structural_knobs():
+    """apply, step, runner, workload, codegen, measure, trace and distributed/ reach a knob's effect through
+    its hooks: an attribute read of a built-in, non-structural knob there fails this test."""
+    import ast
+    from pathlib import Path
+
+    from workbench.knobs import BUILTIN_KNOBS, STRUCTURAL
+
+    package = Path(wb.__file__).parent
+    files = [package / f"{m}.py" for m in ("step", "runner", "codegen", "measure", "trace")]
+    files += sorted((package / "distributed").glob("*.py"))
+    # DataLoader.num_workers and move_to's channels_last keyword share a knob's name: not knob reads
+    allowed = {("workload.py", "num_workers"), ("workload.py", "channels_last")}
+    reads = [f"{p.name}:{node.lineno} .{node.attr}" for p in files for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+             and node.attr in BUILTIN_KNOBS - STRUCTURAL and (p.name, node.attr) not in allowed]
+    assert not reads, f"read these through the knobs' hooks (workbench/knobs/registry.py): {reads}"

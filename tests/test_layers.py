@@ -4,16 +4,19 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 # codegen renders the core's step as text (Knobs.to_code): it sits with the core and imports nothing above it
-CORE = ("knobs", "workload", "step", "runner", "measure", "results", "apply", "progress", "compat", "stats", "system",
-        "trace", "codegen", "protocol")
-ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export", "interleave",
-              "display")
+# resultlog/records/table/comparison hold the log and decide; rounds (which runs trials) and the results
+# facade that re-exports it sit above
+CORE = ("knobs", "workload", "step", "runner", "measure", "resultlog", "records", "table", "comparison", "progress",
+        "compat", "stats", "system", "trace", "codegen", "protocol", "stepshape", "steady", "loadmeter")
+ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
+              "display", "rebuild", "results", "rounds", "learners", "interleave")
 MAX_FUNCTION_LINES = 80  # a function a newcomer reads in one screen
 
 
@@ -45,11 +48,16 @@ def files() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
+def core_files(name: str) -> list[Path]:
+    """A core module's file, or every file of a core package (knobs/)."""
+    folder = PACKAGE / name
+    return sorted(folder.glob("*.py")) if folder.is_dir() else [PACKAGE / f"{name}.py"]
+
+
 @pytest.mark.parametrize("name", CORE)
 def test_core_imports_nothing_above_it(name):
-    path = PACKAGE / f"{name}.py"
     bad = []
-    for mod, names, line in imports(path):
+    for path, (mod, names, line) in [(p, i) for p in core_files(name) for i in imports(p)]:
         targets = [mod] + [f"{mod}.{n}" for n in names] if mod == "workbench" else [mod]
         for t in targets:
             if any(t == f"workbench.{a}" or t.startswith(f"workbench.{a}.") for a in ABOVE_CORE):
@@ -79,22 +87,58 @@ def test_no_private_name_crosses_a_module():
 
 
 def test_the_layer_check_catches_a_violation(tmp_path, monkeypatch):
-    """The parser resolves relative imports, so a lazy `from .panel import Panel` in the core is seen."""
-    fake = PACKAGE / "knobs.py"
+    """The parser resolves relative imports, so a lazy `from .panel import Panel` in the core is seen,
+    and the layer check itself fails on it (run on a copy of the package with the import injected)."""
+    fake = PACKAGE / "stats.py"
     text = fake.read_text() + "\n\ndef _leak():\n    from .panel import Panel\n    return Panel\n"
-    target = tmp_path / "workbench" / "knobs.py"
+    target = tmp_path / "workbench" / "stats.py"
     target.parent.mkdir()
     target.write_text(text)
-    monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "workbench")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "workbench")
     assert ("workbench.panel", ["Panel"]) in [(m, n) for m, n, _ in imports(target)]
+    with pytest.raises(AssertionError, match=r"stats\.py:\d+ imports workbench\.panel"):
+        test_core_imports_nothing_above_it("stats")
+    target.write_text(fake.read_text())  # the same file without the injected import passes
+    test_core_imports_nothing_above_it("stats")
 
 
-@pytest.mark.parametrize("name", ["scaling", "fit"])
+FACES = ("scaling", "fit", "tune", "panel", "diagnose")  # every face that takes a workbench
+
+
+def face_files(name: str) -> list[Path]:
+    return [PACKAGE / f"{name}.py"] if (PACKAGE / f"{name}.py").exists() else sorted((PACKAGE / name).rglob("*.py"))
+
+
+def untyped_benches(path: Path) -> list[str]:
+    """Every parameter named `bench` in the file whose annotation is not `Bench` (missing, Any, Workbench)."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                note = arg.annotation
+                text = note.value if isinstance(note, ast.Constant) else ast.unparse(note) if note else None
+                if arg.arg == "bench" and text != "Bench":
+                    bad.append(f"{path.name}:{node.lineno} {node.name}(bench: {text})")
+    return bad
+
+
+@pytest.mark.parametrize("name", FACES)
 def test_faces_type_the_workbench_as_the_protocol(name):
-    """A face that takes a workbench imports `protocol.Bench`, never `bench.Workbench`."""
-    found = [(mod, names) for mod, names, _ in imports(PACKAGE / f"{name}.py")]
+    """A face that takes a workbench types it `protocol.Bench`, and never imports `bench.Workbench`."""
+    paths = face_files(name)
+    found = [(mod, names) for p in paths for mod, names, _ in imports(p)]
     assert ("workbench.protocol", ["Bench"]) in found
     assert not any(mod == "workbench.bench" for mod, _ in found)
+    bad = [b for p in paths for b in untyped_benches(p)]
+    assert not bad, bad
+
+
+def test_the_face_check_catches_an_untyped_workbench(tmp_path):
+    """The check above fails on `bench: Any`, `bench: Workbench` and a bare `bench`."""
+    path = tmp_path / "face.py"
+    path.write_text("def a(bench: Any): ...\ndef b(bench: 'Workbench'): ...\ndef c(x, bench): ...\n"
+                    "def d(bench: Bench): ...\ndef e(bench: 'Bench'): ...\n")
+    assert untyped_benches(path) == ["face.py:1 a(bench: Any)", "face.py:2 b(bench: Workbench)", "face.py:3 c(bench: None)"]
 
 
 def test_the_workbench_satisfies_the_protocol(make_bench):

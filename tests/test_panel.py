@@ -7,6 +7,7 @@ enough to stop or to change knobs during. No assertion depends on timing.
 from __future__ import annotations
 
 import dataclasses
+import html
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from workbench import panel as panel_module
 from workbench.charts import chart_data
 from workbench.knobs import knob_names
 from workbench.panel import GROUPS, Panel
+from workbench.stats import ANSWER_WORDS, MIN_EFFECT
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 120  # generous: other work shares the 2 cores; only a hang fails
@@ -229,7 +231,7 @@ def test_set_baseline_and_repeat_to_confirm(panel: Panel, bench: wb.Workbench) -
     assert panel.wait(WAIT_S)
     rep = panel.last_repeat
     assert rep is not None and rep["trial_id"] == 2 and rep["baseline_id"] == 1
-    c = rep["comparison"]
+    c = rep["comparison"]  # what the panel keeps and shows is the comparison's own answer, and it is coherent
     if c.method == "interleaved":  # batch_size can take turns in one process: no new trials, blocks instead
         assert c.blocks >= 2 and len(bench.trials) == 2 and "interleaved blocks" in panel.status.value
     else:
@@ -237,9 +239,10 @@ def test_set_baseline_and_repeat_to_confirm(panel: Panel, bench: wb.Workbench) -
         assert 1 <= n <= 2 and len(c.a_rates) == len(c.b_rates) == 1 + n
         # alternating rounds after the original A B (back to back, so it is the first pair): B A, then A B
         assert [t.knobs.batch_size for t in bench.trials[2:]] == [32, 8, 8, 32][: 2 * n]
-    assert rep["confirmed"] in ("beyond noise", "same speed", "within noise")
-    assert rep["answer"] in ("faster", "slower", "same", "undecided")
-    assert c.method == "interleaved" or rep["rounds"] == 2 or rep["answer"] != "undecided"  # stops early only when decided
+        assert n == 2 or rep["answer"] != "undecided"  # it stops early only when decided
+    assert (rep["confirmed"], rep["answer"]) == (c.verdict, c.answer)
+    assert {"faster": c.low > 1, "slower": c.high < 1, "same": c.same, "undecided": c.low <= 1 <= c.high or abs(c.speedup - 1) < MIN_EFFECT}[c.answer], c
+    assert html.escape(str(c)) in panel.verdict.value and ANSWER_WORDS[c.answer] in panel.status.value
     assert "Repeat to confirm #2" in panel.verdict.value
     panel.trial_pick.value = 2
     panel.baseline_button.click()

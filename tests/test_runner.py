@@ -1,5 +1,6 @@
 """run_trial: same start for every trial, honest counting, and failure as a result."""
 
+import math
 import os
 import signal
 import threading
@@ -14,6 +15,7 @@ import workbench as wb
 from workbench.runner import TrialInterrupted
 
 
+@pytest.mark.fixed_warmup
 def test_identical_trials_give_bit_identical_losses(make_bench):
     bench = make_bench()
     a, b = bench.run(), bench.run()
@@ -21,6 +23,7 @@ def test_identical_trials_give_bit_identical_losses(make_bench):
     assert a.losses == b.losses and len(a.losses) == 3
 
 
+@pytest.mark.fixed_warmup
 def test_user_model_is_never_mutated(make_bench):
     class WithBN(TinyNet):
         def __init__(self):
@@ -194,6 +197,7 @@ def counting_step(after: int, action):
     return step_fn
 
 
+@pytest.mark.fixed_warmup
 def test_cancel_event_stops_at_a_step_boundary(make_bench):
     cancel = threading.Event()
     bench = make_bench(steps=50, step_fn=counting_step(4, cancel.set))
@@ -278,7 +282,8 @@ def test_fp16_on_cpu_runs_and_warns(make_bench):
         pytest.skip("CPU-only behaviour")
     with pytest.warns(UserWarning, match="can be slower than fp32") as caught:
         r = make_bench().run(amp="fp16")
-    assert r.status in ("ok", "nan") and any("fp16" in n for n in r.notes)
+    assert r.ok, f"{r.status}: {r.message}"  # a small MLP's loss stays finite in fp16: nan would be a bug
+    assert r.losses and all(math.isfinite(x) for x in r.losses) and any("fp16" in n for n in r.notes)
     assert [w.filename for w in caught if "fp16" in str(w.message)] == [__file__]  # once, at the user's call
 
 

@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 import pytest
+from fake_trials import fake
 
 import workbench as wb
 from workbench.measure import TrialResult
@@ -336,3 +337,60 @@ def test_same_speed_is_an_equivalence_test_with_its_own_interval():
         false_same += any(decide_sequential(np.ones(n), np.exp(e[:n]), learnt, looks=9, margin=0.10).answer == "same"
                           for n in range(1, 10))
     assert false_same / 300 <= 0.05
+
+
+# ---- one_look: the one verdict rule, which decide() and the results table both call ---------------
+def test_one_look_by_hand():
+    """Four comparisons at once, each worked out by hand from the rule's definition."""
+    from workbench.stats import one_look
+
+    quiet = Noise(sigma=0.01, df=100.0, repeats=96, configs=4)
+    ln = math.log
+    look = one_look([1, 1, 10, 3], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1, 1, 10, 3],
+                    [ln(1.3), ln(1.6), ln(1.01), ln(1.3)], [0.0, 0.0, 0.0, 0.5], PRIOR)
+    prior_half = t_quantile(0.975, 4) * PRIOR_NOISE * math.sqrt(2)  # 2.776 · 10% · √2 = 0.393
+    assert look.half[0] == pytest.approx(prior_half) and look.half[0] == pytest.approx(0.3926, abs=1e-3)
+    assert look.verdicts[:2] == ["within noise", "beyond noise"]  # log 1.3 = 0.262 < 0.393 < log 1.6 = 0.470
+    local = math.sqrt(0.5 / 4)  # 3 + 3 trials: the sides' own spread (0.354) beats the prior's 10%
+    assert look.sigma[3] == pytest.approx(local) and look.verdicts[3] == "within noise"
+    q = one_look([10], [0.0], [0.0], [10], [ln(1.01)], [0.0], quiet)
+    assert q.half[0] == pytest.approx(t_quantile(0.975, 100) * 0.01 * math.sqrt(0.2))
+    assert not q.beyond[0] and q.same[0] and q.verdicts == ["same speed"]  # 1% < MIN_EFFECT; within ±5%
+    assert one_look([10], [0.0], [0.0], [10], [ln(1.01)], [0.0], quiet, margin=0.005).verdicts == ["within noise"]
+
+
+def test_decide_and_the_table_call_one_look(monkeypatch):
+    """No second copy of the rule: decide and the table both go through stats.one_look (a spy sees each)."""
+    import workbench.stats as stats
+    import workbench.table as table
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(len(args[0]))
+        return real(*args, **kwargs)
+
+    real = stats.one_look
+    monkeypatch.setattr(stats, "one_look", spy)
+    monkeypatch.setattr(table, "one_look", spy)
+    decide([100.0, 101.0], [130.0], PRIOR)
+    assert calls == [1]
+    log = ResultLog(None)
+    for i in range(4):
+        log.append(fake([0.01 * (1 + 0.3 * (i % 2))] * 2, num_workers=i % 2))
+    assert list(log.frame()["verdict"])[1:] and calls[1:] == [3]  # the 3 rows after the baseline, at once
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_decide_answers_what_one_look_says(seed):
+    from workbench.stats import one_look
+
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        a = 100 * np.exp(rng.normal(0, 0.05, rng.integers(1, 6)))
+        b = 100 * np.exp(rng.normal(rng.choice([0.0, 0.01, 0.05, 0.3]), 0.05, rng.integers(1, 6)))
+        c = decide(a, b, PRIOR)
+        xa, xb = np.log(a), np.log(b)
+        look = one_look([len(a)], [xa.mean()], [((xa - xa.mean()) ** 2).sum()], [len(b)], [xb.mean()],
+                        [((xb - xb.mean()) ** 2).sum()], PRIOR)
+        assert c.verdict == look.verdicts[0] and c.low == pytest.approx(math.exp(look.log_ratio[0] - look.half[0]))

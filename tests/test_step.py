@@ -67,6 +67,7 @@ def generated_losses(knobs: wb.Knobs, model: nn.Module, data, steps: int) -> lis
     (ConvNet, conv_data, wb.Knobs(batch_size=4, channels_last=True, checkpoint=("features.2",), amp="bf16",
                                   accum_steps=2)),
 ])
+@pytest.mark.fixed_warmup
 def test_generated_code_and_run_trial_give_the_same_losses(make_model, make_data, knobs, tmp_path):
     torch.manual_seed(0)
     model, data = make_model(), make_data()
@@ -102,6 +103,7 @@ def switched_on(name: str) -> dict:
 
 
 # ddp_*/fsdp_* knobs need world_size > 1: test_distributed / test_strategy
+@pytest.mark.fixed_warmup
 @pytest.mark.parametrize("name", [n for n in wb.knob_names() if n not in NOT_HERE and not n.startswith(("ddp_", "fsdp_"))])
 def test_every_knob_gives_the_same_losses_in_generated_code_and_run_trial(name, tmp_path):
     """Registry-driven: a knob declared in knobs.py is checked here without editing this file."""

@@ -71,7 +71,7 @@ def test_the_thread_check_and_environment_use_the_helper(monkeypatch):
 
 # A step that takes 3 x 24 MiB of fresh memory and frees it. Whether glibc's defaults hand it back to
 # the OS depends on the heap's history: one and the same script faulted 12,256 or 768 pages per step
-# from one process to the next (the bimodality of README 'Page faults'). So the faulting reference
+# from one process to the next (the bimodality of docs/measurement.md 'Page faults'). So the faulting reference
 # is glibc told to trim and map eagerly (fixed 128 KiB thresholds, no dynamic adjustment), which
 # faults every page in at every step; told to keep freed memory, later steps fault nothing.
 _FAULTING_STEPS = """

@@ -40,6 +40,7 @@ def test_no_trace_unless_asked(make_bench):
     assert r.trace_path is None and "trace" not in r.extra
 
 
+@pytest.mark.fixed_warmup
 def test_traced_steps_come_after_the_measured_window(make_bench):
     """Every forward records whether the profiler was on: the measured steps never see it."""
     seen: list[bool] = []
@@ -120,6 +121,7 @@ def test_the_runner_trace_reads_back_as_phases_and_ops(make_bench):
     assert (s.ops["ms"] >= 0).all() and s.ops["op"].str.startswith("aten::").any()
 
 
+@pytest.mark.fixed_warmup
 def test_epochs_crossed_by_the_traced_steps_are_not_the_windows(make_bench):
     # 40 samples at batch 8 = 5 batches: warm-up 1 + 3 measured steps fit, the 4 traced steps cross
     r = make_bench(data=tiny_data(40)).run(trace=True, progress=False)

@@ -303,7 +303,10 @@ def test_tune_races_ddp_bucket_sizes_on_two_gloo_ranks():
     assert all(r.knobs.world_size == 2 and r.ok for r in bench.log.trials), str(res)
     raced = {r.knobs.ddp_bucket_cap_mb for r in bench.log.trials}
     assert {None, 1, 5, 50, 100} <= raced  # torch's default and every candidate size ran on 2 ranks
-    assert res.answer in ("faster", "same", "undecided") and res.confirmation is not None
+    c = res.confirmation  # the answer is the confirmation's: faster keeps the winner, same/slower keep the start
+    assert c is not None and res.answer == {"faster": "faster" if res.best_knobs != res.start.knobs else "undecided",
+                                            "same": "same", "slower": "same", "undecided": "undecided"}[c.answer], (c, res)
+    assert (res.best_knobs != res.start.knobs) == (res.answer == "faster") and res.best_knobs.world_size == 2
     assert res.steps["stage"].iloc[-1] == "confirm" and res.confirmation.verdict in res.steps["decision"].iloc[-1]
     assert f"answer: {res.answer}" in str(res)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import sys
 import threading
@@ -22,6 +23,7 @@ from .progress import TrialProgress, search, shown
 from .results import Comparison, ResultLog, compare, safe_file_name
 from .runner import Progress, TrialInterrupted, check_knobs, run_trial, submit_trial
 from .stats import MARGIN, Noise
+from .stepshape import StepShape, is_demo_source, is_import_path, shape_of
 from .workload import StepFn, Workload, move_to
 
 DEFAULT_LOG_DIR = "workbench-runs"
@@ -102,8 +104,7 @@ class Workbench:
     # ---- validation ----------------------------------------------------------------------
     def _probe(self) -> None:
         """Run the step's forward once on a throw-away copy so mistakes surface now, with a fix."""
-        from .apply import build_loader
-        from .step import Stage, check_loss
+        from .step import Stage, build_loader, check_loss
 
         wl = self.workload
         if not wl.spec.iterable and len(wl.spec) == 0:
@@ -128,6 +129,7 @@ class Workbench:
                 "or step_fn so that one batch gives a scalar loss"
             ) from e
         wl.check_optimizer(model)
+        self.step_shape: StepShape = shape_of(batch, has_loss_fn=wl.loss_fn is not None, step_fn=wl.step_fn, spec=wl.spec)
 
     # ---- the public surface ----------------------------------------------------------------
     @property
@@ -180,10 +182,10 @@ class Workbench:
                 result = _wait(future)
                 if not result.ok:  # the bar ends in the trial's status, not the runner's "done"
                     state.set(result.status, state.done, state.total)
-                return self.log.append(result)
+                return self._record(result)
             except TrialInterrupted as e:  # KeyboardInterrupt raised inside the trial (a callback)
                 state.set("interrupted", state.done, state.total)
-                e.result = self.log.append(e.result)
+                e.result = self._record(e.result)
                 raise
             except KeyboardInterrupt:  # Ctrl-C in this thread: stop at the next step boundary
                 stop.set()
@@ -192,9 +194,39 @@ class Workbench:
                 except TrialInterrupted as e:
                     result = e.result
                 except KeyboardInterrupt:  # a second Ctrl-C: record the trial whenever it ends
-                    future.add_done_callback(lambda f: self.log.append(_outcome(f)))
+                    future.add_done_callback(lambda f: self._record(_outcome(f)))
                     raise
-                raise TrialInterrupted(self.log.append(result)) from None
+                raise TrialInterrupted(self._record(result)) from None
+
+    def came_from(self, source: str) -> None:
+        """Record where this workbench's objects can be rebuilt: "pkg.module:factory" (the CLI's
+        --model) or "demo:NAME:SIZE". Its `to_code()` scripts then rebuild them and run as they are."""
+        if not (is_import_path(source) or is_demo_source(source)):
+            raise ValueError(f"source must be 'pkg.module:factory' or 'demo:NAME:SIZE', got {source!r}")
+        self.step_shape = dataclasses.replace(self.step_shape, factory=source)
+
+    def _record(self, result: TrialResult) -> TrialResult:
+        """Append a finished trial to the log, stamped with the step it ran (for its `to_code()`)."""
+        result.extra.setdefault("step", self.step_shape.to_record())
+        return self.log.append(result)
+
+    def to_code(self, trial: int | TrialResult | Knobs | None = None, **kwargs: Any) -> str:
+        """The training script of a trial (id or result), a Knobs value, or (None) the best trial so
+        far: the step this workbench measured (its batch format, loss and sampling), the knobs' code,
+        seeded like the trials. None takes the fastest finished trial. Keywords go to `knobs_to_code` (steps, warmup, model=..., setup=...)."""
+        from .codegen import knobs_to_code
+
+        if trial is None:  # the fastest trial that finished, else the defaults
+            done = [t for t in self.log.trials if t.ok and t.samples_per_s]
+            trial = max(done, key=lambda t: t.samples_per_s) if done else self.defaults
+        if isinstance(trial, int) and not isinstance(trial, bool):
+            trial = self.log.get(trial)
+        if isinstance(trial, TrialResult):
+            trial = trial.knobs
+        if not isinstance(trial, Knobs):
+            raise TypeError(f"to_code takes a trial id, a TrialResult or a Knobs value, got {type(trial).__name__}")
+        kwargs.setdefault("seed", self.workload.seed)
+        return knobs_to_code(trial, shape=self.step_shape, **kwargs)
 
     @property
     def trials(self) -> list[TrialResult]:

@@ -23,6 +23,7 @@ from .knobs import knob_names
 # Every status gets a fixed colour and shape, so a colour means the same thing in every chart.
 KINDS = ["baseline", "ok", "nan", "interrupted", "error", "oom"]
 KIND_COLORS = ["#222222", "#4c78a8", "#f58518", "#9d755d", "#e45756", "#b22222"]
+UNSTEADY_COLOR = "#b279a2"  # the "not steady" mark under a throughput point
 KIND_SHAPES = ["diamond", "circle", "triangle-up", "cross", "cross", "cross"]
 FAILED = ("interrupted", "error", "oom")  # no throughput: drawn as a cross on the zero line
 
@@ -47,7 +48,7 @@ def chart_frame(results: pd.DataFrame) -> pd.DataFrame:
     df["throughput"] = pd.to_numeric(df["samples_per_s"], errors="coerce").fillna(0.0)
     df["speedup_pct"] = (pd.to_numeric(df["speedup"], errors="coerce") - 1.0) * 100.0
     keep = ["trial_id", "trial", "kind", "throughput", "samples_per_s", "samples_per_s_low",
-            "samples_per_s_high", "speedup", "speedup_pct", "verdict", "status", "label",
+            "samples_per_s_high", "speedup", "speedup_pct", "verdict", "steady", "status", "label",
             "step_time_ms", "step_time_iqr_ms", "peak_memory_mb", "data_wait_share", "final_loss",
             "message", "decided_speedup", "decided_by", *knob_names()]
     return df[[c for c in keep if c in df.columns]]
@@ -146,10 +147,13 @@ def _chart_shape(columns: tuple[str, ...], width: int, kinds: tuple[str, ...]) -
     failed_text = base.transform_filter(alt.FieldOneOfPredicate("kind", list(FAILED))).mark_text(
         dy=-12, fontSize=11, color=KIND_COLORS[KINDS.index("error")]
     ).encode(y="throughput:Q", text="status:N")
+    unsteady_text = base.transform_filter("datum.steady === false").mark_text(  # steady.py's flag
+        dy=16, fontSize=10, color=UNSTEADY_COLOR
+    ).encode(y="throughput:Q", text=alt.value("not steady"))
     baseline_rule = base.transform_filter(alt.datum.kind == "baseline").mark_rule(
         strokeDash=[5, 4], color=KIND_COLORS[0]
     ).encode(y="samples_per_s:Q", x=alt.value(0), x2=alt.value(width))
-    throughput = alt.layer(band, baseline_rule, points, failed_text).properties(
+    throughput = alt.layer(band, baseline_rule, points, failed_text, unsteady_text).properties(
         width=width, height=220, title="Throughput per trial (band: middle half of steps; dashed: baseline)"
     )
 
@@ -203,6 +207,7 @@ def _tooltip(data: pd.DataFrame) -> list[alt.Tooltip]:
         alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.1f"),
         alt.Tooltip("speedup:Q", title="speedup vs baseline", format=".2f"),
         alt.Tooltip("verdict:N"),
+        *([alt.Tooltip("steady:N", title="steady state")] if "steady" in data.columns else []),
         alt.Tooltip("step_time_ms:Q", title="median step ms", format=".2f"),
         alt.Tooltip("peak_memory_mb:Q", title="peak MB", format=",.1f"),
         alt.Tooltip("data_wait_share:Q", title="data wait", format=".0%"),

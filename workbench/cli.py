@@ -102,11 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="results directory (JSONL; default workbench-runs); 'none' to keep nothing "
                             "(under torchrun write --log-path: torchrun's own parser claims --log)")
         p.add_argument("--json", action="store_true",
-                       help="print exactly one JSON document on stdout (shape: README, 'JSON output')")
+                       help="print exactly one JSON document on stdout (shape: docs/cli.md)")
         p.add_argument("--quiet", action="store_true", help="no progress bar (there is none unless stderr is a terminal)")
         if cmd == "run":
             p.add_argument("--trace", action="store_true",
                            help="profile 3 steps after the measured window into a Chrome-trace JSON next to the log")
+            p.add_argument("--code", metavar="FILE", default=None,
+                           help="also write the trial's plain-PyTorch training script to FILE (runs as it is "
+                                "with --demo or --model)")
         if cmd == "tune":
             p.add_argument("--budget", type=int, default=None,
                            help="maximum number of trials (default 24 without --budget-s, else no cap)")
@@ -167,31 +170,11 @@ def jsonable(obj: Any) -> Any:
 
 
 def document(command: str, *, result: Any = None, error: str | None = None, exit_code: int = 0) -> dict[str, Any]:
-    """The one JSON document a verb prints with --json (the shape README.md documents)."""
+    """The one JSON document a verb prints with --json (the shape docs/cli.md documents)."""
     from . import __version__
 
     return {"schema": JSON_SCHEMA, "command": command, "version": __version__, "ok": error is None and exit_code == 0,
             "exit_code": exit_code, "error": error, "result": jsonable(result)}
-
-
-def load_factory(spec: str) -> Any:
-    """`pkg.module:factory` -> factory(): the module is imported (the current directory is on the path)."""
-    import importlib
-
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr.isidentifier():
-        raise ValueError(f"--model takes PKG.MODULE:FACTORY, e.g. mytrain.bench:make, got {spec!r}")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"--model {spec}: cannot import {module_name!r} ({e}); run from the directory that "
-                         "holds it or put it on PYTHONPATH") from e
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ValueError(f"--model {spec}: {module_name} has no function {attr!r}")
-    return factory()
 
 
 def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
@@ -202,6 +185,7 @@ def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
     """
     from . import demo
     from .bench import Workbench
+    from .rebuild import load_factory
 
     given = {"device": args.device, "steps": args.steps, "warmup_steps": args.warmup_steps}
     given = {k: v for k, v in given.items() if v is not None}
@@ -214,13 +198,16 @@ def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
         kwargs = {**made, **given}
         if args.log is not None or rank != 0 or "log" not in made:
             kwargs["log"] = log
-        return Workbench(**kwargs)
+        made = Workbench(**kwargs)
+        made.came_from(args.model)  # its to_code() script rebuilds the objects from the factory
+        return made
     if not isinstance(made, Workbench):
         raise TypeError(f"--model {args.model}: the factory returned {type(made).__name__}; return a "
                         "workbench.Workbench or a dict of its arguments (model, data, loss_fn, ...)")
     if "device" in given and str(made.device) != given["device"]:
         raise ValueError(f"--device {given['device']} differs from the factory's Workbench ({made.device}): "
                          "set the device in the factory, or return a dict so the CLI builds the Workbench")
+    made.came_from(args.model)
     made.steps = given.get("steps", made.steps)
     made.warmup_steps = given.get("warmup_steps", made.warmup_steps)
     if rank != 0 or args.log is not None:
@@ -300,6 +287,9 @@ def _run(args: argparse.Namespace, as_json: bool = False, rank: int = 0) -> Any:
         if args.command == "run":
             result = bench.run(progress=progress, trace=args.trace, **changes)
             code = 0 if result.ok else 1
+            if args.code and rank == 0:  # the step that ran, for these knobs (Workbench.to_code)
+                with open(args.code, "w") as f:
+                    f.write(bench.to_code(result))
             if rank != 0:
                 if not result.ok:
                     print(f"rank {rank}: {result.message}", file=sys.stderr)

@@ -36,6 +36,8 @@ class FitResult:
     def to_code(self, **kwargs: Any) -> str:
         if self.knobs is None:
             raise ValueError("nothing fits the budget: raise budget_bytes or lower effective_batch")
+        if self.result is not None and self.result.knobs == self.knobs:
+            return self.result.to_code(**kwargs)  # the step the trial measured (its batch format and loss)
         return self.knobs.to_code(**kwargs)
 
     def __str__(self) -> str:

@@ -32,8 +32,7 @@ from typing import Any
 
 import torch
 
-from . import apply
-from .knobs import KNOBS, Knobs
+from .knobs import KNOBS, Knobs, settings
 from .measure import release_free_memory, sync
 from .runner import check_knobs, sort_failure
 from .stats import INTERLEAVE_LOOKS, MARGIN, Comparison, decide_interleaved
@@ -150,7 +149,7 @@ def _build(workload: Workload, name: str, knobs: Knobs, stack: contextlib.ExitSt
     `batches`: the other side's prepared batches when they are the same (see _batch_key)."""
     stage = Stage()
     try:
-        with apply.process_settings(knobs), seeded(workload.seed):
+        with settings(knobs), seeded(workload.seed):
             step = stack.enter_context(TrainStep(workload, knobs, stage=stage))
             if batches is None:
                 batches = _prepared(workload, knobs, REPLAY_BATCHES * knobs.accum_steps)
@@ -167,7 +166,7 @@ def _block(side: _Side, steps: int, lead_in: bool) -> float:
     the thread count, the first step pays for the switch)."""
     device = side.step.device
     samples = 0
-    with apply.process_settings(side.knobs):
+    with settings(side.knobs):
         if lead_in:
             side.step(side.replay, side.losses, 0)
         sync(device)

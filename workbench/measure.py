@@ -113,7 +113,7 @@ class KernelTime:
     Why: on glibc, memory freed at the end of a step can go back to the OS and be faulted in again
     (a minor fault per 4 KiB page, zeroed by the kernel) by the next step. Whether it does depends on
     the heap's history in this process; on a 2-core EPYC each 10% of kernel time cost 10-16% of the
-    samples/s (issue 23, benchmarks/README.md "Round 6"). The kernel's share of CPU time shows it.
+    samples/s (issue 23, benchmarks/HISTORY.md "Round 6"). The kernel's share of CPU time shows it.
     """
 
     def __init__(self) -> None:
@@ -284,7 +284,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "cpu_model": _cpu_name(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # e.g. AVX2, AVX512
         "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
-        # whether a step's freed memory goes back to the OS (page faults; README 'Page faults')
+        # whether a step's freed memory goes back to the OS (page faults; docs/measurement.md 'Page faults')
         "malloc": malloc_policy(),
     }
 
@@ -412,8 +412,19 @@ class TrialResult:
         return "".join(parts)
 
     def to_code(self, **kwargs: Any) -> str:
-        """Plain-PyTorch code reproducing this trial's knobs (see `Knobs.to_code`)."""
+        """Plain-PyTorch code reproducing this trial: its knobs, and the step it ran (batch format,
+        loss, sampling: stamped by the Workbench that logged it; see `knobs_to_code`)."""
+        from .stepshape import StepShape
+
+        kwargs.setdefault("shape", StepShape.from_record(self.extra.get("step")))
         return self.knobs.to_code(**kwargs)
+
+    @property
+    def steady(self) -> bool | None:
+        """Whether the measured window was steady state (steady.py): False after a warm-up cap, a
+        trending window or a window faster than its loader; None for trials recorded before the check."""
+        value = self.extra.get("steady") if isinstance(self.extra, dict) else None
+        return value if isinstance(value, bool) else None
 
     def to_record(self) -> dict[str, Any]:
         """A flat, JSON-safe dict (knobs inlined) for the log and for pandas."""

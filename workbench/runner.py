@@ -1,8 +1,9 @@
 """run_trial: one honest measured run of the user's training step under one set of Knobs.
 
-    build (fresh model copy, wrappers, seeded loader)  ->  warm-up steps (not measured; the last one
-    is profiled for peak memory on CPU)  ->  sync  ->  measured window of N optimizer steps  ->
-    sync  ->  derive (a pure function of the raw samples)  ->  TrialResult
+    build (fresh model copy, wrappers, seeded loader)  ->  warm-up until steady state (not measured;
+    at least `warmup_steps`, see steady.py; on CPU one early step is profiled for peak memory)  ->
+    sync  ->  measured window of N optimizer steps  ->  sync  ->  derive (a pure function of the
+    raw samples)  ->  TrialResult
 
 The step itself lives in step.py (BatchSource + TrainStep); this module only times it. Progress
 is three attribute stores per step into a TrialProgress; UIs read it from their own thread.
@@ -29,10 +30,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from . import apply
 from . import trace as tracing
 from .compat import CompileWatch
-from .knobs import BLOCK_KNOBS, Knobs, device_notes
+from .knobs import BLOCK_KNOBS, Knobs, check_run, context, device_notes, settings, traits
 from .measure import (
     FOREIGN_LOAD_LIMIT,
     CpuLoad,
@@ -50,12 +50,14 @@ from .measure import (
     sync,
 )
 from .progress import Poller, TrialProgress
+from .steady import HALF_STEPS, WarmupRule, cycle_steps, is_steady
 from .step import BatchSource, LossBuffer, Stage, TrainStep, seeded
 from .system import KEEP_MMAP_BYTES, MALLOC_ENV, keeps_freed_memory
 from .workload import Workload
 
 Progress = Callable[[str, int, int], None]  # (phase, steps done, steps total), called by a Poller
 NOISY = 0.10  # IQR / median above this gets a "noisy" note
+LOADER_OVER = 1.05  # a window above this share of the workers' limit drained a buffer
 KERNEL_SHARE = 0.05  # kernel share of CPU time above this gets a "page faults" note (quiet steps: < 1%)
 T = TypeVar("T")
 TRACE_STEPS = 3  # optimizer steps in a trace (after one profiler warm-up step)
@@ -88,13 +90,16 @@ class RawTrial:
     losses: list[float]  # per step, mean over its micro-batches
     samples: int  # samples consumed in the window
     wall_s: float  # window wall time, bracketed by device syncs
-    epochs: int  # loader restarts so far
+    epochs: int  # loader restarts (epoch boundaries) inside the measured window
     foreign_cores: float | None  # cores busy with other processes during the window
     peak_bytes: int | None
     compile_info: dict[str, Any] = field(default_factory=dict)
     state_bytes: int | None = None  # parameters + gradients + optimizer state held (local shards)
     page_faults: int | None = None  # this process's page faults during the window
     kernel_share: float | None = None  # kernel share of this process's CPU seconds during the window
+    warmup_rule: dict[str, Any] = field(default_factory=dict)  # WarmupRule.outcome(): steps taken, why it ended
+    warmup_note: str | None = None  # WarmupRule.note(): set when warm-up did not reach steady state
+    loader_limit: float | None = None  # samples/s the workers can deliver at most (LoaderMeter), None without
 
 
 def run_trial(
@@ -163,7 +168,7 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
     failed = False
     try:
         with contextlib.ExitStack() as stack:  # every object that holds memory or processes
-            stack.enter_context(apply.process_settings(knobs))
+            stack.enter_context(settings(knobs))
             stack.enter_context(seeded(workload.seed))
             env = environment(device)
             trace_to = tracing.trace_file(trace_dir, type(workload.pristine).__name__) if trace else None
@@ -191,7 +196,7 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
         status, message = sort_failure(e, stage, knobs)
         return _failure(knobs, status, message, stage, e, notes, started, device)
     finally:
-        if failed or knobs.compile != "off":
+        if failed or traits(knobs)["compiles"]:
             gc.collect()  # tracebacks and compiled graphs hold cycles; plain trials free by refcount
         release_free_memory()
         if device.type == "cuda":
@@ -202,14 +207,20 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
 # ---- the phases: one runner for the single-process trial and for each rank ----------------------
 def run_phases(step: TrainStep, source: BatchSource, stage: Stage, progress: TrialProgress, warmup_steps: int,
                steps: int, cancel: threading.Event | None, *, measure_memory: bool,
-               before_window: Callable[[], None] | None = None) -> RawTrial:
-    """First batch, warm-up, (`before_window`: a rank's barrier), the measured window, under a
-    CompileWatch; the RawTrial with start-up, warm-up and compile figures filled in."""
+               before_window: Callable[[], None] | None = None,
+               agree: Callable[[bool], bool] | None = None) -> RawTrial:
+    """First batch, warm-up to steady state, (`before_window`: a rank's barrier), the measured
+    window, under a CompileWatch; the RawTrial with start-up, warm-up and compile figures filled in.
+    `agree(done)` makes ranks end warm-up together (each rank's answer in, everyone's out)."""
     total = warmup_steps + steps
-    with CompileWatch(enabled=step.knobs.compile != "off") as watch:
-        progress.set("starting workers" if step.knobs.num_workers else "loading data", 0, total)
+    rule = WarmupRule.for_loader(source.loader, warmup_steps, accum_steps=step.knobs.accum_steps,
+                                 cached=step.knobs.data == "cached")
+    told = traits(step.knobs)  # what the knobs' hooks say the phases must know (compile, workers)
+    with CompileWatch(enabled=told["compiles"]) as watch:
+        progress.set("starting workers" if told["workers"] else "loading data", 0, total)
         startup_s = first_batch(source)
-        warm = warm_up(step, source, warmup_steps, stage, progress, total, cancel, measure_memory=measure_memory)
+        warm = warm_up(step, source, rule, stage, progress, total, cancel, measure_memory=measure_memory,
+                       agree=agree)
         if before_window is not None:
             before_window()
         raw = measure_window(step, source, warmup_steps, steps, stage, progress, cancel,
@@ -219,6 +230,9 @@ def run_phases(step: TrainStep, source: BatchSource, stage: Stage, progress: Tri
     if raw.peak_bytes is None:
         raw.peak_bytes = warm[3]
     raw.compile_info = watch.info
+    raw.warmup_steps = rule.steps
+    raw.warmup_rule = rule.outcome()
+    raw.warmup_note = rule.note()
     return raw
 
 
@@ -249,32 +263,44 @@ def first_batch(source: BatchSource) -> float:
     return startup_s
 
 
-def warm_up(step: TrainStep, source: BatchSource, n: int, stage: Stage, progress: TrialProgress, total: int,
-            cancel: threading.Event | None, *, measure_memory: bool) -> tuple[list[float], float, float, int | None]:
-    """`n` unmeasured steps (compile, allocator growth, worker pipelines fill).
+def warm_up(step: TrainStep, source: BatchSource, rule: WarmupRule, stage: Stage, progress: TrialProgress,
+            total: int, cancel: threading.Event | None, *, measure_memory: bool,
+            agree: Callable[[bool], bool] | None = None) -> tuple[list[float], float, float, int | None]:
+    """Unmeasured steps (compile, allocator growth, worker pipelines fill) until `rule` says steady.
 
-    Returns (per-step seconds, wall seconds, probe seconds, peak bytes): on CPU the last warm-up
-    step runs under the profiler's memory events to find the step's peak tensor memory.
+    Returns (per-step seconds, wall seconds, probe seconds, peak bytes): on CPU one warm-up step
+    runs under the profiler's memory events to find the step's peak tensor memory: the second
+    (early, so the buffer it lets fill is drained before the window), or the last of a fixed count.
     """
     device = step.device
+    compiles = traits(step.knobs)["compiles"]
+    n = rule.min_steps
+    probe_at = n - 1 if rule.fixed else min(1, n - 1)
+    probe = measure_memory and memory_meter(device.type) == "profiler"
     peak_bytes = None
     probe_s = 0.0
     times: list[float] = []
     t_warm = time.perf_counter()
-    for i in range(n):
+    i = 0
+    while not (agree(rule.done()) if agree is not None else rule.done()):
         stage.phase, stage.step = "warm-up", i + 1
-        progress.set("compiling" if step.knobs.compile != "off" and i == 0 else "warming up", i, total)
+        phase = "compiling" if compiles and i == 0 else "warming up"
+        progress.set(phase if i < n else "warming up to steady state", min(i, n), total)
+        epochs = source.epochs
         tw = time.perf_counter()
-        if measure_memory and memory_meter(device.type) == "profiler" and i == n - 1:
+        if probe and i == probe_at:
             params = list(step.model.parameters())
             before = live_tensor_bytes(params, [p.grad for p in params], step.optimizer.state, source.cached)
             peak_bytes = before + profile_peak_bytes(lambda: step(source), device)
             probe_s = time.perf_counter() - tw
+            rule.observe(probe_s, 0.0, "memory probe")
         else:
-            step(source)
+            out = step(source)
             sync(device)
             times.append(time.perf_counter() - tw)
+            rule.observe(times[-1], out.wait_s, "epoch start" if source.epochs != epochs else None)
         _check_cancel(cancel)
+        i += 1
     return times, time.perf_counter() - t_warm, probe_s, peak_bytes
 
 
@@ -293,6 +319,9 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
     sync(device)
     load = CpuLoad()
     kernel = KernelTime()
+    epochs = source.epochs
+    meter = getattr(source, "meter", None)
+    made = meter.read() if meter is not None else None
     t_start = time.perf_counter()
     clock.mark()
     for i in range(steps):
@@ -309,11 +338,13 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
     foreign = load.foreign_cores()
     peak = (torch.cuda.max_memory_allocated(device)
             if measure_memory and memory_meter(device.type) == "allocator" else None)
+    limit = meter.limit(step.knobs.batch_size, since=made) if meter is not None else None
     return RawTrial(warmup_steps=warmup_steps, steps=steps, startup_s=0.0, warm_times_s=[], warmup_wall_s=0.0,
                     probe_s=0.0, step_times_s=clock.durations_s(), waits_s=waits,
                     losses=losses.values(divide_by=step.knobs.accum_steps),  # the one device->host read
-                    samples=samples, wall_s=wall, epochs=source.epochs, foreign_cores=foreign, peak_bytes=peak,
-                    page_faults=faults[0] if faults else None, kernel_share=faults[1] if faults else None)
+                    samples=samples, wall_s=wall, epochs=source.epochs - epochs, foreign_cores=foreign, peak_bytes=peak,
+                    page_faults=faults[0] if faults else None, kernel_share=faults[1] if faults else None,
+                    loader_limit=limit)
 
 
 def trace_after(step: TrainStep, source: BatchSource, path: Any, stage: Stage, progress: TrialProgress,
@@ -355,26 +386,31 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         notes.append(f"disturbed: other processes kept {raw.foreign_cores:.2f} cores busy during the measurement")
     if raw.kernel_share is not None and raw.kernel_share > KERNEL_SHARE and raw.page_faults:
         notes.append(page_fault_note(raw.kernel_share, raw.page_faults / raw.steps, knobs))
-    if raw.epochs and not knobs.persistent_workers and knobs.num_workers:
+    told = traits(knobs)
+    if raw.epochs and not told["persistent_workers"] and told["workers"]:
         which = "an epoch boundary" if raw.epochs == 1 else f"{raw.epochs} epoch boundaries"
         notes.append(f"{which} in the window re-forked the workers (persistent_workers=True avoids it)")
+    window_steady = all([window_check(raw, knobs, notes), loader_check(raw, knobs, notes)])  # both notes
     steady = statistics.median(raw.step_times_s)  # compile_s = warm-up time beyond steady-state steps
     warm = raw.warm_times_s
     compile_s = max(0.0, sum(warm) - steady * len(warm)) if warm else 0.0
-    compile_s = compile_s if knobs.compile != "off" else None  # nothing compiled: empty, not a small number
+    compile_s = compile_s if told["compiles"] else None  # nothing compiled: empty, not a small number
     status, message = "ok", ""
     bad = [i for i, x in enumerate(raw.losses) if not math.isfinite(x)]
     if bad:
         status = "nan"
         message = (f"loss became {raw.losses[bad[0]]} at measured step {bad[0] + 1}: lower the learning "
                    "rate, clip gradients, check input normalisation"
-                   + ("; with fp16 keep the GradScaler (it is on)" if knobs.amp == "fp16" else ""))
+                   + ("; with fp16 keep the GradScaler (it is on)" if told["loss_scaling"] else ""))
     extra: dict[str, Any] = {"epochs": raw.epochs, "warmup_steps": raw.warmup_steps, "wall_s": raw.wall_s,
                              "foreign_cores": raw.foreign_cores, "warmup_wall_s": raw.warmup_wall_s,
                              "memory_probe_s": raw.probe_s,
                              "page_faults_per_step": (None if raw.page_faults is None
                                                       else round(raw.page_faults / raw.steps, 1)),
-                             "kernel_share": raw.kernel_share}
+                             "kernel_share": raw.kernel_share,
+                             "warmup_rule": raw.warmup_rule,
+                             "loader_limit_samples_per_s": raw.loader_limit,
+                             "steady": window_steady and not raw.warmup_note}
     info = raw.compile_info
     if info:
         extra["compile"] = info
@@ -402,23 +438,56 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
     return fields_, notes
 
 
+def window_check(raw: RawTrial, knobs: Knobs, notes: list[str]) -> bool:
+    """Whether the measured window is steady: warm-up reached steady state and the window's two
+    halves (whole loader cycles) agree in step time and data wait. Adds a note when it is not.
+    A window under 2 x HALF_STEPS steps is too short to test, and is judged by its warm-up only."""
+    if raw.warmup_note:
+        notes.append(raw.warmup_note)
+    if len(raw.step_times_s) < 2 * HALF_STEPS or len(raw.waits_s) != len(raw.step_times_s):
+        return True
+    cycle = cycle_steps(traits(knobs)["workers"], knobs.accum_steps)
+    steady, why = is_steady(raw.step_times_s, raw.waits_s, cycle=cycle)
+    if not steady:
+        notes.append(f"not steady: in the measured window {why}; repeat, or measure more steps")
+    return steady
+
+
+def loader_check(raw: RawTrial, knobs: Knobs, notes: list[str]) -> bool:
+    """False (and a note) when the window read more samples/s than the workers can deliver: it
+    drained batches buffered before it, so the figure is the buffer's, not the pipeline's. One loader
+    cycle (a batch per worker) may be ready when the window starts, so that much is allowed over."""
+    if raw.loader_limit is None or raw.wall_s <= 0:
+        return True
+    rate = raw.samples / raw.wall_s
+    workers = traits(knobs)["workers"]
+    cycle = cycle_steps(workers, knobs.accum_steps)
+    allowed = raw.loader_limit * LOADER_OVER * raw.steps / max(1, raw.steps - cycle)
+    if rate <= allowed:
+        return True
+    notes.append(f"not steady: faster than the loader: the window read {rate:,.0f} samples/s, but "
+                 f"{workers} workers deliver at most {raw.loader_limit:,.0f} (measured in them): it "
+                 "drained batches buffered before it; not a clean figure, measure more warm-up or more steps")
+    return False
+
+
 def page_fault_note(share: float, per_step: float, knobs: Knobs) -> str:
     """The note for a window whose process spent `share` of its CPU time in the kernel."""
     head = (f"page faults: the kernel took {share:.0%} of this process's CPU time ({per_step:,.0f} page faults "
             "per step)")
-    if knobs.num_workers:  # worker batches arrive in shared memory, mapped afresh each time
+    if traits(knobs)["workers"]:  # worker batches arrive in shared memory, mapped afresh each time
         return head + "; with workers part of it is each batch's shared memory being mapped in"
     if knobs.world_size > 1:  # gloo's sockets are kernel time too
         return head + "; with several ranks part of it is the gradient exchange between the processes"
     if keeps_freed_memory():  # what still faults: blocks above glibc's mmap ceiling, mapped fresh each time
         return (head + f" although malloc keeps freed memory here: blocks above {KEEP_MMAP_BYTES >> 20} MiB "
                 "are still mapped afresh every step; a smaller batch, or jemalloc/tcmalloc through LD_PRELOAD, "
-                "avoids it (README 'Page faults')")
+                "avoids it (docs/measurement.md 'Page faults')")
     return (head + ": freed memory went back to the OS and each step faulted it in again. Whether that "
             "happens depends on what ran before in this process, so the same knobs can read faster in "
             "another trial or in your own loop; to avoid it from now on in this process, call "
             "wb.keep_freed_memory(), or start Python (or Jupyter) with "
-            f"{MALLOC_ENV} (glibc), see README 'Page faults'")
+            f"{MALLOC_ENV} (glibc), see docs/measurement.md 'Page faults'")
 
 
 def _check_cancel(cancel: threading.Event | None) -> None:
@@ -495,6 +564,7 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
                     f"{knob} names unknown block {name!r}; choose from bench.blocks: "
                     f"{', '.join(workload.blocks) or '(none found)'}"
                 )
+    check_run(knobs, context(knobs, workload.device, spec=workload.spec, blocks=workload.blocks))  # device refusals
     if knobs.world_size > 1:
         from .distributed import check_launch
 
@@ -542,7 +612,7 @@ def failure_message(status: str, e: BaseException, stage: Stage, knobs: Knobs) -
     """One line: what failed, where (stage), when (phase and step), and what to try."""
     where = WHERE.get(stage.name, f"in {stage.name}")
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    if stage.name == "data" and knobs.num_workers and isinstance(e, (ConnectionError, EOFError)):
+    if stage.name == "data" and traits(knobs)["workers"] and isinstance(e, (ConnectionError, EOFError)):
         # a worker killed mid-send: the pipe breaks before torch notices the dead process
         text = f"a DataLoader worker exited while sending a batch ({text or type(e).__name__})"
     if status == "oom":
@@ -557,7 +627,7 @@ def failure_message(status: str, e: BaseException, stage: Stage, knobs: Knobs) -
         hints["loss"] = "check the model's output shape against the target"
     if isinstance(e, RuntimeError) and "modified by an inplace operation" in text:
         hints["backward"] = "an in-place op on a tensor autograd needs is the usual cause"
-    if stage.name in ("model", "step_fn") and knobs.compile != "off" and "torch._dynamo" in traceback.format_exc():
+    if stage.name in ("model", "step_fn") and traits(knobs)["compiles"] and "torch._dynamo" in traceback.format_exc():
         hints[stage.name] = "torch.compile failed: run with compile='off' to confirm, then see the traceback"
     hint = hints.get(stage.name, "see result.traceback")
     return f"{type(e).__name__} {where} {stage.when()}: {text} ({hint})"

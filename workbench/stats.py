@@ -25,7 +25,8 @@ rates (`decide_sequential`). The paired sd starts from what the log already know
 its back-to-back repeats of identical knobs), and "same speed" is an equivalence test (two
 one-sided tests at the look's rate), so a quiet machine can say "same speed" within a few rounds.
 
-Pure numbers only (numpy and math): no torch, no trials; `results.compare` runs the rounds.
+Pure numbers only (numpy and math): no torch, no trials; `rounds.compare` runs the rounds. `one_look` is the
+one-look rule, vectorised: `decide` and the results table both call it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -301,34 +302,68 @@ class Comparison:
             for side, ids, rates in (("A", self.a_trials, self.a_rates), ("B", self.b_trials, self.b_rates)))
 
 
+class Looks(NamedTuple):
+    """The one-look rule's result for many comparisons at once (arrays, one entry per comparison)."""
+
+    log_ratio: np.ndarray  # mean log(samples/s) of B minus A's
+    sigma: np.ndarray  # the noise each used: the model's, or the sides' own spread when that is larger
+    half: np.ndarray  # half-width of the CONFIDENCE interval of the log-ratio
+    beyond: np.ndarray  # beyond noise: the interval excludes 0 and the ratio is MIN_EFFECT away from 1
+    same: np.ndarray  # same speed: the whole interval lies within ±margin
+
+    @property
+    def verdicts(self) -> list[str]:
+        """The table's words per comparison: "beyond noise", "same speed" or "within noise" (undecided)."""
+        return np.where(self.beyond, "beyond noise", np.where(self.same, "same speed", "within noise")).tolist()
+
+
+def one_look(n_a: Sequence[float], mean_a: Sequence[float], ss_a: Sequence[float], n_b: Sequence[float],
+             mean_b: Sequence[float], ss_b: Sequence[float], noise: Noise = PRIOR, *,
+             margin: float = MARGIN) -> Looks:
+    """THE one-look rule, vectorised: every comparison at once from each side's moments of log(samples/s).
+
+    Per comparison: n (trials), mean and sum of squared deviations of log(samples/s) on each side. A
+    pooled Student-t interval of the log-ratio uses the larger of the model's sigma and the sides' own
+    spread (when they have 2+ degrees of freedom of it), so a configuration noisier than the machine's
+    usual cannot win on the pooled figure. `decide` (one comparison) and the results table (every row,
+    re-judged when the noise changes) both call this: there is no second copy of the rule.
+    """
+    na, ma, ssa, nb, mb, ssb = (np.asarray(v, dtype=float) for v in (n_a, mean_a, ss_a, n_b, mean_b, ss_b))
+    d = mb - ma
+    local_df = na + nb - 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        local = np.sqrt((ssa + ssb) / local_df)
+    sigma = np.where(local_df >= 2, np.maximum(noise.sigma, np.nan_to_num(local)), noise.sigma)
+    half = critical(noise.df) * sigma * np.sqrt(1 / na + 1 / nb)
+    beyond = (np.abs(d) > half) & (np.abs(np.exp(d) - 1) >= MIN_EFFECT)
+    same = (np.exp(d - half) >= 1 / (1 + margin)) & (np.exp(d + half) <= 1 + margin)
+    return Looks(d, sigma, half, beyond, same)
+
+
 def decide(a_rates: Sequence[float], b_rates: Sequence[float], noise: Noise = PRIOR, *,
            a_trials: Sequence[int | None] = (), b_trials: Sequence[int | None] = (), rounds: int = 0,
            note: str = "", margin: float = MARGIN, seconds: float | None = None) -> Comparison:
     """B against A from per-trial samples/s: a t interval of the log-ratio of the mean rates (one look).
 
-    The noise is the larger of the model's and these trials' own spread (when they have any),
-    so a configuration noisier than the machine's usual cannot win on the pooled figure.
+    The rule is `one_look`'s (the table's too): the noise is the larger of the model's and these
+    trials' own spread (when they have any), so a configuration noisier than the machine's usual
+    cannot win on the pooled figure.
     """
     xa, xb = np.log(np.asarray(a_rates, dtype=float)), np.log(np.asarray(b_rates, dtype=float))
     if len(xa) < 1 or len(xb) < 1 or not (np.isfinite(xa).all() and np.isfinite(xb).all()):
         raise ValueError("compare needs at least one positive samples/s figure on each side; compare ok trials")
     na, nb = len(xa), len(xb)
-    sigma = noise.sigma
-    local_df = na + nb - 2
-    if local_df >= 2:
-        local = math.sqrt((((xa - xa.mean()) ** 2).sum() + ((xb - xb.mean()) ** 2).sum()) / local_df)
-        sigma = max(sigma, local)
-    d = float(xb.mean() - xa.mean())
+    look = one_look([na], [xa.mean()], [((xa - xa.mean()) ** 2).sum()], [nb], [xb.mean()],
+                    [((xb - xb.mean()) ** 2).sum()], noise, margin=margin)
+    d, sigma, half, beyond = float(look.log_ratio[0]), float(look.sigma[0]), float(look.half[0]), bool(look.beyond[0])
     crit = critical(noise.df)
-    half = crit * sigma * math.sqrt(1 / na + 1 / nb)
     speedup = math.exp(d)
-    beyond = abs(d) > half and abs(speedup - 1) >= MIN_EFFECT
     needed = None
     if not beyond and abs(speedup - 1) >= MIN_EFFECT:
         needed = next((k for k in range(1, MAX_ROUNDS_HINT + 1)
                        if crit * sigma * math.sqrt(1 / (na + k) + 1 / (nb + k)) < abs(d)), None)
     return Comparison(a_trials[0] if a_trials else None, b_trials[0] if b_trials else None, speedup,
-                      math.exp(d - half), math.exp(d + half), bool(beyond), tuple(a_trials), tuple(b_trials),
+                      math.exp(d - half), math.exp(d + half), beyond, tuple(a_trials), tuple(b_trials),
                       tuple(float(v) for v in a_rates), tuple(float(v) for v in b_rates), rounds, noise, needed, note,
                       margin, seconds)
 
@@ -508,6 +543,6 @@ def decide_interleaved(a_rates: Sequence[float], b_rates: Sequence[float], *, lo
                       method="interleaved", blocks=n, block_steps=block_steps)
 
 
-__all__ = ["ANSWER_WORDS", "CONFIDENCE", "MARGIN", "MIN_EFFECT", "PRIOR", "PRIOR_NOISE", "Comparison", "Noise",
-           "adjacent_noise", "critical", "decide", "decide_interleaved", "decide_sequential", "estimate_noise", "interleave_alpha",
-           "look_alpha", "paired_prior", "t_cdf", "t_quantile", "trimmed"]
+__all__ = ["ANSWER_WORDS", "CONFIDENCE", "MARGIN", "MIN_EFFECT", "PRIOR", "PRIOR_NOISE", "Comparison", "Looks", "Noise",
+           "adjacent_noise", "critical", "decide", "decide_interleaved", "decide_sequential", "estimate_noise",
+           "interleave_alpha", "look_alpha", "one_look", "paired_prior", "t_cdf", "t_quantile", "trimmed"]

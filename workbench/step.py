@@ -19,10 +19,26 @@ from typing import Any
 
 import torch
 from torch.profiler import record_function
+from torch.utils.data import DataLoader
 
-from . import apply, compat
-from .knobs import Knobs, adjust_optimizer, checkpoint_options, forward_hooks, step_hooks, transform_model
-from .workload import Workload, batch_size_of, move_to
+from . import compat
+from .knobs import (
+    Knobs,
+    adjust_optimizer,
+    context,
+    forward_hooks,
+    loader_kwargs,
+    make_scaler,
+    move_kwargs,
+    release_model,
+    settings,
+    step_hooks,
+    traits,
+    transform_model,
+    wrap_model,
+)
+from .loadmeter import LoaderMeter
+from .workload import LoaderSpec, Workload, batch_size_of, move_to
 
 NoSync = Callable[[], contextlib.AbstractContextManager]  # e.g. DistributedDataParallel.no_sync
 _NO_CONTEXT = contextlib.nullcontext()  # reusable: the measured step allocates no context objects
@@ -51,6 +67,30 @@ def check_loss(loss: Any, stage: Stage | None = None) -> None:
         raise TypeError("the loss does not require grad: it is not computed from the model's trainable parameters")
 
 
+def build_loader(spec: LoaderSpec, knobs: Knobs, *, seed: int, device: torch.device, timeout_s: float = 0,
+                 sampler: Any = None, meter: LoaderMeter | None = None) -> DataLoader:
+    """A DataLoader over the user's dataset with the knobs' keywords and a seeded data order.
+
+    The generator fixes both the shuffle order and the workers' base seeds, so every trial with
+    the same seed sees the same batches in the same order. `sampler` replaces the spec's sampler
+    and shuffle (a DistributedSampler: each rank reads its own shard). Workers, pinning,
+    persistence, prefetch and the worker timeout come from the data knobs' hooks (knobs/data.py).
+    `meter` (with workers) times what the workers do, for the loader-limit check.
+    """
+    kwargs: dict[str, Any] = dict(batch_size=knobs.batch_size, collate_fn=spec.collate_fn, drop_last=spec.drop_last,
+                                  generator=torch.Generator().manual_seed(seed))
+    kwargs.update(loader_kwargs(knobs, context(knobs, device, spec=spec, loader_timeout_s=timeout_s)))
+    timed = meter is not None and kwargs.get("num_workers", 0) > 0
+    if timed:
+        kwargs["collate_fn"] = meter.collate(spec.collate_fn)
+    if not spec.iterable:
+        if sampler is not None or spec.sampler is not None:
+            kwargs["sampler"] = sampler if sampler is not None else spec.sampler
+        else:
+            kwargs["shuffle"] = spec.shuffle
+    return DataLoader(meter.dataset(spec.dataset) if timed else spec.dataset, **kwargs)
+
+
 class BatchSource:
     """Batches on the device, forever: the user's data through a DataLoader built from the knobs,
     restarted at each epoch end; with data='cached', the first batch again and again.
@@ -65,10 +105,13 @@ class BatchSource:
         self.device = workload.device
         self.knobs = knobs
         self.stage = stage or Stage()
-        # pinned host buffers make the copy asynchronous; only then is non_blocking meaningful
-        self.non_blocking = knobs.pin_memory and self.device.type == "cuda"
-        self.loader = apply.build_loader(workload.spec, knobs, seed=workload.seed, device=self.device,
-                                         timeout_s=timeout_s if knobs.num_workers else 0, sampler=sampler)
+        # the device move's keywords (pinned memory -> non_blocking, channels_last) from the knobs' hooks
+        self.move = move_kwargs(knobs, context(knobs, self.device))
+        # with workers, what they can deliver is measured (the loader-limit check of a trial)
+        workers = traits(knobs)["workers"]
+        self.meter = LoaderMeter(workers) if workers and knobs.data != "cached" else None
+        self.loader = build_loader(workload.spec, knobs, seed=workload.seed, device=self.device, timeout_s=timeout_s,
+                                   sampler=sampler, meter=self.meter)
         self.iterator: Iterator | None = None
         self.epochs = 0
         self.notes: list[str] = []  # fallbacks taken (see compat)
@@ -105,7 +148,7 @@ class BatchSource:
                                  "than one batch with drop_last") from None
         # With non_blocking copies this returns before the copy has landed: data-wait measured
         # around next() is host time blocked on the loader, not the H2D copy itself.
-        batch = move_to(batch, self.device, non_blocking=self.non_blocking, channels_last=self.knobs.channels_last)
+        batch = move_to(batch, self.device, **self.move)
         if self.knobs.data == "cached":
             self._cached = batch  # the short-circuit test: one batch, already on the device
         return batch
@@ -183,20 +226,18 @@ class TrainStep:
         self.no_sync = no_sync
         self.notes: list[str] = []
         self.stage.name = "setup"
-        model = workload.fresh_model()
-        if knobs.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        model = transform_model(model, knobs)  # the knobs' on_model hooks (your @wb.knob functions)
-        apply.apply_checkpointing(model, knobs.checkpoint, workload.blocks, **checkpoint_options(knobs))
-        self.model = model
+        # what every knob hook sees: the device, the blocks, where notes go
+        self.ctx = context(knobs, self.device, blocks=workload.blocks, notes=self.notes, has_conv=workload.has_conv)
+        # the knobs' on_model hooks on a fresh copy: channels_last, checkpoint wrappers, your @wb.knob functions
+        model = self.model = transform_model(workload.fresh_model(), knobs, self.ctx)
         self.stage.name = "optimizer"
-        self.optimizer = adjust_optimizer(workload.check_optimizer(model), knobs, self.notes)
+        self.optimizer = adjust_optimizer(workload.check_optimizer(model), knobs, self.notes, self.ctx)
         model.train()
         # instrumenting a compiled step measures the compiler, so analyses pass compile=False
-        self.step_model = apply.compile_model(model, knobs, self.device) if compile else model
-        self.scaler = apply.grad_scaler(knobs, self.device)
-        self.forward_hooks = forward_hooks(knobs)  # contexts around each forward + loss
-        self.step_hooks = step_hooks(knobs)  # after backward, before optimizer.step
+        self.step_model = wrap_model(model, knobs, self.ctx) if compile else model
+        self.scaler = make_scaler(knobs, self.ctx)  # fp16's GradScaler, or None
+        self.forward_hooks = forward_hooks(knobs, self.ctx)  # contexts around each forward + loss (autocast...)
+        self.step_hooks = step_hooks(knobs, self.ctx)  # after backward, before optimizer.step
 
     def _forward_context(self) -> contextlib.AbstractContextManager:
         if not self.forward_hooks:
@@ -212,7 +253,7 @@ class TrainStep:
     def forward_backward(self, batch: Any) -> torch.Tensor:
         """Forward + loss + backward of one micro-batch (loss / accum_steps); returns the loss."""
         k = self.knobs
-        with self._label("forward"), apply.autocast(k, self.device), self._forward_context():
+        with self._label("forward"), self._forward_context():
             loss = self.workload.compute_loss(self.step_model, batch, self.stage)
         check_loss(loss, self.stage)
         self.stage.name = "backward"
@@ -261,7 +302,7 @@ class TrainStep:
 
     def close(self) -> None:
         """Undo the checkpoint wrappers (each refers back to its block: a reference cycle)."""
-        apply.remove_checkpointing(self.model, self.knobs.checkpoint)
+        release_model(self.model, self.knobs, self.ctx)  # checkpoint wrappers refer back to their blocks
 
     def __enter__(self) -> TrainStep:
         return self
@@ -305,7 +346,7 @@ def built(workload: Workload, knobs: Knobs, *, timeout_s: float = 120.0, compile
     cleaned up after: what the analyses in diagnose/ instrument (eager, phases labelled)."""
     stage = Stage()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(apply.process_settings(knobs))
+        stack.enter_context(settings(knobs))
         stack.enter_context(seeded(workload.seed))
         step = stack.enter_context(TrainStep(workload, knobs, stage=stage, compile=compile, label_phases=label_phases))
         source = stack.enter_context(BatchSource(workload, knobs.replace(data="loader"), timeout_s=timeout_s,

@@ -1,5 +1,5 @@
 """What this machine lets us use: cores (affinity and container quota), native bf16 on the CPU, and
-glibc's malloc told to keep the memory a step frees (page faults, README 'Page faults').
+glibc's malloc told to keep the memory a step frees (page faults, docs/measurement.md 'Page faults').
 
 One helper per question, used everywhere the answer matters (thread checks, the tuner's worker
 counts, knob notes, the environment record), so a container limited to 2 of 64 cores is treated
@@ -103,7 +103,7 @@ def cpu_has_bf16() -> bool:
 
 # glibc's malloc, told to keep what a step frees. By default memory freed at the end of a step can
 # go back to the OS (heap trimmed, large blocks unmapped) and the next step faults it in again, one
-# zeroed 4 KiB page at a time: 5-21% of the CPU time on a 2-core EPYC (README 'Page faults').
+# zeroed 4 KiB page at a time: 5-21% of the CPU time on a 2-core EPYC (docs/measurement.md 'Page faults').
 KEEP_MMAP_BYTES = 32 * 2**20  # blocks up to this come from the heap (glibc's ceiling on 64-bit)
 KEEP_TRIM_BYTES = 2**30  # free memory at the heap's top kept before any goes back to the OS
 MALLOC_ENV = f"MALLOC_MMAP_THRESHOLD_={KEEP_MMAP_BYTES} MALLOC_TRIM_THRESHOLD_={KEEP_TRIM_BYTES}"

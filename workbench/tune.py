@@ -26,11 +26,15 @@ from typing import Any
 import pandas as pd
 import torch
 
+from .comparison import Trials
 from .fit import DEFAULT_HEADROOM, FitResult, fit_memory  # the memory rescue lives in fit.py
 from .knobs import Knobs, tunable_knobs
 from .measure import TrialResult, fmt_bytes
-from .results import compare
+from .protocol import Bench
+from .resultlog import ResultLog
+from .rounds import compare
 from .stats import Comparison
+from .stepshape import StepShape
 
 STAGES = ("data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
 BATCH_GROWTH_LIMIT = 0.8  # never try a batch whose predicted peak exceeds this share of free memory
@@ -44,8 +48,8 @@ BUCKET_SIZES_MB = (1, 5, 50, 100)  # DDP bucket sizes raced against torch's 25 M
 
 
 # ---- the one decision adapter -------------------------------------------------------------------
-def _answer(a: Any, b: Any, *, rounds: int = 0, run: Callable[[Knobs], TrialResult] | None = None,
-            log: Any = None) -> tuple[str, Comparison]:
+def _answer(a: Trials, b: Trials, *, rounds: int = 0, run: Callable[[Knobs], TrialResult] | None = None,
+            log: ResultLog | None = None) -> tuple[str, Comparison]:
     """B against A as one of ANSWERS; the ONE place tune() turns a comparison into a decision.
 
     Decisions pool each side's repeats against the log's learnt between-trial noise (integer rounds):
@@ -74,7 +78,7 @@ def _bf16_worth_trying(device: torch.device) -> bool:
     return True
 
 
-def _batch_limit(bench: Any, max_batch_size: int | None) -> int | None:
+def _batch_limit(bench: Bench, max_batch_size: int | None) -> int | None:
     spec = bench.workload.spec
     limit = len(spec) if not spec.iterable else None
     if max_batch_size is not None:
@@ -85,7 +89,7 @@ def _batch_limit(bench: Any, max_batch_size: int | None) -> int | None:
 # ==== CANDIDATES: the one place the tuner's knobs and their choices come from ====================
 # Your own knobs (@wb.knob with choices) come from the registry in the "yours" stage: one axis per
 # knob. The races, pairs, stacks and the sweep (benchmarks/_space.py) all follow this function.
-def stage_axes(bench: Any, stage: str, knobs: Knobs, max_batch_size: int | None = None,
+def stage_axes(bench: Bench, stage: str, knobs: Knobs, max_batch_size: int | None = None,
                axes: tuple[str, ...] | None = None) -> list[tuple[str, list[dict[str, Any]]]]:
     """A stage's axes: (name, alternative changes relative to `knobs`), in the seeds' order.
 
@@ -148,7 +152,7 @@ def _valid(knobs: Knobs, change: dict[str, Any]) -> bool:
         return False
 
 
-def stage_options(bench: Any, stage: str, knobs: Knobs) -> list[dict[str, Any]]:
+def stage_options(bench: Bench, stage: str, knobs: Knobs) -> list[dict[str, Any]]:
     """Candidate changes for one stage, relative to `knobs`, in the order they enter the race."""
     return [c for _name, changes in stage_axes(bench, stage, knobs) for c in changes]
 
@@ -158,7 +162,7 @@ def _predicted_peak(result: TrialResult, factor: float) -> float | None:
     return None if result.peak_memory_bytes is None else result.peak_memory_bytes * factor
 
 
-def _memory_ceiling(bench: Any, memory_budget: int | None) -> float | None:
+def _memory_ceiling(bench: Bench, memory_budget: int | None) -> float | None:
     """The most memory a trial may use: the caller's budget, else most of the free device memory."""
     if memory_budget is not None:
         return float(memory_budget)
@@ -200,7 +204,9 @@ class TuneResult:
         return self.best.samples_per_s / self.start.samples_per_s
 
     def to_code(self, **kwargs: Any) -> str:
-        """The tuned training loop (Knobs.to_code of the best knobs)."""
+        """The tuned training loop: the best knobs, on the step the trials measured (TrialResult.to_code)."""
+        trial = self.best if self.best is not None and self.best.knobs == self.best_knobs else self.start
+        kwargs.setdefault("shape", StepShape.from_record(trial.extra.get("step")))
         return self.best_knobs.to_code(**kwargs)
 
     def _head(self) -> str:
@@ -246,7 +252,7 @@ class _Entry:
 class _Ctx:
     """The tuner's budget (trials and seconds), its trials, and the path's rows."""
 
-    def __init__(self, bench: Any, limit: int, budget_s: float | None, memory_cap: float | None,
+    def __init__(self, bench: Bench, limit: int, budget_s: float | None, memory_cap: float | None,
                  memory_budget: int | None) -> None:
         self.bench, self.limit, self.budget_s = bench, limit, budget_s
         self.memory_cap, self.memory_budget = memory_cap, memory_budget
@@ -297,7 +303,7 @@ def _label(change: dict[str, Any]) -> str:
 
 def _race(ctx: _Ctx, entries: list[_Entry], rounds: int = MAX_ROUNDS) -> _Entry:
     """Alternating rounds over the contenders; after each, drop those beyond noise slower than the leader."""
-    log = getattr(ctx.bench, "log", None)
+    log = ctx.bench.log
     for rnd in range(rounds):
         alive = [e for e in entries if e.alive]
         if len(alive) <= 1 or ctx.affordable() < len(alive) + (2 if rnd else 0):  # later rounds leave 2 to confirm
@@ -332,7 +338,7 @@ def _halve(ctx: _Ctx, alive: list[_Entry], rnd: int) -> None:
                              "speedup": None, "decision": f"out: in the slower half after round {rnd + 1}"})
 
 
-def _drop_round(ctx: _Ctx, ok: list[_Entry], leader: _Entry, log: Any) -> bool:
+def _drop_round(ctx: _Ctx, ok: list[_Entry], leader: _Entry, log: ResultLog | None) -> bool:
     """Drop the entries beyond noise slower than the leader, park those the same speed as the start
     (near-misses for stacking); True when the leader itself is the same speed as the start (race over)."""
     start = ctx.start
@@ -401,7 +407,7 @@ def _stacks(axes_of: Callable[..., Any], k0: Knobs, leader: _Entry, near: list[_
 
 def _near_misses(ctx: _Ctx, entries: list[_Entry], leader: _Entry) -> list[_Entry]:
     """Entries that measured within noise of the start or better (dropped against the leader or not)."""
-    start, log = ctx.start, getattr(ctx.bench, "log", None)
+    start, log = ctx.start, ctx.bench.log
     return [e for e in entries if e.trials and e is not leader and e is not start and start is not None
             and _answer(start.trials, e.trials, log=log)[0] != "slower"]
 
@@ -434,7 +440,7 @@ def _admit(ctx: _Ctx, cands: list[_Entry], seen: set[Knobs], carried: int, first
 def _settled(ctx: _Ctx, leader: _Entry, leaders: list[_Entry]) -> _Entry:
     """The last race's leader, unless it is not yet faster than the start beyond noise and an
     earlier race's leader already is (a late leader with one lucky trial does not undo a win)."""
-    start, log = ctx.start, getattr(ctx.bench, "log", None)
+    start, log = ctx.start, ctx.bench.log
     for e in [leader, *leaders[::-1]]:
         if e is not start and start is not None and e.trials and _answer(start.trials, e.trials, log=log)[0] == "faster":
             return e
@@ -443,7 +449,7 @@ def _settled(ctx: _Ctx, leader: _Entry, leaders: list[_Entry]) -> _Entry:
 
 def _confirm(ctx: _Ctx, leader: _Entry, rivals: list[_Entry]) -> tuple[str, Comparison | None]:
     """The winner against the start (or, when the start leads, its best rival against it)."""
-    start, log = ctx.start, getattr(ctx.bench, "log", None)
+    start, log = ctx.start, ctx.bench.log
     assert start is not None
     other = leader if leader is not start else max(rivals, key=lambda e: e.mean, default=None)
     if other is None or not other.trials:
@@ -496,7 +502,7 @@ def _check(budget: int | None, budget_s: float | None, stages: tuple[str, ...], 
     return budget if budget is not None else (DEFAULT_TRIALS if budget_s is None else 10_000)
 
 
-def tune(bench: Any, budget: int | None = None, *, budget_s: float | None = None, start: Knobs | None = None,
+def tune(bench: Bench, budget: int | None = None, *, budget_s: float | None = None, start: Knobs | None = None,
          memory_budget: int | None = None, stages: tuple[str, ...] = STAGES, max_batch_size: int | None = None,
          headroom: float = DEFAULT_HEADROOM, axes: tuple[str, ...] | None = None, confirm: bool = True,
          explain: bool = True) -> TuneResult:
@@ -539,7 +545,7 @@ def tune(bench: Any, budget: int | None = None, *, budget_s: float | None = None
     if confirm:
         answer, c = _confirm(ctx, leader, rivals)
     else:
-        answer, c = _answer(first.trials, leader.trials, log=getattr(bench, "log", None)) if leader is not first else ("same", None)
+        answer, c = _answer(first.trials, leader.trials, log=bench.log) if leader is not first else ("same", None)
     best = leader if answer == "faster" else first
     why = _explain(ctx, r, best.trials[-1]) if explain and best is not first and hasattr(bench, "explain") else None
     return TuneResult(best.knobs, best.trials[-1], r, pd.DataFrame(ctx.rows), ctx.used, limit, answer, c,

@@ -15,8 +15,9 @@ import pandas as pd
 
 from ..knobs import Knobs
 from ..measure import TrialResult
-from ..results import Comparison, compare
+from ..rounds import compare
 from ..runner import trial_threaded
+from ..stats import Comparison
 from ..step import BatchSource
 from ..workload import Workload, batch_size_of
 

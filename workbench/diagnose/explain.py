@@ -29,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from ..measure import TrialResult
+from ..protocol import Bench
 from ..stats import Comparison
 from ..trace import PHASES, STEP_LABEL
 
@@ -369,7 +370,7 @@ def compile_summary(a: TrialResult, b: TrialResult) -> dict[str, Any]:
 
 
 # ---- from a workbench --------------------------------------------------------------------------
-def explain(bench: Any, a: Any = None, b: Any = None, *, progress: Any = None) -> Explanation:
+def explain(bench: Bench, a: Any = None, b: Any = None, *, progress: Any = None) -> Explanation:
     """Trial B explained against trial A (ids, TrialResults or Knobs; A defaults to the baseline).
 
     A trial without a readable trace gets one traced repeat of its knobs (`bench.run(knobs,
@@ -387,7 +388,7 @@ def explain(bench: Any, a: Any = None, b: Any = None, *, progress: Any = None) -
     return explain_traces(runs_a, runs_b, compare_sides(bench, runs_a, runs_b))
 
 
-def traced_side(bench: Any, x: Any, progress: Any = None) -> list[TrialResult]:
+def traced_side(bench: Bench, x: Any, progress: Any = None) -> list[TrialResult]:
     """[the trial] when it has a trace, else [the trial, a traced repeat of its knobs]."""
     from ..knobs import Knobs
 
@@ -410,14 +411,14 @@ def traced_side(bench: Any, x: Any, progress: Any = None) -> list[TrialResult]:
     return runs
 
 
-def compare_sides(bench: Any, runs_a: list[TrialResult], runs_b: list[TrialResult]) -> Comparison:
+def compare_sides(bench: Bench, runs_a: list[TrialResult], runs_b: list[TrialResult]) -> Comparison:
     """The one call into the comparison: the lead switches it to rounds="auto" when issue 16 lands."""
-    from ..results import compare
+    from ..rounds import compare
 
     return compare(runs_a, runs_b, log=bench.log)
 
 
-def explain_winner(bench: Any, start: TrialResult, best: TrialResult, *, progress: Any = False) -> Explanation | None:
+def explain_winner(bench: Bench, start: TrialResult, best: TrialResult, *, progress: Any = False) -> Explanation | None:
     """`tune()`'s winner explained against its start (None when the start won or a side failed).
 
     A side without a trace gets one traced repeat (two more trials at most, after the search)."""

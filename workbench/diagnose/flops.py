@@ -92,7 +92,7 @@ def peak_flops(workload: Workload, knobs: Knobs) -> tuple[float | None, str]:
             return peak, f"{name} data sheet, dense {dtype}"
         return measured_matmul_flops(device, dtype, n=4096), f"measured {dtype} 4096^2 matmul on {name}"
     if device.type == "cpu":
-        from ..apply import process_settings
+        from ..knobs import settings as process_settings
 
         with process_settings(knobs):  # the trial's thread count decides the CPU peak
             n_threads = torch.get_num_threads()

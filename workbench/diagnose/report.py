@@ -16,6 +16,7 @@ import pandas as pd
 from .. import progress
 from ..knobs import Knobs
 from ..measure import TrialResult, fmt_bytes
+from ..protocol import Bench
 from ..trace import trace_file
 from .compile import explain_compile
 from .data import (
@@ -126,12 +127,12 @@ class Diagnosis:
         return "\n".join(parts)
 
 
-def _find(bench: Any, knobs: Knobs) -> TrialResult | None:
+def _find(bench: Bench, knobs: Knobs) -> TrialResult | None:
     """The latest ok trial with exactly these knobs (to reuse instead of re-running)."""
     return next((r for r in reversed(bench.trials) if r.ok and r.knobs == knobs), None)
 
 
-def _compile_lines(bench: Any) -> list[str]:
+def _compile_lines(bench: Bench) -> list[str]:
     """What the latest compiled trial in the log says about compile: time, breaks, pay-back."""
     compiled = [r for r in bench.trials if r.ok and r.knobs.compile != "off"]
     if not compiled:
@@ -147,7 +148,7 @@ def _compile_lines(bench: Any) -> list[str]:
     return lines
 
 
-def diagnose(bench: Any, knobs: Knobs | None = None, *, reuse: bool = True, profile: bool = True,
+def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, profile: bool = True,
              memory: bool = True, flops: bool = True, loader: bool = True, profile_steps: int = 3) -> Diagnosis:
     """Diagnose `knobs` (default: the baseline's knobs, else the workbench defaults).
 

@@ -28,7 +28,7 @@ import torch
 from torch.multiprocessing.spawn import ProcessException
 
 from .. import compat
-from ..knobs import Knobs, device_notes
+from ..knobs import Knobs, device_notes, traits
 from ..measure import TrialResult, environment, now_iso
 from ..progress import TrialProgress
 from ..workload import Workload
@@ -69,9 +69,6 @@ def check_launch(workload: Workload, knobs: Knobs) -> None:
                 "CUDA is already initialised in this process, and forked children cannot use it: run "
                 "multi-GPU trials with torchrun (torchrun --nproc-per-node=N -m workbench run --model "
                 "pkg.module:factory), or build the Workbench on device='cpu' to try DDP with gloo here")
-    elif knobs.ddp_comm_hook == "bf16":
-        raise ValueError("ddp_comm_hook='bf16' needs NCCL 2.10+ on CUDA (DDP refuses it with gloo): use "
-                         "ddp_comm_hook='fp16' on CPU")
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"world_size > 1 runs on CUDA (NCCL) or CPU (gloo), not on {dev.type}: use device='cpu'")
 
@@ -128,7 +125,7 @@ def run_distributed(workload: Workload, knobs: Knobs, *, warmup_steps: int, step
             nprocs=ws, join=False, start_method="fork")
     procs = pctx.processes
     last_seen = (None, time.monotonic())
-    patience = collective_timeout_s + HANG_GRACE_S + (COMPILE_GRACE_S if knobs.compile != "off" else 0.0)
+    patience = collective_timeout_s + HANG_GRACE_S + (COMPILE_GRACE_S if traits(knobs)["compiles"] else 0.0)
     try:
         while True:
             _drain(queue, reports)

@@ -63,6 +63,8 @@ def assemble(reports: dict[int, dict[str, Any]], knobs: Knobs, *, env: dict[str,
         # the rank that faulted most: its steps set the pace
         page_faults=max((r.page_faults for r in raws if r.page_faults is not None), default=None),
         kernel_share=max((r.kernel_share for r in raws if r.kernel_share is not None), default=None),
+        warmup_rule=first.warmup_rule,  # the ranks ended warm-up together (run_phases' agree)
+        warmup_note=next((r.warmup_note for r in raws if r.warmup_note), None),
     )
     fields_, more = derive(merged, knobs)
     if fields_["status"] == "nan":  # name the rank whose loss went bad first

@@ -65,7 +65,7 @@ class Strategy(Protocol):
     rebuild_optimizer: bool  # wrap() replaced the parameters: build the optimizer again on the module
     counter: Any  # .calls, .bytes, .reset(): the gradient all-reduces it launched
 
-    def wrap(self, model: nn.Module, knobs: Knobs, device: torch.device) -> nn.Module: ...
+    def wrap(self, model: nn.Module, knobs: Knobs, device: torch.device, options: dict[str, Any]) -> nn.Module: ...
 
     def no_sync(self) -> contextlib.AbstractContextManager: ...
 
@@ -80,14 +80,15 @@ class DDPStrategy:
         self.module: nn.Module | None = None
         self.counter: CommCounter | None = None
 
-    def wrap(self, model: nn.Module, knobs: Knobs, device: torch.device) -> nn.Module:
+    def wrap(self, model: nn.Module, knobs: Knobs, device: torch.device, options: dict[str, Any]) -> nn.Module:
+        """DDP with the ddp_* knobs' keywords; `options` (registry.parallel_options) names the comm hook."""
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         kwargs = ddp_options(knobs)  # each ddp_* knob's declared ddp_kwargs hook (knobs.py)
         if device.type == "cuda":
             kwargs["device_ids"] = [device.index]
         self.module = DDP(model, **kwargs)  # broadcasts rank 0's parameters (all ranks hold the snapshot)
-        self.counter = CommCounter(knobs.ddp_comm_hook)
+        self.counter = CommCounter(options.get("comm_hook", "none"))
         self.module.register_comm_hook(None, self.counter.hook())  # state None = the default process group
         return self.module
 
@@ -106,9 +107,6 @@ class NoAllReduce:
         """Nothing to reset."""
 
 
-FSDP_DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # None: FSDP2 keeps the parameters' dtype
-
-
 class FSDP2Strategy:
     """fully_shard on each shard unit (fsdp_shard, else the workload's blocks), deepest first, then
     on the root, with the fsdp_* knobs; checkpoint wrappers are already on the blocks (torchtitan's
@@ -122,21 +120,23 @@ class FSDP2Strategy:
         self.module: nn.Module | None = None
         self.counter = NoAllReduce()
 
-    def wrap(self, model: nn.Module, knobs: Knobs, device: torch.device) -> nn.Module:
+    def wrap(self, model: nn.Module, knobs: Knobs, device: torch.device, options: dict[str, Any]) -> nn.Module:
+        """fully_shard with the fsdp_* knobs' options (registry.parallel_options: units, param_dtype,
+        reduce_dtype, cpu_offload, reshard_after_forward, prefetch)."""
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-        names = list(knobs.fsdp_shard or self.blocks)
+        names = list(options.get("units") or self.blocks)
         units = [model.get_submodule(n) for n in names]
-        mp = MixedPrecisionPolicy(param_dtype=FSDP_DTYPES[knobs.fsdp_param_dtype],
-                                  reduce_dtype=FSDP_DTYPES[knobs.fsdp_reduce_dtype])
-        offload = CPUOffloadPolicy() if knobs.fsdp_cpu_offload and device.type == "cuda" else OffloadPolicy()
-        options = dict(reshard_after_forward=knobs.fsdp_reshard_after_forward, mp_policy=mp, offload_policy=offload)
+        mp = MixedPrecisionPolicy(param_dtype=options.get("param_dtype"), reduce_dtype=options.get("reduce_dtype"))
+        offload = CPUOffloadPolicy() if options.get("cpu_offload") else OffloadPolicy()
+        shard = dict(reshard_after_forward=options.get("reshard_after_forward", True), mp_policy=mp,
+                     offload_policy=offload)
         for _, unit in sorted(zip(names, units), key=lambda nu: -nu[0].count(".")):  # inner units first
-            fully_shard(unit, **options)
+            fully_shard(unit, **shard)
         # the root: whatever no unit holds (embeddings, head, norms); None = FSDP2's own choice for a root,
         # no reshard after forward (backward needs its parameters at once), as in a bare FSDP2 loop
-        fully_shard(model, **{**options, "reshard_after_forward": None})
-        n = knobs.fsdp_prefetch
+        fully_shard(model, **{**shard, "reshard_after_forward": None})
+        n = options.get("prefetch")
         if n is not None:
             for i, unit in enumerate(units):
                 unit.set_modules_to_forward_prefetch(units[i + 1:i + 1 + n])

@@ -26,8 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import apply
-from ..knobs import Knobs, adjust_optimizer
+from ..knobs import Knobs, adjust_optimizer, parallel_options, settings, wrap_model
 from ..measure import StepClock, environment, model_state_bytes, sync
 from ..runner import run_phases, sort_failure
 from ..step import BatchSource, Stage, TrainStep, seeded
@@ -143,7 +142,7 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
     device = rank_device(workload, local_rank)
     try:
         with contextlib.ExitStack() as stack:
-            stack.enter_context(apply.process_settings(knobs))
+            stack.enter_context(settings(knobs))
             stack.enter_context(seeded(workload.seed))  # every rank: same seed, same snapshot
             if device != workload.device:
                 workload = copy.copy(workload)
@@ -155,11 +154,12 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
                                                      sampler=sampler))
             wrapper = STRATEGIES[knobs.strategy](workload.blocks)
             stage.name = "comm"
-            module = wrapper.wrap(step.model, knobs, device)
+            options = parallel_options(knobs, step.ctx)  # the strategy's options, from the knobs' hooks
+            module = wrapper.wrap(step.model, knobs, device, options)
             if wrapper.rebuild_optimizer:  # FSDP2 swapped the parameters for their shards (no step taken yet)
-                step.optimizer = adjust_optimizer(workload.check_optimizer(module), knobs, step.notes)
-            step.step_model = apply.compile_model(module, knobs, device)
-            if knobs.accum_steps > 1 and (knobs.ddp_no_sync or wrapper.name == "fsdp2"):
+                step.optimizer = adjust_optimizer(workload.check_optimizer(module), knobs, step.notes, step.ctx)
+            step.step_model = wrap_model(module, knobs, step.ctx)  # torch.compile around the wrapped model
+            if knobs.accum_steps > 1 and (options.get("no_sync") or wrapper.name == "fsdp2"):
                 step.no_sync = wrapper.no_sync  # TrainStep enters it on all but the last micro-batch
             counter = wrapper.counter
             cpu0 = [0.0]
@@ -170,8 +170,13 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
                 counter.reset()
                 cpu0[0] = time.process_time()
 
+            def agree(done: bool) -> bool:  # warm-up ends on every rank at the same step, or on none
+                flag = torch.tensor([1.0 if done else 0.0], device=device if dist.get_backend() == "nccl" else "cpu")
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+                return bool(flag.item())
+
             raw = run_phases(step, source, stage, progress, warmup_steps, steps, None,  # type: ignore[arg-type]
-                             measure_memory=measure_memory, before_window=together)
+                             measure_memory=measure_memory, before_window=together, agree=agree)
             own_cores = (time.process_time() - cpu0[0]) / raw.wall_s
             comm = {"allreduce_calls": counter.calls, "allreduce_bytes": counter.bytes}
             raw.state_bytes = model_state_bytes(step.model, step.optimizer)  # this rank's local shards
@@ -219,7 +224,7 @@ def forked_rank(rank: int, workload: Workload, knobs: Knobs, port: int, backend:
     _die_with_parent()
     gc.freeze()  # the kernel's objects, inherited: keep the collector from walking (and copying) them
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it stops every rank
-    torch.set_num_threads(knobs.cpu_threads or 1)  # as torchrun: 1 intra-op thread per rank by default
+    torch.set_num_threads(1)  # as torchrun: 1 intra-op thread per rank; cpu_threads' settings hook sets its own
     world_size = knobs.world_size
     try:
         if workload.device.type == "cuda":

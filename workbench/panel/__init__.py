@@ -21,11 +21,12 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..knobs import Knobs
 from ..measure import TrialResult
 from ..progress import FAILED_PHASES, Poller, TrialProgress
+from ..protocol import Bench
 from ..runner import check_knobs
 from ..stats import ANSWER_WORDS
 from .controls import GROUPS, KnobControls
@@ -34,8 +35,6 @@ from .view import explanation_html, noise_html, result_line, status_html, table_
 
 __all__ = ["GROUPS", "Panel", "has_frontend", "panel"]
 
-if TYPE_CHECKING:
-    from ..bench import Workbench
 
 PHASES = {
     "loading data": "loading the first batch…",
@@ -58,7 +57,7 @@ bench.panel() needs a Jupyter notebook with ipywidgets; here, drive the workbenc
 _ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bench -> its live Panel
 
 
-def panel(bench: Workbench, **kwargs: Any) -> Panel | None:
+def panel(bench: Bench, **kwargs: Any) -> Panel | None:
     """The panel for `bench` in a notebook; in a terminal, print how to work from code instead."""
     if not has_frontend():
         print(TERMINAL_HELP, end="")
@@ -87,7 +86,7 @@ class Panel:
     `panel.wait()`; `panel.stop()` cancels the running trial; `panel.repeat(trial_id)` confirms.
     """
 
-    def __init__(self, bench: Workbench, *, debounce_s: float = DEBOUNCE_S, repeat_rounds: int = 8) -> None:
+    def __init__(self, bench: Bench, *, debounce_s: float = DEBOUNCE_S, repeat_rounds: int = 8) -> None:
         import altair as alt
         import ipywidgets as W
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..knobs import KNOBS, Knobs, KnobSpec, device_notes, grouped
+from ..protocol import Bench
 from ..system import usable_cores
 
 # {group: knob names} of the built-in knobs; a panel reads the registry when it is built, so your
@@ -19,7 +20,7 @@ class KnobControls:
     """`controls` (knob name -> widget, description = knob name), `block_boxes` (checkpoint block
     -> checkbox), `layout()` (the grouped grid) and `knobs()` (the Knobs they describe)."""
 
-    def __init__(self, W: Any, bench: Any) -> None:
+    def __init__(self, W: Any, bench: Bench) -> None:
         self.W = W
         self.bench = bench
         self._device = bench.device.type

@@ -6,15 +6,13 @@ Pure functions of TrialResults and DataFrames (no widgets), so they are tested w
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from ..display import tidy
 from ..measure import TrialResult
-
-if TYPE_CHECKING:
-    from ..bench import Workbench
+from ..protocol import Bench
 
 STATUS_COLORS = {"ok": "#2e7d32", "nan": "#ef6c00", "interrupted": "#6d4c41", "error": "#c62828", "oom": "#b71c1c"}
 TABLE_COLUMNS = ["trial_id", "label", "status", "samples_per_s", "speedup", "verdict", "step_time_ms",
@@ -28,7 +26,7 @@ def status_html(phase: str, text: str) -> str:
     return f'<span class="wb-status" data-phase="{phase}" style="color:{color}">{safe}</span>'
 
 
-def result_line(r: TrialResult, bench: Workbench) -> str:
+def result_line(r: TrialResult, bench: Bench) -> str:
     """One line about a finished trial: throughput and verdict, or the failure's message."""
     head = f"#{r.trial_id} {r.knobs.label(bench.baseline.knobs if bench.baseline else None)}"
     if not r.ok:

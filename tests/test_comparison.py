@@ -1,0 +1,80 @@
+"""comparison.judge: one look at trials already run (the core of compare; it runs nothing)."""
+
+from dataclasses import replace
+
+import pytest
+from fake_trials import fake, noisy
+
+import workbench as wb
+from workbench.comparison import judge
+from workbench.measure import TrialResult
+from workbench.results import ResultLog
+
+
+def test_compare_a_large_gap_is_beyond_noise_even_on_the_prior():
+    c = judge(fake(noisy(0.010, 0.03)), fake(noisy(0.005, 0.03, seed=1), num_workers=1))
+    assert c.noise.repeats == 0  # no repeats yet: the conservative prior
+    assert c.beyond_noise and c.speedup == pytest.approx(2, rel=0.05)
+    assert "faster" in str(c) and "beyond noise" in str(c) and "1 trial each" in str(c)
+
+
+def test_compare_says_when_the_sides_ran_with_different_malloc_settings():
+    """A trial before wb.keep_freed_memory() against one after differs in page faults, not only in knobs."""
+    a = replace(fake(noisy(0.010, 0.03)), env={"malloc": "glibc default"})
+    b = replace(fake(noisy(0.008, 0.03, seed=1), num_workers=1), env={"malloc": "kept (keep_freed_memory)"})
+    c = judge(a, b)
+    assert "different malloc settings (glibc default, kept (keep_freed_memory))" in str(c) and "page faults" in str(c)
+    same = judge(a, replace(b, env={"malloc": "glibc default"}))
+    old_log = judge(replace(a, env={}), b)  # a record from before the environment had the key
+    assert "malloc" not in str(same) and "malloc" not in str(old_log)
+
+
+def test_compare_says_when_a_side_was_not_steady():
+    """A "beyond noise" on a figure that drained the loader's buffer says so (issue 30)."""
+    a = replace(fake(noisy(0.010, 0.03)), trial_id=1, extra={"steady": True})
+    b = replace(fake(noisy(0.005, 0.03, seed=1), num_workers=1), trial_id=2, extra={"steady": False})
+    c = judge(a, b)
+    assert c.beyond_noise and "Not steady: #2" in str(c) and "repeat" in str(c)
+    assert "steady" not in judge(a, replace(b, extra={})).note  # records from before the check: no claim
+    log = ResultLog(None)
+    log.append(a)
+    log.append(b)
+    assert list(log.frame()["steady"]) == [True, False]
+
+
+def test_compare_steady_steps_are_no_evidence_between_trials():
+    # 30 very steady steps each and a 25% gap: the old within-run bootstrap called this beyond
+    # noise; one pair of trials cannot rule out a 20% run-to-run difference.
+    c = judge(fake(noisy(0.010, 0.01)), fake(noisy(0.008, 0.01, seed=1), num_workers=1))
+    assert not c.beyond_noise and "within noise" in str(c) and "no winner" in str(c)
+    assert c.rounds_needed is not None and "rounds=" in str(c)
+
+
+def test_compare_learns_the_noise_from_repeats_in_the_log():
+    log = ResultLog(None)
+    for i in range(6):  # a quiet machine: six repeats of the baseline within ~1% of each other
+        log.append(fake(noisy(0.010 * (1 + 0.005 * (i % 3 - 1)), 0.01, seed=i)))
+    b = log.append(fake(noisy(0.008, 0.01, seed=9), num_workers=2))
+    c = judge(log.trials[0], b, log=log)
+    assert c.noise.repeats == 5 and c.beyond_noise and c.speedup == pytest.approx(1.25, rel=0.03)
+    assert "from 5 repeats of 1 configuration" in str(log.noise)
+
+
+def test_compare_small_but_consistent_difference_is_still_noise():
+    # a 1% difference with almost no noise anywhere: under MIN_EFFECT, so no winner
+    log = ResultLog(None)
+    for i in range(8):
+        log.append(fake(noisy(0.0100, 0.001, seed=i)))
+    b = log.append(fake(noisy(0.0099, 0.001, seed=20), num_workers=1))
+    assert not judge(log.trials[0], b, log=log).beyond_noise
+
+
+def test_compare_uses_samples_per_s():
+    # B takes twice as long per step but does four times the samples: B is 2x faster
+    c = judge(fake(noisy(0.01, 0.01), batch=10), fake(noisy(0.02, 0.01, seed=1), batch=40, batch_size=40))
+    assert c.beyond_noise and c.speedup == pytest.approx(2, rel=0.05)
+
+
+def test_compare_needs_samples():
+    with pytest.raises(ValueError, match="ok trials"):
+        judge(fake([0.1, 0.1]), TrialResult(knobs=wb.Knobs(), status="error"))

@@ -1,0 +1,188 @@
+"""ResultLog: append-only JSONL that survives restarts, crashes and any write failure."""
+
+import json
+
+import numpy as np
+import pytest
+from fake_trials import fake, noisy
+
+import workbench as wb
+from workbench.measure import TrialResult
+from workbench.resultlog import ResultLog
+
+
+def test_steps_frame_is_long_per_step():
+    log = ResultLog(None)
+    log.append(fake([0.1, 0.2, 0.3]))
+    log.append(TrialResult(knobs=wb.Knobs(), status="error", message="x"))
+    log.append(fake([0.4, 0.5]))
+    st = log.steps_frame()
+    assert list(st.columns) == ["trial_id", "step", "step_time_s", "data_wait_s", "loss"]
+    assert list(st["trial_id"]) == [1, 1, 1, 3, 3] and list(st["step"]) == [1, 2, 3, 1, 2]
+    assert st["step_time_s"].tolist() == [0.1, 0.2, 0.3, 0.4, 0.5]
+    assert ResultLog(None).steps_frame().empty
+
+
+def test_log_round_trip_and_reload(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    log = ResultLog(path)
+    a = log.append(fake(noisy(0.01, 0.02)))
+    b = log.append(fake(noisy(0.008, 0.02, seed=2), num_workers=2))
+    log.append(TrialResult(knobs=wb.Knobs(amp="fp16"), status="nan", message="loss became nan",
+                           losses=(1.0, float("nan"))))
+    log.set_baseline(b.trial_id)
+    again = ResultLog(path)
+    assert [r.trial_id for r in again.trials] == [1, 2, 3]
+    assert again.trials[1] == b and again.trials[0] == a
+    assert again.baseline.trial_id == 2
+    assert np.isnan(again.trials[2].losses[1])
+    df = again.frame()
+    assert list(df["status"]) == ["ok", "ok", "nan"]
+    by_id = df.set_index("trial_id")
+    assert by_id.loc[2, "verdict"] == "baseline" and by_id.loc[2, "speedup"] == 1.0
+    assert by_id.loc[1, "label"] == "num_workers=0"  # what differs from the baseline
+    for line in path.read_text().splitlines():
+        json.loads(line)  # plain JSON, no NaN tokens
+
+
+def test_truncated_last_line_loads_every_complete_record(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    log = ResultLog(path)
+    for i in range(3):
+        log.append(fake(noisy(0.01, 0.02, seed=i)))
+    text = path.read_text()
+    path.write_text(text + text.splitlines()[0][:40])  # a crash mid-write
+    with pytest.warns(UserWarning, match="last line"):
+        again = ResultLog(path)
+    assert len(again.trials) == 3
+    again.append(fake(noisy(0.01, 0.02)))
+    assert [r.trial_id for r in ResultLog(path).trials] == [1, 2, 3, 4]  # and no warning now
+    assert path.with_suffix(".broken").read_text().startswith(text[:40])  # the fragment is kept
+
+
+def test_baseline_must_be_ok(tmp_path):
+    log = ResultLog(None)
+    log.append(TrialResult(knobs=wb.Knobs(), status="error", message="x"))
+    assert log.baseline is None
+    with pytest.raises(ValueError, match="only an ok trial"):
+        log.set_baseline(1)
+    with pytest.raises(ValueError, match="no trial #7"):
+        log.get(7)
+
+
+def test_observers_see_every_append():
+    log, seen = ResultLog(None), []
+    log.observe(seen.append)
+    log.append(fake([0.1, 0.1]))
+    assert [r.trial_id for r in seen] == [1]
+
+
+# ---- a measured trial survives any write failure ----------------------------------------------
+@pytest.mark.parametrize("err", ["ENOSPC", "EROFS", "EACCES", "EIO"])
+def test_a_failed_write_keeps_the_trial_warns_once_and_cuts_the_partial_line(tmp_path, monkeypatch, err):
+    import errno
+    import os
+
+    log = ResultLog(tmp_path / "log.jsonl")
+    log.append(fake([0.01, 0.011]))
+    first = log.path.read_bytes()
+    real_fsync = os.fsync
+
+    def full(fd):  # the bytes went to the page cache, the disk refuses them
+        raise OSError(getattr(errno, err), os.strerror(getattr(errno, err)))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.warns(RuntimeWarning, match=r"could not write.*bench\.log\.save") as caught:
+        second = log.append(fake([0.012, 0.013], num_workers=1))
+        third = log.append(fake([0.014, 0.013], num_workers=2))
+    assert len(caught) == 1  # once, not per trial
+    assert os.strerror(getattr(errno, err)) in str(caught[0].message)
+    assert (second.trial_id, third.trial_id) == (2, 3) and log.unsaved == 2
+    assert [r.trial_id for r in log.trials] == [1, 2, 3]
+    assert len(log.frame()) == 3
+    assert log.path.read_bytes() == first  # earlier lines intact, no partial line left behind
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    with pytest.warns(RuntimeWarning, match="works again"):
+        log.append(fake([0.01, 0.01], num_workers=3))
+    assert [r.trial_id for r in ResultLog(log.path).trials] == [1, 2, 3, 4] and log.unsaved == 0
+
+
+def test_a_vanished_or_unwritable_folder_keeps_the_trial_and_save_moves_the_log(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    log = ResultLog(tmp_path / "share" / "log.jsonl")
+    log.append(fake([0.01, 0.011]))
+    real_open = builtins.open
+
+    def refuse(file, mode="r", *a, **k):
+        if "share" in str(file) and any(c in mode for c in "aw+"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real_open(file, mode, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", refuse)
+    with pytest.warns(RuntimeWarning, match="Permission denied"):
+        kept = log.append(fake([0.012, 0.013], num_workers=1))
+    log.set_baseline(kept.trial_id)  # a baseline change is kept in memory too
+    assert kept.trial_id == 2 and log.unsaved == 2
+    monkeypatch.undo()
+    moved = log.save(tmp_path / "elsewhere")
+    assert moved == tmp_path / "elsewhere" / "log.jsonl" and log.path == moved and log.unsaved == 0
+    again = ResultLog(moved)
+    assert [r.trial_id for r in again.trials] == [1, 2] and again.baseline.trial_id == 2
+    assert log.append(fake([0.01, 0.01], num_workers=2)).trial_id == 3
+    assert len(ResultLog(moved).trials) == 3
+
+
+def test_an_interrupted_write_leaves_no_partial_line(tmp_path, monkeypatch):
+    import errno
+
+    log = ResultLog(tmp_path / "log.jsonl")
+    log.append(fake([0.01, 0.011]))
+    first = log.path.read_bytes()
+
+    import os
+
+    real_write = os.write
+    calls = []
+
+    def half(fd, data):  # the first write lands half, the next finds the disk full
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half)
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        log.append(fake([0.012, 0.013], num_workers=1))
+    assert log.path.read_bytes() == first
+    monkeypatch.undo()
+    with pytest.warns(RuntimeWarning, match="works again"):
+        log.append(fake([0.012, 0.013], num_workers=2))
+    assert [r.trial_id for r in ResultLog(log.path).trials] == [1, 2, 3]
+
+
+def test_a_full_filesystem_for_real(tmp_path):
+    """A 64 KiB tmpfs filled to the brim: every trial comes back and stays; earlier lines read back."""
+    import os
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs is not permitted here")
+    try:
+        log = ResultLog(mnt / "log.jsonl")
+        log.append(fake([0.01] * 30))
+        (mnt / "filler").write_bytes(b"\0" * (64 * 1024 - log.path.stat().st_size - 4096 - 100))
+        with pytest.warns(RuntimeWarning, match="No space left"):
+            for i in range(40):  # ~1.4 KB each: the disk fills up on the way
+                log.append(fake([0.01 + i * 1e-4] * 30, num_workers=i % 3))
+        assert len(log.trials) == 41 and log.unsaved > 0 and len(log.frame()) == 41
+        written = ResultLog(log.path).trials  # every line on disk is whole
+        assert [r.trial_id for r in written] == list(range(1, len(written) + 1))
+        assert written[0] == log.trials[0]
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
