@@ -41,7 +41,7 @@ from .workload import Workload
 
 BUDGET_S = 30.0  # default seconds for a whole interleaved comparison, build and warm-up included
 BLOCK_S = 0.03  # a block lasts about this long (at least one step, at most MAX_BLOCK_STEPS)
-MAX_BLOCK_STEPS = 8
+MAX_BLOCK_STEPS = 32
 MIN_PAIRS = 6  # the first look needs at least this many pairs (a t interval from fewer is too wide to use)
 REPLAY_BATCHES = 8  # prepared batches per side, replayed in a cycle
 INTERLEAVE_WARMUP = 3  # warm-up steps per side at most (each side's first trial already ran: compile caches are warm)
@@ -279,8 +279,10 @@ def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float,
             break
         order = sides if pairs % 2 == 0 else sides[::-1]  # A B, then B A: a linear drift cancels over two pairs
         for side in order:
-            side.rates.append(_checked(side, lambda s=side: _block(s, k, switch), judge))
+            side.rates.append(_checked(side, lambda s=side, n=k: _block(s, n, switch), judge))
         pairs += 1
+        if pairs == MIN_PAIRS and block_steps is None:  # the warm-up's timing was a guess: size blocks from the pairs
+            k = max(k, min(MAX_BLOCK_STEPS, round(BLOCK_S * 2 * k * pairs / max(time.perf_counter() - started, 1e-6))))
         if pairs < MIN_PAIRS or time.perf_counter() - started < (look + 1) * span / looks:
             continue
         look += 1
