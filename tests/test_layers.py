@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 CORE = ("knobs", "workload", "step", "runner", "measure", "resultlog", "records", "table", "comparison", "progress",
         "compat", "stats", "system", "trace", "codegen", "protocol", "stepshape", "steady", "loadmeter", "phases")
 ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
-              "display", "rebuild", "results", "rounds", "learners")
+              "display", "rebuild", "results", "rounds", "learners", "interleave")
 MAX_FUNCTION_LINES = 80  # a function a newcomer reads in one screen
 
 

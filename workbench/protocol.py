@@ -58,7 +58,8 @@ class Bench(Protocol):
 
     def compare(self, a: int | TrialResult, b: int | TrialResult, rounds: int | str = 0, *, max_rounds: int = 8,
                 margin: float = MARGIN, budget_s: float | None = None,
-                run: Callable[[Knobs], TrialResult | None] | None = None) -> Comparison: ...
+                run: Callable[[Knobs], TrialResult | None] | None = None,
+                interleave: bool | None = None) -> Comparison: ...
 
     def explain(self, a: int | TrialResult | Knobs | None = None, b: int | TrialResult | Knobs | None = None, *,
                 progress: bool | None = None) -> Any: ...
