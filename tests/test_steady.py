@@ -322,3 +322,35 @@ def test_a_window_that_drains_the_buffer_is_flagged_and_the_rule_avoids_it(monke
     steady = sleep_bench(step_fn=pause_first_step(0.6)).run(**knobs)
     assert steady.ok and steady.samples_per_s <= OVER * workers_limit(2), steady.extra["warmup_rule"]
     assert not any("faster than the loader" in n for n in steady.notes), steady.notes
+
+
+# ---- decisions read steady figures ----------------------------------------------------------------
+def test_the_tuner_repeats_a_trial_that_was_not_steady():
+    from workbench.measure import TrialResult
+    from workbench.tune import _Ctx
+
+    class Stub:
+        calls = 0
+
+        def run(self, knobs):
+            Stub.calls += 1
+            return TrialResult(knobs=knobs, status="ok", samples_per_s=100.0 * Stub.calls,
+                               extra={"steady": Stub.calls > 1})
+
+    ctx = _Ctx(Stub(), limit=10, budget_s=None, memory_cap=None, memory_budget=None)
+    r = ctx.run(wb.Knobs())
+    assert r.steady is True and r.samples_per_s == 200.0 and ctx.used == 2
+    assert ctx.run(wb.Knobs()).steady is True and ctx.used == 3  # a steady trial is not repeated
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_compile_on_top_of_data_bound_workers_is_never_a_win():
+    """The first compiled trial used to read the buffer (1.9x); now it reads the workers' rate."""
+    bench = sleep_bench()
+    workers = bench.run(num_workers=2, prefetch_factor=8)
+    compiled = bench.run(num_workers=2, prefetch_factor=8, compile="default")
+    assert workers.ok and compiled.ok, compiled.message
+    c = bench.compare(workers, compiled)
+    assert not (c.beyond_noise and c.speedup > 1), str(c)
+    assert compiled.samples_per_s <= OVER * workers_limit(2)
