@@ -363,7 +363,8 @@ def test_compile_on_top_of_data_bound_workers_is_never_a_win():
 
 
 def test_a_window_that_was_not_steady_is_measured_again(make_bench, monkeypatch):
-    """Its steps become warm-up; the result says why; at most MAX_REMEASURE more windows."""
+    """A window faster than its loader: its steps become warm-up; the result says why; at most
+    MAX_REMEASURE more windows. A trend alone is flagged, not measured again."""
     from workbench import runner
 
     real = runner.window_problems
@@ -371,13 +372,16 @@ def test_a_window_that_was_not_steady_is_measured_again(make_bench, monkeypatch)
 
     def first_unsteady(raw, knobs):
         seen.append(raw)
-        return ["not steady: planted"] if len(seen) == 1 else real(raw, knobs)
+        return [runner.LOADER_NOTE + ": planted"] if len(seen) == 1 else real(raw, knobs)
 
     monkeypatch.setattr(runner, "window_problems", first_unsteady)
     r = make_bench(steps=4, warmup_steps=2).run()
     rule = r.extra["warmup_rule"]
-    assert r.ok and rule["remeasured"] == ["not steady: planted"] and r.extra["warmup_steps"] == rule["steps"] + 4
-    monkeypatch.setattr(runner, "window_problems", lambda raw, knobs: ["not steady: always"])
+    assert r.ok and rule["remeasured"] == [runner.LOADER_NOTE + ": planted"]
+    assert r.extra["warmup_steps"] == rule["steps"] + 4
+    monkeypatch.setattr(runner, "window_problems", lambda raw, knobs: ["not steady: a trend"])
+    assert "remeasured" not in make_bench(steps=4, warmup_steps=2).run().extra["warmup_rule"]
+    monkeypatch.setattr(runner, "window_problems", lambda raw, knobs: [runner.LOADER_NOTE])
     r = make_bench(steps=4, warmup_steps=2).run()
     assert len(r.extra["warmup_rule"]["remeasured"]) == runner.MAX_REMEASURE and r.steady is False
     assert any("not steady after 2 more window(s)" in n for n in r.notes), r.notes

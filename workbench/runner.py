@@ -58,7 +58,8 @@ from .workload import Workload
 
 Progress = Callable[[str, int, int], None]  # (phase, steps done, steps total), called by a Poller
 NOISY = 0.10  # IQR / median above this gets a "noisy" note
-MAX_REMEASURE = 2  # windows measured again, at most, when one was not steady
+MAX_REMEASURE = 2  # windows measured again, at most, when one read more than its loader delivers
+LOADER_NOTE = "not steady: faster than the loader"  # a window that drained a buffer: measured again
 WINDOW_CHECK_STEPS = 8  # shorter windows are not tested for a trend (halves of 3 steps say little)
 LOADER_OVER = 1.05  # a window above this share of the workers' limit drained a buffer
 KERNEL_SHARE = 0.05  # kernel share of CPU time above this gets a "page faults" note (quiet steps: < 1%)
@@ -227,9 +228,9 @@ def run_phases(step: TrainStep, source: BatchSource, stage: Stage, progress: Tri
             before_window()
         raw = measure_window(step, source, warmup_steps, steps, stage, progress, cancel,
                              measure_memory=measure_memory)
-        redone: list[str] = []  # a window that was not steady is measured again (its steps become warm-up)
-        while rule.ended != "fixed" and len(redone) < MAX_REMEASURE:
-            problems = window_problems(raw, step.knobs)
+        redone: list[str] = []  # a window that drained a buffer is measured again (its steps become warm-up)
+        while rule.ended != "fixed" and len(redone) < MAX_REMEASURE:  # a trend alone is only flagged (cost)
+            problems = [p for p in window_problems(raw, step.knobs) if p.startswith(LOADER_NOTE)]
             if (agree(not problems) if agree is not None else not problems):
                 break
             redone.append(problems[0] if problems else "another rank's window was not steady")
@@ -468,7 +469,7 @@ def window_problems(raw: RawTrial, knobs: Knobs) -> list[str]:
     if raw.loader_limit is not None and raw.wall_s > 0:
         rate = raw.samples / raw.wall_s
         if rate > raw.loader_limit * LOADER_OVER * raw.steps / max(1, raw.steps - cycle):
-            problems.append(f"not steady: faster than the loader: the window read {rate:,.0f} samples/s, but "
+            problems.append(f"{LOADER_NOTE}: the window read {rate:,.0f} samples/s, but "
                             f"{knobs.num_workers} workers deliver at most {raw.loader_limit:,.0f} (measured in them): "
                             "it drained batches buffered before it; not a clean figure, measure more steps")
     return problems
