@@ -385,3 +385,17 @@ def test_a_window_that_was_not_steady_is_measured_again(make_bench, monkeypatch)
     r = make_bench(steps=4, warmup_steps=2).run()
     assert len(r.extra["warmup_rule"]["remeasured"]) == runner.MAX_REMEASURE and r.steady is False
     assert any("not steady after 2 more window(s)" in n for n in r.notes), r.notes
+
+
+@pytest.mark.slow  # worker start-ups at every short epoch
+def test_a_users_dataloader_with_its_own_sampler_gets_a_rule_that_says_what_it_assumed():
+    """Bad input keeps its promise: the rule reads the loader the trial really built, and terminates."""
+    data = SleepData(64, sleep_s=0.0)
+    loader = DataLoader(data, batch_size=8, sampler=list(reversed(range(64))), num_workers=0)
+    bench = wb.Workbench(TinyNet(), loader, loss_fn=torch.nn.CrossEntropyLoss(), log=None, device="cpu",
+                         optimizer=lambda p: torch.optim.SGD(p, lr=0.05), steps=3, warmup_steps=1)
+    r = bench.run()
+    rule = r.extra["warmup_rule"]
+    assert r.ok and rule["ended"] in ("steady", "cap") and "nothing is buffered" in rule["buffer"]
+    r = bench.run(num_workers=2)  # prefetch_factor None: torch's default, and the text says so
+    assert r.ok and r.extra["warmup_rule"]["buffer_batches"] == 4 and "prefetch_factor 2" in r.extra["warmup_rule"]["buffer"]
