@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 # resultlog/records/table/comparison hold the log and decide; rounds (which runs trials) and the results
 # facade that re-exports it sit above
 CORE = ("knobs", "workload", "step", "runner", "measure", "resultlog", "records", "table", "comparison", "progress",
-        "compat", "stats", "system", "trace", "codegen", "protocol", "stepshape", "steady", "loadmeter")
+        "compat", "stats", "system", "trace", "codegen", "protocol", "stepshape", "steady", "loadmeter", "phases")
 ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
               "display", "rebuild", "results", "rounds", "learners", "interleave")
 MAX_FUNCTION_LINES = 80  # a function a newcomer reads in one screen
@@ -161,3 +161,35 @@ def test_no_function_is_longer_than_one_screen():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, f"split these functions (at most {MAX_FUNCTION_LINES} lines): {long}"
+
+
+MAX_MODULE_LINES = 600  # a module does one job; past this it is doing two
+
+
+def test_no_module_is_longer_than_one_job():
+    long = [f"{p.relative_to(PACKAGE.parent)} ({n} lines)" for p in files()
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not long, f"split these modules (at most {MAX_MODULE_LINES} lines): {long}"
+
+
+def test_no_import_circle_between_modules():
+    """Counting lazy imports too: module A imports B (at any depth of A's code) and B reaches A back."""
+    modules = {module_name(p): p for p in files()}
+    graph = {m: {mod for mod, names, _ in imports(p) for mod in [mod, *(f"{mod}.{n}" for n in names)]
+                 if mod in modules and mod != m} for m, p in modules.items()}
+    for m in graph:  # a package's __init__ hands names on: its submodules are not a circle with it
+        graph[m] = {d for d in graph[m] if not (d.startswith(m + ".") or m.startswith(d + "."))}
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            here = todo.pop()
+            if here == goal:
+                return True
+            if here not in seen:
+                seen.add(here)
+                todo += graph.get(here, ())
+        return False
+
+    circles = sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if reaches(b, a)})
+    assert not circles, f"import circles (lazy imports counted): {circles}"

@@ -296,6 +296,7 @@ def test_compiled_trial_reports_compile_time_and_graphs(make_bench):
     assert r.compile_s > 0
 
 
+@pytest.mark.fixed_warmup  # the interrupt is counted in steps: it must land in the measured window
 def test_ctrl_c_in_the_calling_thread_stops_the_trial_and_records_it(make_bench):
     bench = make_bench(steps=10**6)
     # a shell's background job inherits SIGINT ignored; a kernel (and this test) wants Ctrl-C
@@ -383,10 +384,10 @@ def test_derive_notes_page_faults_only_when_the_kernel_took_a_real_share(monkeyp
     """Kernel time above 5% of the window's CPU time, with page faults, is named with the fix
     (wb.keep_freed_memory() or glibc's environment variables; once malloc keeps freed memory, what
     is left: blocks above 32 MiB); with workers the note names shared memory instead; quiet windows get none."""
-    from workbench import runner
-    from workbench.runner import MALLOC_ENV, RawTrial, derive
+    from workbench import phases
+    from workbench.phases import MALLOC_ENV, RawTrial, derive
 
-    monkeypatch.setattr(runner, "keeps_freed_memory", lambda: False)
+    monkeypatch.setattr(phases, "keeps_freed_memory", lambda: False)
 
     def raw(share: float, faults: int) -> RawTrial:
         return RawTrial(warmup_steps=1, steps=10, startup_s=0.1, warm_times_s=[0.1], warmup_wall_s=0.1, probe_s=0.0,
@@ -398,10 +399,10 @@ def test_derive_notes_page_faults_only_when_the_kernel_took_a_real_share(monkeyp
     assert "19%" in note and "23,000 page faults per step" in note and MALLOC_ENV in note
     assert "wb.keep_freed_memory()" in note
     assert fields["extra"]["page_faults_per_step"] == 23_000 and fields["extra"]["kernel_share"] == 0.19
-    monkeypatch.setattr(runner, "keeps_freed_memory", lambda: True)  # already kept: the fix is elsewhere
+    monkeypatch.setattr(phases, "keeps_freed_memory", lambda: True)  # already kept: the fix is elsewhere
     note = next(n for n in derive(raw(0.19, 230_000), wb.Knobs(batch_size=8))[1] if n.startswith("page faults"))
     assert "32 MiB" in note and "LD_PRELOAD" in note and "keep_freed_memory()" not in note
-    monkeypatch.setattr(runner, "keeps_freed_memory", lambda: False)
+    monkeypatch.setattr(phases, "keeps_freed_memory", lambda: False)
     _, notes = derive(raw(0.19, 230_000), wb.Knobs(batch_size=8, num_workers=2))
     assert any(n.startswith("page faults") and "shared memory" in n and MALLOC_ENV not in n for n in notes)
     for share, faults in ((0.01, 230_000), (0.19, 0)):  # a quiet window; kernel time without faults

@@ -87,6 +87,7 @@ def test_model_state_bytes_counts_params_grads_and_optimizer_state(tmp_path) -> 
 
 # ---- trials on 2 gloo ranks (slow) --------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.fixed_warmup  # DDP's and FSDP2's losses compared step by step: the same warm-up count
 def test_fsdp2_trains_like_ddp_in_half_the_model_state_and_every_knob_runs(tmp_path) -> None:
     FAULT["kind"] = None
     bench = make_bench(tmp_path, optimizer=adamw, knobs=Knobs(batch_size=8, accum_steps=2))
@@ -110,6 +111,7 @@ def test_fsdp2_trains_like_ddp_in_half_the_model_state_and_every_knob_runs(tmp_p
     ("raise", ["rank 1: RuntimeError in the model's forward at measured step", "planted failure"]),
     ("kill", ["rank 1 was killed by SIGKILL"]),
 ])
+@pytest.mark.fixed_warmup  # the planted failure is counted in steps: it must land in the measured window
 def test_a_failing_fsdp2_rank_ends_every_rank_and_the_next_trial_works(tmp_path, kind, words) -> None:
     FAULT.update(kind=kind, at=2 + 2)  # past the 2 warm-up steps
     bench = make_bench(tmp_path)

@@ -5,7 +5,8 @@
     sync  ->  measured window of N optimizer steps  ->  sync  ->  derive (a pure function of the
     raw samples)  ->  TrialResult
 
-The step itself lives in step.py (BatchSource + TrainStep); this module only times it. Progress
+The phases live in phases.py (shared with each DDP/FSDP rank, workbench/distributed/), the step
+in step.py (BatchSource + TrainStep); this module routes a trial and runs it in this process. Progress
 is three attribute stores per step into a TrialProgress; UIs read it from their own thread.
 Every failure (OOM, an exception in user code, NaN loss, a stop request) ends the trial with a
 status and a message instead of propagating; KeyboardInterrupt is recorded, then re-raised as
@@ -18,88 +19,54 @@ import concurrent.futures
 import contextlib
 import functools
 import gc
-import math
 import os
-import statistics
 import threading
-import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
 
 from . import trace as tracing
-from .compat import CompileWatch
 from .knobs import BLOCK_KNOBS, Knobs, check_run, context, device_notes, settings, traits
 from .measure import (
-    FOREIGN_LOAD_LIMIT,
-    CpuLoad,
-    KernelTime,
-    StepClock,
     TrialResult,
     environment,
-    live_tensor_bytes,
     memory_meter,
     model_state_bytes,
     now_iso,
-    profile_peak_bytes,
     release_free_memory,
-    summarize,
-    sync,
+)
+from .phases import (  # noqa: F401  (re-exported: runner's names from before phases.py)
+    KERNEL_SHARE,
+    LOADER_OVER,
+    NOISY,
+    WHERE,
+    RawTrial,
+    Stopped,
+    TrialInterrupted,
+    build,
+    check_cancel,
+    derive,
+    failure_message,
+    is_oom,
+    page_fault_note,
+    run_phases,
+    sort_failure,
 )
 from .progress import Poller, TrialProgress
-from .steady import HALF_STEPS, WarmupRule, cycle_steps, is_steady
-from .step import BatchSource, LossBuffer, Stage, TrainStep, seeded
-from .system import KEEP_MMAP_BYTES, MALLOC_ENV, keeps_freed_memory
+from .step import BatchSource, Stage, TrainStep, seeded
 from .workload import Workload
 
 Progress = Callable[[str, int, int], None]  # (phase, steps done, steps total), called by a Poller
-NOISY = 0.10  # IQR / median above this gets a "noisy" note
-LOADER_OVER = 1.05  # a window above this share of the workers' limit drained a buffer
-KERNEL_SHARE = 0.05  # kernel share of CPU time above this gets a "page faults" note (quiet steps: < 1%)
 T = TypeVar("T")
 TRACE_STEPS = 3  # optimizer steps in a trace (after one profiler warm-up step)
 
 
-class TrialInterrupted(KeyboardInterrupt):
-    """A KeyboardInterrupt that carries the recorded (interrupted) TrialResult."""
-
-    def __init__(self, result: TrialResult) -> None:
-        super().__init__("trial interrupted")
-        self.result = result
 
 
-class Stopped(Exception):
-    """Raised at a step boundary when the caller's cancel event is set."""
 
 
-@dataclass
-class RawTrial:
-    """Everything a trial measured, before any statistic: the input of `derive`."""
-
-    warmup_steps: int
-    steps: int
-    startup_s: float  # loader start until the first batch is on the device
-    warm_times_s: list[float]  # per warm-up step (the memory-probe step excluded)
-    warmup_wall_s: float
-    probe_s: float  # the profiled warm-up step (CPU memory probe), 0 if none
-    step_times_s: list[float]  # measured window, per optimizer step
-    waits_s: list[float]  # host time blocked on data, per step
-    losses: list[float]  # per step, mean over its micro-batches
-    samples: int  # samples consumed in the window
-    wall_s: float  # window wall time, bracketed by device syncs
-    epochs: int  # loader restarts (epoch boundaries) inside the measured window
-    foreign_cores: float | None  # cores busy with other processes during the window
-    peak_bytes: int | None
-    compile_info: dict[str, Any] = field(default_factory=dict)
-    state_bytes: int | None = None  # parameters + gradients + optimizer state held (local shards)
-    page_faults: int | None = None  # this process's page faults during the window
-    kernel_share: float | None = None  # kernel share of this process's CPU seconds during the window
-    warmup_rule: dict[str, Any] = field(default_factory=dict)  # WarmupRule.outcome(): steps taken, why it ended
-    warmup_note: str | None = None  # WarmupRule.note(): set when warm-up did not reach steady state
-    loader_limit: float | None = None  # samples/s the workers can deliver at most (LoaderMeter), None without
 
 
 def run_trial(
@@ -172,7 +139,7 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
             stack.enter_context(seeded(workload.seed))
             env = environment(device)
             trace_to = tracing.trace_file(trace_dir, type(workload.pristine).__name__) if trace else None
-            step, source = build(workload, knobs, stage, stack, loader_timeout_s)
+            step, source = build(workload, knobs, stack, stage=stage, loader_timeout_s=loader_timeout_s)
             raw = run_phases(step, source, stage, progress, warmup_steps, steps, cancel, measure_memory=measure_memory)
             raw.state_bytes = model_state_bytes(step.model, step.optimizer)
             trace_info = trace_after(step, source, trace_to, stage, progress, total, cancel, notes) if trace_to else {}
@@ -204,147 +171,16 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
         progress.set("done", total, total)
 
 
-# ---- the phases: one runner for the single-process trial and for each rank ----------------------
-def run_phases(step: TrainStep, source: BatchSource, stage: Stage, progress: TrialProgress, warmup_steps: int,
-               steps: int, cancel: threading.Event | None, *, measure_memory: bool,
-               before_window: Callable[[], None] | None = None,
-               agree: Callable[[bool], bool] | None = None) -> RawTrial:
-    """First batch, warm-up to steady state, (`before_window`: a rank's barrier), the measured
-    window, under a CompileWatch; the RawTrial with start-up, warm-up and compile figures filled in.
-    `agree(done)` makes ranks end warm-up together (each rank's answer in, everyone's out)."""
-    total = warmup_steps + steps
-    rule = WarmupRule.for_loader(source.loader, warmup_steps, accum_steps=step.knobs.accum_steps,
-                                 cached=step.knobs.data == "cached")
-    told = traits(step.knobs)  # what the knobs' hooks say the phases must know (compile, workers)
-    with CompileWatch(enabled=told["compiles"]) as watch:
-        progress.set("starting workers" if told["workers"] else "loading data", 0, total)
-        startup_s = first_batch(source)
-        warm = warm_up(step, source, rule, stage, progress, total, cancel, measure_memory=measure_memory,
-                       agree=agree)
-        if before_window is not None:
-            before_window()
-        raw = measure_window(step, source, warmup_steps, steps, stage, progress, cancel,
-                             measure_memory=measure_memory)
-    raw.startup_s = startup_s
-    raw.warm_times_s, raw.warmup_wall_s, raw.probe_s = warm[0], warm[1], warm[2]
-    if raw.peak_bytes is None:
-        raw.peak_bytes = warm[3]
-    raw.compile_info = watch.info
-    raw.warmup_steps = rule.steps
-    raw.warmup_rule = rule.outcome()
-    raw.warmup_note = rule.note()
-    return raw
 
 
-def sort_failure(e: BaseException, stage: Stage, knobs: Knobs) -> tuple[str, str]:
-    """(status, message) of an exception that ended a trial or a rank: oom or error, and where."""
-    if "DataLoader worker" in str(e) or "DataLoader timed out" in str(e):
-        stage.name = "data"  # raised asynchronously (SIGCHLD handler / timeout), wherever we were
-    status = "oom" if is_oom(e) else "error"
-    return status, failure_message(status, e, stage, knobs)
 
 
-# ---- the four phases ----------------------------------------------------------------------------
-def build(workload: Workload, knobs: Knobs, stage: Stage, stack: contextlib.ExitStack,
-          loader_timeout_s: float) -> tuple[TrainStep, BatchSource]:
-    """A fresh TrainStep and BatchSource, registered on `stack` for cleanup (workers, wrappers)."""
-    step = stack.enter_context(TrainStep(workload, knobs, stage=stage))
-    source = stack.enter_context(BatchSource(workload, knobs, timeout_s=loader_timeout_s, stage=stage))
-    return step, source
 
 
-def first_batch(source: BatchSource) -> float:
-    """Start the loader and fetch the first batch (kept for the first step); seconds it took."""
-    t0 = time.perf_counter()
-    first = source.next()
-    sync(source.device)
-    startup_s = time.perf_counter() - t0
-    source.push_back(first)  # the first batch is consumed by the first step
-    return startup_s
 
 
-def warm_up(step: TrainStep, source: BatchSource, rule: WarmupRule, stage: Stage, progress: TrialProgress,
-            total: int, cancel: threading.Event | None, *, measure_memory: bool,
-            agree: Callable[[bool], bool] | None = None) -> tuple[list[float], float, float, int | None]:
-    """Unmeasured steps (compile, allocator growth, worker pipelines fill) until `rule` says steady.
-
-    Returns (per-step seconds, wall seconds, probe seconds, peak bytes): on CPU one warm-up step
-    runs under the profiler's memory events to find the step's peak tensor memory: the second
-    (early, so the buffer it lets fill is drained before the window), or the last of a fixed count.
-    """
-    device = step.device
-    compiles = traits(step.knobs)["compiles"]
-    n = rule.min_steps
-    probe_at = n - 1 if rule.fixed else min(1, n - 1)
-    probe = measure_memory and memory_meter(device.type) == "profiler"
-    peak_bytes = None
-    probe_s = 0.0
-    times: list[float] = []
-    t_warm = time.perf_counter()
-    i = 0
-    while not (agree(rule.done()) if agree is not None else rule.done()):
-        stage.phase, stage.step = "warm-up", i + 1
-        phase = "compiling" if compiles and i == 0 else "warming up"
-        progress.set(phase if i < n else "warming up to steady state", min(i, n), total)
-        epochs = source.epochs
-        tw = time.perf_counter()
-        if probe and i == probe_at:
-            params = list(step.model.parameters())
-            before = live_tensor_bytes(params, [p.grad for p in params], step.optimizer.state, source.cached)
-            peak_bytes = before + profile_peak_bytes(lambda: step(source), device)
-            probe_s = time.perf_counter() - tw
-            rule.observe(probe_s, 0.0, "memory probe")
-        else:
-            out = step(source)
-            sync(device)
-            times.append(time.perf_counter() - tw)
-            rule.observe(times[-1], out.wait_s, "epoch start" if source.epochs != epochs else None)
-        _check_cancel(cancel)
-        i += 1
-    return times, time.perf_counter() - t_warm, probe_s, peak_bytes
 
 
-def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, steps: int, stage: Stage,
-                   progress: TrialProgress, cancel: threading.Event | None, *, measure_memory: bool) -> RawTrial:
-    """The measured window: `steps` optimizer steps bracketed by device syncs; raw samples only."""
-    device = step.device
-    total = warmup_steps + steps
-    progress.set("measuring", warmup_steps, total)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    losses = LossBuffer(steps, device)  # device memory the step does not own (CUDA graphs)
-    waits: list[float] = []
-    samples = 0
-    clock = StepClock(device)
-    sync(device)
-    load = CpuLoad()
-    kernel = KernelTime()
-    epochs = source.epochs
-    meter = getattr(source, "meter", None)
-    made = meter.read() if meter is not None else None
-    t_start = time.perf_counter()
-    clock.mark()
-    for i in range(steps):
-        stage.phase, stage.step = "measured", i + 1
-        out = step(source, losses, i)
-        clock.mark()  # CUDA: an event after the optimizer step; CPU: perf_counter
-        samples += out.samples
-        waits.append(out.wait_s)
-        progress.set("measuring", warmup_steps + i + 1, total)
-        _check_cancel(cancel)
-    sync(device)
-    wall = time.perf_counter() - t_start
-    faults = kernel.since()  # before foreign_cores: psutil's reads fault too, and belong outside
-    foreign = load.foreign_cores()
-    peak = (torch.cuda.max_memory_allocated(device)
-            if measure_memory and memory_meter(device.type) == "allocator" else None)
-    limit = meter.limit(step.knobs.batch_size, since=made) if meter is not None else None
-    return RawTrial(warmup_steps=warmup_steps, steps=steps, startup_s=0.0, warm_times_s=[], warmup_wall_s=0.0,
-                    probe_s=0.0, step_times_s=clock.durations_s(), waits_s=waits,
-                    losses=losses.values(divide_by=step.knobs.accum_steps),  # the one device->host read
-                    samples=samples, wall_s=wall, epochs=source.epochs - epochs, foreign_cores=foreign, peak_bytes=peak,
-                    page_faults=faults[0] if faults else None, kernel_share=faults[1] if faults else None,
-                    loader_limit=limit)
 
 
 def trace_after(step: TrainStep, source: BatchSource, path: Any, stage: Stage, progress: TrialProgress,
@@ -357,7 +193,7 @@ def trace_after(step: TrainStep, source: BatchSource, path: Any, stage: Stage, p
 
     def one() -> None:
         step(source)
-        _check_cancel(cancel)
+        check_cancel(cancel)
 
     try:
         files = tracing.capture(one, path, device=step.device, steps=TRACE_STEPS)
@@ -375,124 +211,14 @@ def trace_after(step: TrainStep, source: BatchSource, path: Any, stage: Stage, p
     return {}
 
 
-def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
-    """TrialResult fields and notes from the raw samples: a pure function (no clocks, no torch)."""
-    notes: list[str] = []
-    median, iqr = summarize(raw.step_times_s)
-    noise = iqr / median if median else 0.0
-    if noise > NOISY:
-        notes.append(f"noisy: step times spread {noise:.0%} (IQR/median); repeat before trusting a small difference")
-    if raw.foreign_cores is not None and raw.foreign_cores > FOREIGN_LOAD_LIMIT:
-        notes.append(f"disturbed: other processes kept {raw.foreign_cores:.2f} cores busy during the measurement")
-    if raw.kernel_share is not None and raw.kernel_share > KERNEL_SHARE and raw.page_faults:
-        notes.append(page_fault_note(raw.kernel_share, raw.page_faults / raw.steps, knobs))
-    told = traits(knobs)
-    if raw.epochs and not told["persistent_workers"] and told["workers"]:
-        which = "an epoch boundary" if raw.epochs == 1 else f"{raw.epochs} epoch boundaries"
-        notes.append(f"{which} in the window re-forked the workers (persistent_workers=True avoids it)")
-    window_steady = all([window_check(raw, knobs, notes), loader_check(raw, knobs, notes)])  # both notes
-    steady = statistics.median(raw.step_times_s)  # compile_s = warm-up time beyond steady-state steps
-    warm = raw.warm_times_s
-    compile_s = max(0.0, sum(warm) - steady * len(warm)) if warm else 0.0
-    compile_s = compile_s if told["compiles"] else None  # nothing compiled: empty, not a small number
-    status, message = "ok", ""
-    bad = [i for i, x in enumerate(raw.losses) if not math.isfinite(x)]
-    if bad:
-        status = "nan"
-        message = (f"loss became {raw.losses[bad[0]]} at measured step {bad[0] + 1}: lower the learning "
-                   "rate, clip gradients, check input normalisation"
-                   + ("; with fp16 keep the GradScaler (it is on)" if told["loss_scaling"] else ""))
-    extra: dict[str, Any] = {"epochs": raw.epochs, "warmup_steps": raw.warmup_steps, "wall_s": raw.wall_s,
-                             "foreign_cores": raw.foreign_cores, "warmup_wall_s": raw.warmup_wall_s,
-                             "memory_probe_s": raw.probe_s,
-                             "page_faults_per_step": (None if raw.page_faults is None
-                                                      else round(raw.page_faults / raw.steps, 1)),
-                             "kernel_share": raw.kernel_share,
-                             "warmup_rule": raw.warmup_rule,
-                             "loader_limit_samples_per_s": raw.loader_limit,
-                             "steady": window_steady and not raw.warmup_note}
-    info = raw.compile_info
-    if info:
-        extra["compile"] = info
-        if info.get("graph_breaks"):
-            notes.append(f"torch.compile: {info['graph_breaks']} graph break(s); see bench.diagnose()")
-        if info.get("recompiles"):
-            notes.append(f"torch.compile: {info['recompiles']} recompile(s) (dynamic shapes?)")
-    fields_ = dict(
-        status=status,
-        message=message,
-        samples_per_s=raw.samples / raw.wall_s,
-        step_time_s=median,
-        step_time_iqr_s=iqr,
-        step_times_s=tuple(raw.step_times_s),
-        data_wait_s=tuple(raw.waits_s),
-        data_wait_share=min(1.0, sum(raw.waits_s) / raw.wall_s),
-        peak_memory_bytes=raw.peak_bytes,
-        model_state_bytes=raw.state_bytes,
-        startup_s=raw.startup_s,
-        compile_s=compile_s,
-        samples_per_step=round(raw.samples / raw.steps),
-        losses=tuple(raw.losses),
-        extra=extra,
-    )
-    return fields_, notes
 
 
-def window_check(raw: RawTrial, knobs: Knobs, notes: list[str]) -> bool:
-    """Whether the measured window is steady: warm-up reached steady state and the window's two
-    halves (whole loader cycles) agree in step time and data wait. Adds a note when it is not.
-    A window under 2 x HALF_STEPS steps is too short to test, and is judged by its warm-up only."""
-    if raw.warmup_note:
-        notes.append(raw.warmup_note)
-    if len(raw.step_times_s) < 2 * HALF_STEPS or len(raw.waits_s) != len(raw.step_times_s):
-        return True
-    cycle = cycle_steps(traits(knobs)["workers"], knobs.accum_steps)
-    steady, why = is_steady(raw.step_times_s, raw.waits_s, cycle=cycle)
-    if not steady:
-        notes.append(f"not steady: in the measured window {why}; repeat, or measure more steps")
-    return steady
 
 
-def loader_check(raw: RawTrial, knobs: Knobs, notes: list[str]) -> bool:
-    """False (and a note) when the window read more samples/s than the workers can deliver: it
-    drained batches buffered before it, so the figure is the buffer's, not the pipeline's. One loader
-    cycle (a batch per worker) may be ready when the window starts, so that much is allowed over."""
-    if raw.loader_limit is None or raw.wall_s <= 0:
-        return True
-    rate = raw.samples / raw.wall_s
-    workers = traits(knobs)["workers"]
-    cycle = cycle_steps(workers, knobs.accum_steps)
-    allowed = raw.loader_limit * LOADER_OVER * raw.steps / max(1, raw.steps - cycle)
-    if rate <= allowed:
-        return True
-    notes.append(f"not steady: faster than the loader: the window read {rate:,.0f} samples/s, but "
-                 f"{workers} workers deliver at most {raw.loader_limit:,.0f} (measured in them): it "
-                 "drained batches buffered before it; not a clean figure, measure more warm-up or more steps")
-    return False
 
 
-def page_fault_note(share: float, per_step: float, knobs: Knobs) -> str:
-    """The note for a window whose process spent `share` of its CPU time in the kernel."""
-    head = (f"page faults: the kernel took {share:.0%} of this process's CPU time ({per_step:,.0f} page faults "
-            "per step)")
-    if traits(knobs)["workers"]:  # worker batches arrive in shared memory, mapped afresh each time
-        return head + "; with workers part of it is each batch's shared memory being mapped in"
-    if knobs.world_size > 1:  # gloo's sockets are kernel time too
-        return head + "; with several ranks part of it is the gradient exchange between the processes"
-    if keeps_freed_memory():  # what still faults: blocks above glibc's mmap ceiling, mapped fresh each time
-        return (head + f" although malloc keeps freed memory here: blocks above {KEEP_MMAP_BYTES >> 20} MiB "
-                "are still mapped afresh every step; a smaller batch, or jemalloc/tcmalloc through LD_PRELOAD, "
-                "avoids it (docs/measurement.md 'Page faults')")
-    return (head + ": freed memory went back to the OS and each step faulted it in again. Whether that "
-            "happens depends on what ran before in this process, so the same knobs can read faster in "
-            "another trial or in your own loop; to avoid it from now on in this process, call "
-            "wb.keep_freed_memory(), or start Python (or Jupyter) with "
-            f"{MALLOC_ENV} (glibc), see docs/measurement.md 'Page faults'")
 
 
-def _check_cancel(cancel: threading.Event | None) -> None:
-    if cancel is not None and cancel.is_set():
-        raise Stopped
 
 
 _TRIAL_THREAD: concurrent.futures.ThreadPoolExecutor | None = None
@@ -576,61 +302,16 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
         )
 
 
-_OOM_TEXT = ("out of memory", "can't allocate memory", "DefaultCPUAllocator", "not enough memory")
 
 
-def is_oom(e: BaseException) -> bool:
-    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(e, RuntimeError) and any(t in str(e) for t in _OOM_TEXT)
 
 
-WHERE = {
-    "setup": "while building the trial (model copy, wrappers)",
-    "optimizer": "in the optimizer",
-    "data": "in the data pipeline (Dataset.__getitem__, collate or a worker)",
-    "model": "in the model's forward",
-    "loss": "in the loss function",
-    "step_fn": "in step_fn",
-    "backward": "in backward",
-    "comm": "in DDP set-up or a collective (all-reduce, barrier)",
-}
 
 
-_SHAPE_TEXT = ("shape", "size mismatch", "sizes", "dtype", "dimension", "mat1", "mat2", "expected scalar type",
-               "must match the size", "expected input")
 
 
-def looks_like_shape_error(e: BaseException) -> bool:
-    """Whether the exception is plausibly about tensor shapes or dtypes (torch's own wording), so
-    "check the shapes" helps; a user's own exception (RuntimeError("rank 1 only")) is not."""
-    text = str(e).lower()
-    return isinstance(e, (RuntimeError, ValueError, TypeError, IndexError)) and any(t in text for t in _SHAPE_TEXT)
 
 
-def failure_message(status: str, e: BaseException, stage: Stage, knobs: Knobs) -> str:
-    """One line: what failed, where (stage), when (phase and step), and what to try."""
-    where = WHERE.get(stage.name, f"in {stage.name}")
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    if stage.name == "data" and traits(knobs)["workers"] and isinstance(e, (ConnectionError, EOFError)):
-        # a worker killed mid-send: the pipe breaks before torch notices the dead process
-        text = f"a DataLoader worker exited while sending a batch ({text or type(e).__name__})"
-    if status == "oom":
-        hint = "try amp='bf16', a smaller batch_size with accum_steps, or checkpoint the largest blocks"
-        return f"out of memory {where} {stage.when()}: {hint}"
-    hints = {
-        "data": "run with num_workers=0 to see the dataset's own traceback; check __getitem__ and collate_fn",
-        "step_fn": "call step_fn(model, batch) on one batch yourself to debug it",
-    }
-    if looks_like_shape_error(e):  # a guess only where the error itself is about shapes or dtypes
-        hints["model"] = "check the batch's shapes and dtypes against the model's inputs"
-        hints["loss"] = "check the model's output shape against the target"
-    if isinstance(e, RuntimeError) and "modified by an inplace operation" in text:
-        hints["backward"] = "an in-place op on a tensor autograd needs is the usual cause"
-    if stage.name in ("model", "step_fn") and traits(knobs)["compiles"] and "torch._dynamo" in traceback.format_exc():
-        hints[stage.name] = "torch.compile failed: run with compile='off' to confirm, then see the traceback"
-    hint = hints.get(stage.name, "see result.traceback")
-    return f"{type(e).__name__} {where} {stage.when()}: {text} ({hint})"
 
 
 def _failure(knobs, status, message, stage, exc, notes, started, device) -> TrialResult:

@@ -213,11 +213,14 @@ class TrainStep:
     `label_phases=True` wraps data / forward / backward / optimizer in `record_function` ranges
     (for traces and the profiler; keep it off in a measured window). `no_sync`, if given, is a
     factory for a context manager entered on every micro-batch but the last of an optimizer step
-    (DistributedDataParallel.no_sync: skip the gradient all-reduce until the last one).
+    (DistributedDataParallel.no_sync: skip the gradient all-reduce until the last one). `wrap`,
+    if given, is `(model, ctx) -> module`: a rank's strategy around the model copy, applied after the
+    knobs' model hooks and before the optimizer and torch.compile (workbench/distributed/).
     """
 
     def __init__(self, workload: Workload, knobs: Knobs, *, stage: Stage | None = None, compile: bool = True,
-                 label_phases: bool = False, no_sync: NoSync | None = None) -> None:
+                 label_phases: bool = False, no_sync: NoSync | None = None,
+                 wrap: Callable[[torch.nn.Module, Any], torch.nn.Module] | None = None) -> None:
         self.workload = workload
         self.knobs = knobs
         self.device = workload.device
@@ -230,7 +233,10 @@ class TrainStep:
         self.ctx = context(knobs, self.device, blocks=workload.blocks, notes=self.notes, has_conv=workload.has_conv)
         # the knobs' on_model hooks on a fresh copy: channels_last, checkpoint wrappers, your @wb.knob functions
         model = self.model = transform_model(workload.fresh_model(), knobs, self.ctx)
-        self.stage.name = "optimizer"
+        if wrap is not None:  # a rank's data-parallel strategy (DDP, FSDP2's fully_shard) around the copy
+            self.stage.name = "comm"
+            model = wrap(model, self.ctx)
+        self.stage.name = "optimizer"  # built on the wrapped module: FSDP2 replaced the parameters by shards
         self.optimizer = adjust_optimizer(workload.check_optimizer(model), knobs, self.notes, self.ctx)
         model.train()
         # instrumenting a compiled step measures the compiler, so analyses pass compile=False

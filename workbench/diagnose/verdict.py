@@ -11,7 +11,7 @@ import torch
 
 from ..knobs import Knobs
 from ..measure import TrialResult
-from ..runner import KERNEL_SHARE
+from ..phases import KERNEL_SHARE
 from ..system import keeps_freed_memory
 from .data import DATA_WAIT_LIMIT, DataCheck
 

@@ -102,7 +102,7 @@ def run_distributed(workload: Workload, knobs: Knobs, *, warmup_steps: int, step
     """
     check_launch(workload, knobs)
     _prepare_parent(knobs.strategy)
-    from ..runner import TrialInterrupted
+    from ..phases import TrialInterrupted
 
     ws = knobs.world_size
     started = now_iso()

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..knobs import Knobs
 from ..measure import TrialResult
-from ..runner import RawTrial, derive
+from ..phases import RawTrial, derive
 
 
 def _median(xs: list[float]) -> float | None:

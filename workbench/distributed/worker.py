@@ -26,9 +26,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..knobs import Knobs, adjust_optimizer, parallel_options, settings, wrap_model
+from ..knobs import Knobs, parallel_options, settings
 from ..measure import StepClock, environment, model_state_bytes, sync
-from ..runner import run_phases, sort_failure
+from ..phases import build, run_phases, sort_failure
 from ..step import BatchSource, Stage, TrainStep, seeded
 from ..workload import Workload
 from .strategy import STRATEGIES
@@ -82,7 +82,7 @@ def describe(slots: Any, rank: int) -> str:
     base = rank * SLOTS
     name = STAGE_NAMES[slots[base]] if 0 <= slots[base] < len(STAGE_NAMES) else "setup"
     phase = PHASES[slots[base + 1]] if 0 <= slots[base + 1] < len(PHASES) else "setup"
-    from ..runner import WHERE
+    from ..phases import WHERE
 
     where = WHERE.get(name, f"in {name}")
     when = "while setting up" if phase == "setup" else f"at {phase} step {slots[base + 2]}"
@@ -149,16 +149,14 @@ def rank_trial(workload: Workload, knobs: Knobs, *, rank: int, world_size: int, 
                 workload.device = device  # this rank's GPU (fresh_model copies the snapshot there)
             report["env"] = environment(device)
             sampler = rank_sampler(workload, world_size, rank, report["notes"])
-            step = stack.enter_context(TrainStep(workload, knobs, stage=stage, compile=False))
-            source = stack.enter_context(BatchSource(workload, knobs, timeout_s=loader_timeout_s, stage=stage,
-                                                     sampler=sampler))
             wrapper = STRATEGIES[knobs.strategy](workload.blocks)
-            stage.name = "comm"
-            options = parallel_options(knobs, step.ctx)  # the strategy's options, from the knobs' hooks
-            module = wrapper.wrap(step.model, knobs, device, options)
-            if wrapper.rebuild_optimizer:  # FSDP2 swapped the parameters for their shards (no step taken yet)
-                step.optimizer = adjust_optimizer(workload.check_optimizer(module), knobs, step.notes, step.ctx)
-            step.step_model = wrap_model(module, knobs, step.ctx)  # torch.compile around the wrapped model
+            options = parallel_options(knobs)  # the strategy's options, from the knobs' hooks
+
+            def wrap(model: Any, ctx: Any) -> Any:  # the strategy around the model copy, before optimizer/compile
+                return wrapper.wrap(model, knobs, device, options)
+
+            step, source = build(workload, knobs, stack, stage=stage, loader_timeout_s=loader_timeout_s, wrap=wrap,
+                                 sampler=sampler)
             if knobs.accum_steps > 1 and (options.get("no_sync") or wrapper.name == "fsdp2"):
                 step.no_sync = wrapper.no_sync  # TrainStep enters it on all but the last micro-batch
             counter = wrapper.counter
