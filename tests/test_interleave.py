@@ -247,3 +247,21 @@ def test_the_table_verdict_uses_the_logged_comparison(make_bench):
     row = bench.results.set_index("trial_id").loc[b.trial_id]
     assert row["verdict"] == "beyond noise" and row["decided_speedup"] == pytest.approx(c.speedup)
     assert row["decided_by"].startswith("interleaved") and before in ("beyond noise", "within noise", "same speed")
+
+
+@pytest.mark.slow
+def test_a_stop_ends_it_at_the_next_pair(sleepy):
+    import threading
+
+    bench, _ = sleepy
+    k = bench.defaults
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(InterleaveFailed) as e:  # stopped before two pairs: nothing to judge
+        interleaved(bench.workload, k, k, budget_s=20, cancel=stop)
+    assert e.value.status == "interrupted"
+    stop.clear()
+    threading.Timer(3.0, stop.set).start()
+    t0 = time.perf_counter()
+    c = interleaved(bench.workload, k, k, budget_s=60, margin=0.01, cancel=stop)  # ±1%: not decided in 3 s
+    assert time.perf_counter() - t0 < 20 and "Stopped by the user" in c.note, c

@@ -248,7 +248,7 @@ class Workbench:
     def compare(self, a: int | TrialResult, b: int | TrialResult, rounds: int | str = 0, *,
                 max_rounds: int = 8, margin: float = MARGIN, budget_s: float | None = None,
                 run: Callable[[Knobs], TrialResult | None] | None = None,
-                interleave: bool | None = None) -> Comparison:
+                interleave: bool | None = None, cancel: threading.Event | None = None) -> Comparison:
         """Is B faster than A, slower, the same speed (within ±margin), or undecided? (trial ids or results)
 
         `rounds="auto"` decides until it can: when the two differ only in knobs that can share a
@@ -260,7 +260,8 @@ class Workbench:
         "faster", "slower", "same" or "undecided"; `.method` says "interleaved" or "trials". The error
         rates hold however often it looks. `rounds=N` runs exactly N rounds of each and decides
         once. `interleave=True` refuses (ValueError) a pair that cannot interleave. `run` replaces
-        `self.run` for trials (the panel passes its own runner).
+        `self.run` for trials (the panel passes its own runner); a set `cancel` event stops the
+        interleaved blocks at the next pair (the panel's Stop button).
         """
         ra = a if isinstance(a, TrialResult) else self.log.get(a)
         rb = b if isinstance(b, TrialResult) else self.log.get(b)
@@ -268,7 +269,8 @@ class Workbench:
             raise TypeError(f"interleave takes None (when possible), True or False, got {interleave!r}")
         c, note = None, ""
         if rounds == "auto" and interleave is not False and ra.ok and rb.ok:  # a failed trial: compare says why
-            c, note = self._interleaved(ra, rb, margin=margin, budget_s=budget_s, required=interleave is True)
+            c, note = self._interleaved(ra, rb, margin=margin, budget_s=budget_s, required=interleave is True,
+                                        cancel=cancel)
         if c is None:
             c = compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log, max_rounds=max_rounds,
                         margin=margin, budget_s=budget_s)
@@ -278,7 +280,7 @@ class Workbench:
         return c
 
     def _interleaved(self, ra: TrialResult, rb: TrialResult, *, margin: float, budget_s: float | None,
-                     required: bool) -> tuple[Comparison | None, str]:
+                     required: bool, cancel: threading.Event | None = None) -> tuple[Comparison | None, str]:
         """The interleaved comparison of two trials' knobs, or (None, why trials must decide instead)."""
         from .interleave import BUDGET_S, INTERLEAVE_WARMUP, InterleaveFailed, interleaved, memory_reason, why_not
 
@@ -291,10 +293,12 @@ class Workbench:
         with self._lock:
             future = submit_trial(interleaved, self.workload, ra.knobs, rb.knobs, a_id=ra.trial_id,
                                   b_id=rb.trial_id, margin=margin, budget_s=budget_s or BUDGET_S,
-                                  warmup_steps=min(self.warmup_steps, INTERLEAVE_WARMUP))
+                                  warmup_steps=min(self.warmup_steps, INTERLEAVE_WARMUP), cancel=cancel)
             try:
                 return _wait(future), ""
             except InterleaveFailed as e:
+                if e.status == "interrupted":  # stopped before two pairs: the trials path sees the stop too
+                    return None, "Stopped by the user while interleaving."
                 if e.comparison is not None and e.status != "oom":  # keep the evidence, say which side failed
                     return replace(e.comparison, note=f"{e.comparison.note} Interleaving ended: {e}.".strip()), ""
                 if required:

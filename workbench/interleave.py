@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -211,12 +212,15 @@ def _warm(sides: list[_Side], warmup_steps: int) -> float:
 
 def interleaved(workload: Workload, a: Knobs, b: Knobs, *, a_id: int | None = None, b_id: int | None = None,
                 margin: float = MARGIN, budget_s: float = BUDGET_S, warmup_steps: int = 5,
-                block_steps: int | None = None, looks: int = INTERLEAVE_LOOKS) -> Comparison:
+                block_steps: int | None = None, looks: int = INTERLEAVE_LOOKS,
+                cancel: threading.Event | None = None) -> Comparison:
     """B against A by interleaved blocks in this process, until decided or `budget_s` seconds end.
 
     Raises ValueError when the pair cannot interleave (see `why_not`) and InterleaveFailed when a
     side fails (its status, and the pairs measured before). `block_steps`: steps per block (None:
-    about BLOCK_S seconds). `a_id`/`b_id` label the result (the trials the knobs came from).
+    about BLOCK_S seconds). `a_id`/`b_id` label the result (the trials the knobs came from). A set
+    `cancel` event ends it at the next pair: the pairs so far are judged (InterleaveFailed with status
+    "interrupted" when fewer than 2).
     """
     t0 = time.perf_counter()
     reason = why_not(a, b)
@@ -237,7 +241,7 @@ def interleaved(workload: Workload, a: Knobs, b: Knobs, *, a_id: int | None = No
             shared = first.replay.batches if _batch_key(a) == _batch_key(b) else None  # read-only: both may use them
             sides = [first, _build(workload, "B", b, stack, shared)]
             return _alternate(sides, t0, margin=margin, budget_s=budget_s, warmup_steps=warmup_steps,
-                              block_steps=block_steps, looks=looks, ids=(a_id, b_id))
+                              block_steps=block_steps, looks=looks, ids=(a_id, b_id), cancel=cancel)
     finally:
         if compiled:
             gc.collect()  # compiled graphs hold reference cycles
@@ -247,7 +251,8 @@ def interleaved(workload: Workload, a: Knobs, b: Knobs, *, a_id: int | None = No
 
 
 def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float, warmup_steps: int,
-               block_steps: int | None, looks: int, ids: tuple[int | None, int | None]) -> Comparison:
+               block_steps: int | None, looks: int, ids: tuple[int | None, int | None],
+               cancel: threading.Event | None = None) -> Comparison:
     """Warm both sides, then pairs of blocks (A B, B A, ...), looking at the pairs at planned times."""
     step_s = _warm(sides, warmup_steps)
     k = block_steps or max(1, min(MAX_BLOCK_STEPS, round(BLOCK_S / max(step_s, 1e-6))))
@@ -276,6 +281,11 @@ def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float,
         per_pair = (now - started) / pairs if pairs else pair_s
         if pairs >= 2 and now - t0 + per_pair > budget_s:  # the budget ends: a last look at what there is
             c = judge(f"Stopped at the time budget (budget_s={budget_s:g}).")
+            break
+        if cancel is not None and cancel.is_set():  # a Stop button: judge what there is
+            c = judge("Stopped by the user.")
+            if c is None:
+                raise InterleaveFailed("stopped by the user before two pairs of blocks ran", status="interrupted")
             break
         order = sides if pairs % 2 == 0 else sides[::-1]  # A B, then B A: a linear drift cancels over two pairs
         for side in order:

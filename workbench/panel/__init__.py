@@ -303,7 +303,8 @@ class Panel:
             which = "baseline" if knobs == base.knobs else f"#{trial_id}"
             return self._run_one(knobs, what=f"repeat {n}/{2 * self.repeat_rounds} at most ({which}): ")
 
-        c = self.bench.compare(base.trial_id, pick.trial_id, rounds="auto", max_rounds=self.repeat_rounds, run=run)
+        c = self.bench.compare(base.trial_id, pick.trial_id, rounds="auto", max_rounds=self.repeat_rounds, run=run,
+                               cancel=self.queue.cancel)
         self.last_repeat = {"trial_id": trial_id, "baseline_id": base.trial_id, "comparison": c,
                             "rounds": c.rounds, "confirmed": c.verdict, "answer": c.answer}
         self.verdict.value = (f"<b>Repeat to confirm #{trial_id} against baseline #{base.trial_id}:</b> "
