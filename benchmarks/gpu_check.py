@@ -328,6 +328,48 @@ def check_pinned_workers(ctx: Context) -> tuple[str, bool, dict]:
             f"vs {plain.data_wait_share:.0%}; {tail}"), good, {"pinned": list(pinned.losses), "plain": list(plain.losses)}
 
 
+class SleepSamples:
+    """A data-bound dataset (issue 30): each sample sleeps `sleep_s`, so n workers deliver at most
+    n / sleep_s samples/s, a truth no CPU load can raise. Module-level: workers pickle it."""
+
+    def __init__(self, n: int, dim: int, sleep_s: float) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, dim, generator=g), torch.randint(0, 10, (n,), generator=g)
+        self.sleep_s = sleep_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(self.sleep_s)
+        return self.x[i], self.y[i]
+
+
+def check_steady_compile_workers(ctx: Context) -> tuple[str, bool, dict]:
+    """The first compiled trial in the process on a data-bound pipeline with workers: the compile
+    lets the workers buffer num_workers x prefetch_factor batches; the steady warm-up must drain
+    them, so the window never reads more than the workers can deliver (issue 30)."""
+    torch, nn, wb = ctx.torch, ctx.torch.nn, ctx.wb
+    workers, sleep_s, batch = ctx.size(8, 2), 0.001, 32
+    limit = workers / sleep_s
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 10))
+    bench = wb.Workbench(model, SleepSamples(32 * 400, 64, sleep_s), loss_fn=nn.CrossEntropyLoss(),
+                         optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3), device=ctx.device, log=None,
+                         name="steady", steps=STEPS, warmup_steps=WARMUP, knobs=wb.Knobs(batch_size=batch))
+    r = bench.run(compile="default", num_workers=workers, prefetch_factor=2, pin_memory=ctx.cuda)
+    if not _ok(r):
+        return _status(r), False, {}
+    rule = r.extra.get("warmup_rule", {})
+    ratio = r.samples_per_s / limit
+    good = ratio <= 1.05 and rule.get("steps", 0) > workers * 2
+    return (f"{r.samples_per_s:,.0f} samples/s = {ratio:.2f}x the {workers} workers' limit; warm-up "
+            f"{rule.get('steps')} steps ({rule.get('ended')}: {rule.get('reason', '')[:90]}); compile "
+            f"{r.compile_s or 0:.1f} s; steady {r.extra.get('steady')}"), good, {"rule": rule, "limit": limit,
+                                                                                 "rate": r.samples_per_s}
+
+
 def _compile_check(ctx: Context, mode: str) -> tuple[str, bool, dict]:
     if "compile-bench" not in ctx.cache:
         bench = ctx.mlp(dim=64, hidden=256, depth=2, samples=512, batch_size=64, name="compile", steps=10)
@@ -553,6 +595,9 @@ CHECKS: list[Check] = [  # estimates: rough guesses of cold seconds on one GPU (
     Check("FSDP2, NCCL, world_size=2 (torchrun)",
           "ok on 2 GPUs; losses equal DDP's (1e-3); model state <= 0.65x DDP's; bf16 params + CPU offload ok",
           check_fsdp2, 60, ("cuda", "cpu")),
+    # first compiled trial of the process: before the compile checks below
+    Check("steady state: compile + 8 workers, data-bound", "ok; <= 1.05x what the workers deliver; warm-up drained "
+          "the buffer (> 16 steps)", check_steady_compile_workers, 60, ("cuda", "cpu")),
     Check("compile='default'", "ok; losses equal eager (1e-3), not all identical", check_compile_default, 50,
           ("cuda", "cpu")),
     Check("compile='reduce-overhead' (CUDA graphs)", "ok; losses equal eager (1e-3) after graph replays, not all identical",

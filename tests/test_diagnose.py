@@ -313,3 +313,24 @@ def test_diagnose_on_a_failing_baseline_reports_instead_of_crashing():
     assert len(bench.trials) == 1  # no short-circuit trial after a failure
     with pytest.raises(TypeError):
         bench.diagnose(knobs={"batch_size": 4})
+
+
+def test_diagnose_reads_steady_trials_only():
+    """A trial that was not steady (steady.py) is neither reused nor judged: it runs once more."""
+    from workbench.diagnose.report import _find, _steady_run
+
+    class Stub:
+        def __init__(self):
+            self.trials = []
+
+        def run(self, knobs):
+            r = TrialResult(knobs=knobs, status="ok", samples_per_s=1.0, extra={"steady": bool(self.trials)})
+            self.trials.append(r)
+            return r
+
+    bench = Stub()
+    k = wb.Knobs()
+    r = _steady_run(bench, k)
+    assert r.steady is True and len(bench.trials) == 2
+    bench.trials = bench.trials[:1]  # only the unsteady one
+    assert _find(bench, k) is None

@@ -151,7 +151,7 @@ def _generator():
 
 def test_knobs_page_is_the_declarations():
     """In a fresh process (no knob a notebook or another test declared): the committed page is what
-    the generator writes from `wb.knob_table()` and the groups, one row per built-in knob."""
+    the generator writes: exactly `wb.knob_table()`, one row per built-in knob."""
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_knobs_doc.py"), "--check"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -89,8 +89,10 @@ def fuzz(examples: int, *, invalid: bool) -> dict:
 
 
 def test_fuzz_valid_ranges_quick():
-    tally = fuzz(25, invalid=False)
-    assert tally["ok"] >= 8, tally  # a third of the draws must run ok trials, not only validate (nan is no pass)
+    tally = fuzz(40, invalid=False)
+    # a third of the draws must run ok trials, not only validate (nan is no pass); the rest combine
+    # knobs that cannot work together (persistence without workers, a cached batch with workers...)
+    assert tally["ok"] >= 14, tally
 
 
 def test_fuzz_invalid_values_are_rejected_with_a_fix():

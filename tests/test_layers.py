@@ -17,7 +17,7 @@ CORE = ("knobs", "workload", "step", "runner", "measure", "resultlog", "records"
         "compat", "stats", "system", "trace", "codegen", "protocol", "stepshape", "steady", "loadmeter", "phases",
         "earlystop")
 ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
-              "display", "rebuild", "results", "rounds", "learners", "budget", "hopeless")
+              "display", "rebuild", "results", "rounds", "learners", "interleave", "budget", "hopeless")
 MAX_FUNCTION_LINES = 80  # a function a newcomer reads in one screen
 
 

@@ -24,7 +24,12 @@ from workbench.steady import CAP_STEPS, FIXED_ENV, WarmupRule, cycle_steps, is_s
 from workbench.step import build_loader
 from workbench.workload import loader_spec
 
-OVER = 1.05  # a trial may read at most this much above what the workers can deliver (sleep overshoots only slow)
+
+def ceiling(workers: int, steps: int = 30) -> float:
+    """The most a steady `steps`-step window can read from `workers` SleepData workers: their
+    limit, plus one loader cycle (a batch per worker) that may be ready when the window starts
+    (2 workers: 1.07x, 4: 1.15x). A window that drains a compile's buffer reads 1.3-1.9x."""
+    return workers_limit(workers) * steps / (steps - workers)
 
 
 # ---- the loader's buffer ------------------------------------------------------------------------
@@ -226,10 +231,9 @@ def test_no_trial_reads_more_than_the_workers_deliver():
     for name, knobs in CONFIGS.items():
         for _ in range(2):
             r = bench.run(**knobs)
-            limit = workers_limit(knobs["num_workers"])
+            limit = ceiling(knobs["num_workers"])
             rule = r.extra["warmup_rule"]
-            assert r.ok and r.samples_per_s <= OVER * limit, (name, r.samples_per_s, limit, rule)
-            assert not any("faster than the loader" in n for n in r.notes), r.notes
+            assert r.ok and r.samples_per_s <= limit, (name, r.samples_per_s, limit, rule, r.notes)
             assert rule["rule"] == "steady" and rule["steps"] >= 5 and rule["reason"]
 
 
@@ -237,9 +241,9 @@ def test_no_trial_reads_more_than_the_workers_deliver():
 def test_an_epoch_boundary_in_the_window_and_a_stream_stay_below_the_limit():
     epoch = sleep_bench(SleepData(16 * 40), steps=30)  # 40 batches an epoch: warm-up + window cross one
     r = epoch.run(num_workers=2, prefetch_factor=4)
-    assert r.ok and r.samples_per_s <= OVER * workers_limit(2), r.extra["warmup_rule"]
+    assert r.ok and r.samples_per_s <= ceiling(2), r.extra["warmup_rule"]
     r = sleep_bench(SleepStream()).run(num_workers=2, prefetch_factor=8)
-    assert r.ok and r.samples_per_s <= OVER * workers_limit(2), r.extra["warmup_rule"]
+    assert r.ok and r.samples_per_s <= ceiling(2), r.extra["warmup_rule"]
     assert r.extra["warmup_rule"]["epoch_steps"] is None
 
 
@@ -267,7 +271,7 @@ def test_the_first_compiled_trial_in_a_process_is_not_the_buffer():
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["ok"], r["message"]
-    assert r["rate"] <= OVER * workers_limit(2), r
+    assert r["rate"] <= ceiling(2), r
     assert r["rule"]["steps"] > 16 and r["rule"]["buffer_batches"] == 16
 
 
@@ -311,15 +315,89 @@ def pause_first_step(seconds: float):
 
 @pytest.mark.slow
 def test_a_window_that_drains_the_buffer_is_flagged_and_the_rule_avoids_it(monkeypatch):
-    """A 0.6 s first step lets two workers buffer 16 batches. With the old fixed warm-up the
-    window drains them and reads above the workers' limit: flagged. The steady rule drains them first."""
+    """A 1.2 s first step lets two workers (4 ms a sample: 64 ms a batch) buffer 16 batches. With the
+    old fixed warm-up the window drains them and reads far above the workers' limit (~1.8x): flagged.
+    The steady rule drains them first."""
     knobs = dict(num_workers=2, prefetch_factor=8)
+    slow = 0.004
     monkeypatch.setenv(FIXED_ENV, "1")
-    fixed = sleep_bench(step_fn=pause_first_step(0.6)).run(**knobs)
-    assert fixed.ok and fixed.samples_per_s > OVER * workers_limit(2)
+    fixed = sleep_bench(SleepData(2048, slow), step_fn=pause_first_step(1.2)).run(**knobs)
+    assert fixed.ok and fixed.samples_per_s > ceiling(2) * SLEEP_S / slow, fixed.extra
     assert fixed.extra["steady"] is False and any("faster than the loader" in n for n in fixed.notes), fixed.notes
-    assert fixed.extra["loader_limit_samples_per_s"] <= workers_limit(2) * 1.001
+    assert fixed.extra["loader_limit_samples_per_s"] <= workers_limit(2, slow) * 1.001
     monkeypatch.delenv(FIXED_ENV)
-    steady = sleep_bench(step_fn=pause_first_step(0.6)).run(**knobs)
-    assert steady.ok and steady.samples_per_s <= OVER * workers_limit(2), steady.extra["warmup_rule"]
+    steady = sleep_bench(SleepData(2048, slow), step_fn=pause_first_step(1.2)).run(**knobs)
+    assert steady.ok and steady.samples_per_s <= ceiling(2) * SLEEP_S / slow, steady.extra["warmup_rule"]
     assert not any("faster than the loader" in n for n in steady.notes), steady.notes
+
+
+# ---- decisions read steady figures ----------------------------------------------------------------
+def test_the_tuner_repeats_a_trial_that_was_not_steady():
+    from workbench.measure import TrialResult
+    from workbench.tune import _Ctx
+
+    class Stub:
+        calls = 0
+
+        def run(self, knobs):
+            Stub.calls += 1
+            return TrialResult(knobs=knobs, status="ok", samples_per_s=100.0 * Stub.calls,
+                               extra={"steady": Stub.calls > 1})
+
+    ctx = _Ctx(Stub(), limit=10, budget_s=None, memory_cap=None, memory_budget=None)
+    r = ctx.run(wb.Knobs())
+    assert r.steady is True and r.samples_per_s == 200.0 and ctx.used == 2
+    assert ctx.run(wb.Knobs()).steady is True and ctx.used == 3  # a steady trial is not repeated
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_compile_on_top_of_data_bound_workers_is_never_a_win():
+    """The first compiled trial used to read the buffer (1.9x); now it reads the workers' rate."""
+    bench = sleep_bench()
+    workers = bench.run(num_workers=2, prefetch_factor=8)
+    compiled = bench.run(num_workers=2, prefetch_factor=8, compile="default")
+    assert workers.ok and compiled.ok, compiled.message
+    c = bench.compare(workers, compiled)
+    assert not (c.beyond_noise and c.speedup > 1), str(c)
+    assert compiled.samples_per_s <= ceiling(2)
+
+
+@pytest.mark.slow
+def test_a_window_that_was_not_steady_is_measured_again(make_bench, monkeypatch):
+    """A window faster than its loader: its steps become warm-up; the result says why; at most
+    MAX_REMEASURE more windows. A trend alone is flagged, not measured again."""
+    from workbench import runner
+
+    real = runner.window_problems
+    seen = []
+
+    def first_unsteady(raw, knobs):
+        seen.append(raw)
+        return [runner.LOADER_NOTE + ": planted"] if len(seen) == 1 else real(raw, knobs)
+
+    monkeypatch.setattr(runner, "window_problems", first_unsteady)
+    r = make_bench(steps=4, warmup_steps=2).run()
+    rule = r.extra["warmup_rule"]
+    assert r.ok and rule["remeasured"] == [runner.LOADER_NOTE + ": planted"]
+    assert r.extra["warmup_steps"] == rule["steps"] + 4
+    monkeypatch.setattr(runner, "window_problems", lambda raw, knobs: ["not steady: a trend"])
+    assert "remeasured" not in make_bench(steps=4, warmup_steps=2).run().extra["warmup_rule"]
+    monkeypatch.setattr(runner, "window_problems", lambda raw, knobs: [runner.LOADER_NOTE])
+    r = make_bench(steps=4, warmup_steps=2).run()
+    assert len(r.extra["warmup_rule"]["remeasured"]) == runner.MAX_REMEASURE and r.steady is False
+    assert any("not steady after 2 more window(s)" in n for n in r.notes), r.notes
+
+
+@pytest.mark.slow  # worker start-ups at every short epoch
+def test_a_users_dataloader_with_its_own_sampler_gets_a_rule_that_says_what_it_assumed():
+    """Bad input keeps its promise: the rule reads the loader the trial really built, and terminates."""
+    data = SleepData(64, sleep_s=0.0)
+    loader = DataLoader(data, batch_size=8, sampler=list(reversed(range(64))), num_workers=0)
+    bench = wb.Workbench(TinyNet(), loader, loss_fn=torch.nn.CrossEntropyLoss(), log=None, device="cpu",
+                         optimizer=lambda p: torch.optim.SGD(p, lr=0.05), steps=3, warmup_steps=1)
+    r = bench.run()
+    rule = r.extra["warmup_rule"]
+    assert r.ok and rule["ended"] in ("steady", "cap") and "nothing is buffered" in rule["buffer"]
+    r = bench.run(num_workers=2)  # prefetch_factor None: torch's default, and the text says so
+    assert r.ok and r.extra["warmup_rule"]["buffer_batches"] == 4 and "prefetch_factor 2" in r.extra["warmup_rule"]["buffer"]

@@ -9,6 +9,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -277,19 +278,63 @@ class Workbench:
 
     def compare(self, a: int | TrialResult, b: int | TrialResult, rounds: int | str = 0, *,
                 max_rounds: int = 8, margin: float = MARGIN, budget_s: float | None = None,
-                run: Callable[[Knobs], TrialResult | None] | None = None) -> Comparison:
+                run: Callable[[Knobs], TrialResult | None] | None = None,
+                interleave: bool | None = None, cancel: threading.Event | None = None) -> Comparison:
         """Is B faster than A, slower, the same speed (within ±margin), or undecided? (trial ids or results)
 
-        `rounds="auto"` runs alternating rounds (B A, A B, ...) until decided, or until `max_rounds`
-        (or `budget_s` seconds) run out; `.answer` is "faster", "slower", "same" or "undecided", and
-        the result says the rounds and seconds it took. The error rates hold however many rounds it
-        looks at. `rounds=N` runs exactly N rounds of each and decides once. `run` replaces `self.run`
-        for those trials (the panel passes its own runner).
+        `rounds="auto"` decides until it can: when the two differ only in knobs that can share a
+        process (compute knobs: amp, compile, channels_last, ...; see workbench/interleave.py), both
+        are built once and take turns in short blocks in this process, and the answer usually comes
+        in seconds (`budget_s`, default 30). Otherwise (data-pipeline or distributed knobs, or
+        `interleave=False`) it runs alternating trials (B A, A B, ...) until decided, or until
+        `max_rounds` (or `budget_s` seconds) run out, and the result's note says why. `.answer` is
+        "faster", "slower", "same" or "undecided"; `.method` says "interleaved" or "trials". The error
+        rates hold however often it looks. `rounds=N` runs exactly N rounds of each and decides
+        once. `interleave=True` refuses (ValueError) a pair that cannot interleave. `run` replaces
+        `self.run` for trials (the panel passes its own runner); a set `cancel` event stops the
+        interleaved blocks at the next pair (the panel's Stop button).
         """
         ra = a if isinstance(a, TrialResult) else self.log.get(a)
         rb = b if isinstance(b, TrialResult) else self.log.get(b)
-        return compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log, max_rounds=max_rounds,
-                       margin=margin, budget_s=budget_s)
+        if interleave not in (None, True, False):
+            raise TypeError(f"interleave takes None (when possible), True or False, got {interleave!r}")
+        c, note = None, ""
+        if rounds == "auto" and interleave is not False and ra.ok and rb.ok:  # a failed trial: compare says why
+            c, note = self._interleaved(ra, rb, margin=margin, budget_s=budget_s, required=interleave is True,
+                                        cancel=cancel)
+        if c is None:
+            c = compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log, max_rounds=max_rounds,
+                        margin=margin, budget_s=budget_s)
+            c = replace(c, note=f"{note} {c.note}".strip()) if note else c
+        if rounds:  # new evidence was measured: the log keeps the comparison (the table's verdict uses it)
+            self.log.record_comparison(c, ra.knobs, rb.knobs)
+        return c
+
+    def _interleaved(self, ra: TrialResult, rb: TrialResult, *, margin: float, budget_s: float | None,
+                     required: bool, cancel: threading.Event | None = None) -> tuple[Comparison | None, str]:
+        """The interleaved comparison of two trials' knobs, or (None, why trials must decide instead)."""
+        from .interleave import BUDGET_S, INTERLEAVE_WARMUP, InterleaveFailed, interleaved, memory_reason, why_not
+
+        reason = why_not(ra.knobs, rb.knobs) or memory_reason(self.device, ra.peak_memory_bytes,
+                                                               rb.peak_memory_bytes)
+        if reason is not None:
+            if required:
+                raise ValueError(f"interleave=True, but these two cannot interleave: {reason}")
+            return None, f"By alternating trials: {reason}."
+        with self._lock:
+            future = submit_trial(interleaved, self.workload, ra.knobs, rb.knobs, a_id=ra.trial_id,
+                                  b_id=rb.trial_id, margin=margin, budget_s=budget_s or BUDGET_S,
+                                  warmup_steps=min(self.warmup_steps, INTERLEAVE_WARMUP), cancel=cancel)
+            try:
+                return _wait(future), ""
+            except InterleaveFailed as e:
+                if e.status == "interrupted":  # stopped before two pairs: the trials path sees the stop too
+                    return None, "Stopped by the user while interleaving."
+                if e.comparison is not None and e.status != "oom":  # keep the evidence, say which side failed
+                    return replace(e.comparison, note=f"{e.comparison.note} Interleaving ended: {e}.".strip()), ""
+                if required:
+                    raise
+                return None, f"By alternating trials: interleaving failed ({e})."
 
     @property
     def noise(self) -> Noise:
@@ -399,7 +444,7 @@ def require_notebook(what: str, modules: tuple[str, ...] = NOTEBOOK_MODULES) -> 
                                       name=name)
 
 
-def _wait(future: concurrent.futures.Future) -> TrialResult:
+def _wait(future: concurrent.futures.Future) -> Any:
     """future.result(), waking every 0.1 s: a Ctrl-C (SIGINT) that the kernel delivered to another
     thread only raises in the main thread when it runs Python code, not while it blocks on a lock."""
     while True:

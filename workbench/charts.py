@@ -53,7 +53,7 @@ def chart_frame(results: pd.DataFrame) -> pd.DataFrame:
     keep = ["trial_id", "trial", "kind", "throughput", "samples_per_s", "samples_per_s_low",
             "samples_per_s_high", "speedup", "speedup_pct", "verdict", "steady", "window", "status", "label",
             "step_time_ms", "step_time_iqr_ms", "peak_memory_mb", "data_wait_share", "final_loss",
-            "message", *knob_names()]
+            "message", "decided_speedup", "decided_by", *knob_names()]
     return df[[c for c in keep if c in df.columns]]
 
 
@@ -217,6 +217,9 @@ def _tooltip(data: pd.DataFrame) -> list[alt.Tooltip]:
         alt.Tooltip("final_loss:Q", title="final loss", format=".4f"),
         alt.Tooltip("message:N"),
     ]
+    if "decided_speedup" in data.columns:  # a logged rounds="auto" comparison decided this trial's knobs
+        tips[4:4] = [alt.Tooltip("decided_speedup:Q", title="decided ratio vs baseline", format=".3f"),
+                     alt.Tooltip("decided_by:N", title="decided by")]
     tips += [alt.Tooltip(f"{k}:N") for k in knob_names() if k in data.columns]
     return tips
 

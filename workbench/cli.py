@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--size", default="default", choices=("default", "tiny"), help="demo size (tiny: for quick checks)")
         p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N | mps (default auto)")
         p.add_argument("--steps", type=int, default=None, help="measured optimizer steps (default 30)")
-        p.add_argument("--warmup-steps", type=int, default=None, help="unmeasured warm-up steps (default 5)")
+        p.add_argument("--warmup-steps", type=int, default=None, help="unmeasured warm-up steps, at least (default 5); warm-up goes on to steady state (docs/steady_state.md)")
         p.add_argument("--log", "--log-path", dest="log", default=None,
                        help="results directory (JSONL; default workbench-runs); 'none' to keep nothing "
                             "(under torchrun write --log-path: torchrun's own parser claims --log)")

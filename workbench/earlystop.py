@@ -94,6 +94,10 @@ class StopRule:
             return True
         return False
 
+    def reset(self) -> None:
+        """Forget the steps seen: the trial measures a new window (steady.py's re-measure)."""
+        self.times, self.above, self.stopped_at = [], 0, None
+
     @property
     def slowdown(self) -> float:
         """The trial's median seconds per sample over the baseline's (8.0: eight times slower)."""

@@ -38,7 +38,7 @@ from .measure import (
     sync,
 )
 from .progress import TrialProgress
-from .steady import HALF_STEPS, WarmupRule, cycle_steps, is_steady
+from .steady import WarmupRule, cycle_steps, is_steady
 from .step import BatchSource, LossBuffer, Stage, TrainStep
 from .system import KEEP_MMAP_BYTES, MALLOC_ENV, keeps_freed_memory
 from .workload import Workload
@@ -46,6 +46,9 @@ from .workload import Workload
 NOISY = 0.10  # IQR / median above this gets a "noisy" note
 
 
+MAX_REMEASURE = 2  # windows measured again, at most, when one read more than its loader delivers
+LOADER_NOTE = "not steady: faster than the loader"  # a window that drained a buffer: measured again
+WINDOW_CHECK_STEPS = 8  # shorter windows are not tested for a trend (halves of 3 steps say little)
 LOADER_OVER = 1.05  # a window above this share of the workers' limit drained a buffer
 
 
@@ -113,13 +116,27 @@ def run_phases(step: TrainStep, source: BatchSource, stage: Stage, progress: Tri
             before_window()
         raw = measure_window(step, source, warmup_steps, steps, stage, progress, cancel,
                              measure_memory=measure_memory, stop=stop)
+        redone: list[str] = []  # a window that drained a buffer is measured again (its steps become warm-up)
+        while rule.ended != "fixed" and len(redone) < MAX_REMEASURE:  # a trend alone is only flagged (cost)
+            if stop is not None and stop.stopped_at is not None:  # stopped early: clearly slower, nothing to redo
+                break
+            problems = [p for p in window_problems(raw, step.knobs) if p.startswith(LOADER_NOTE)]
+            if (agree(not problems) if agree is not None else not problems):
+                break
+            redone.append(problems[0] if problems else "another rank's window was not steady")
+            if before_window is not None:
+                before_window()
+            if stop is not None:
+                stop.reset()  # a new window: the stop rule looks at its steps afresh
+            raw = measure_window(step, source, warmup_steps, steps, stage, progress, cancel,
+                                 measure_memory=measure_memory, stop=stop)
     raw.startup_s = startup_s
     raw.warm_times_s, raw.warmup_wall_s, raw.probe_s = warm[0], warm[1], warm[2]
     if raw.peak_bytes is None:
         raw.peak_bytes = warm[3]
     raw.compile_info = watch.info
-    raw.warmup_steps = rule.steps
-    raw.warmup_rule = rule.outcome()
+    raw.warmup_steps = rule.steps + steps * len(redone)
+    raw.warmup_rule = {**rule.outcome(), "remeasured": redone} if redone else rule.outcome()
     raw.warmup_note = rule.note()
     return raw
 
@@ -262,7 +279,12 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
     if raw.epochs and not told["persistent_workers"] and told["workers"]:
         which = "an epoch boundary" if raw.epochs == 1 else f"{raw.epochs} epoch boundaries"
         notes.append(f"{which} in the window re-forked the workers (persistent_workers=True avoids it)")
-    window_steady = all([window_check(raw, knobs, notes), loader_check(raw, knobs, notes)])  # both notes
+    problems = window_problems(raw, knobs)
+    notes += [raw.warmup_note] if raw.warmup_note else []
+    notes += problems
+    if raw.warmup_rule.get("remeasured") and problems:
+        notes.append(f"not steady after {len(raw.warmup_rule['remeasured'])} more window(s): the trial kept the last")
+    window_steady = not problems
     steady = statistics.median(raw.step_times_s)  # compile_s = warm-up time beyond steady-state steps
     warm = raw.warm_times_s
     compile_s = max(0.0, sum(warm) - steady * len(warm)) if warm else 0.0
@@ -310,37 +332,26 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
     return fields_, notes
 
 
-def window_check(raw: RawTrial, knobs: Knobs, notes: list[str]) -> bool:
-    """Whether the measured window is steady: warm-up reached steady state and the window's two
-    halves (whole loader cycles) agree in step time and data wait. Adds a note when it is not.
-    A window under 2 x HALF_STEPS steps is too short to test, and is judged by its warm-up only."""
-    if raw.warmup_note:
-        notes.append(raw.warmup_note)
-    if len(raw.step_times_s) < 2 * HALF_STEPS or len(raw.waits_s) != len(raw.step_times_s):
-        return True
-    cycle = cycle_steps(traits(knobs)["workers"], knobs.accum_steps)
-    steady, why = is_steady(raw.step_times_s, raw.waits_s, cycle=cycle)
-    if not steady:
-        notes.append(f"not steady: in the measured window {why}; repeat, or measure more steps")
-    return steady
-
-
-def loader_check(raw: RawTrial, knobs: Knobs, notes: list[str]) -> bool:
-    """False (and a note) when the window read more samples/s than the workers can deliver: it
-    drained batches buffered before it, so the figure is the buffer's, not the pipeline's. One loader
-    cycle (a batch per worker) may be ready when the window starts, so that much is allowed over."""
-    if raw.loader_limit is None or raw.wall_s <= 0:
-        return True
-    rate = raw.samples / raw.wall_s
+def window_problems(raw: RawTrial, knobs: Knobs) -> list[str]:
+    """Why the measured window is not steady (empty when it is), as notes: its two halves (whole
+    loader cycles) differ in step time or data-wait share, or it read more samples/s than the
+    workers can deliver (it drained batches buffered before it; one loader cycle, a batch per
+    worker, may be ready when a window starts, so that much over is allowed). A window under
+    WINDOW_CHECK_STEPS steps is not tested for a trend."""
+    problems = []
     workers = traits(knobs)["workers"]
     cycle = cycle_steps(workers, knobs.accum_steps)
-    allowed = raw.loader_limit * LOADER_OVER * raw.steps / max(1, raw.steps - cycle)
-    if rate <= allowed:
-        return True
-    notes.append(f"not steady: faster than the loader: the window read {rate:,.0f} samples/s, but "
-                 f"{workers} workers deliver at most {raw.loader_limit:,.0f} (measured in them): it "
-                 "drained batches buffered before it; not a clean figure, measure more warm-up or more steps")
-    return False
+    if len(raw.step_times_s) >= WINDOW_CHECK_STEPS and len(raw.waits_s) == len(raw.step_times_s):
+        steady, why = is_steady(raw.step_times_s, raw.waits_s, cycle=cycle)
+        if not steady:
+            problems.append(f"not steady: in the measured window {why}; repeat, or measure more steps")
+    if raw.loader_limit is not None and raw.wall_s > 0:
+        rate = raw.samples / raw.wall_s
+        if rate > raw.loader_limit * LOADER_OVER * raw.steps / max(1, raw.steps - cycle):
+            problems.append(f"{LOADER_NOTE}: the window read {rate:,.0f} samples/s, but "
+                            f"{workers} workers deliver at most {raw.loader_limit:,.0f} (measured in them): "
+                            "it drained batches buffered before it; not a clean figure, measure more steps")
+    return problems
 
 
 def page_fault_note(share: float, per_step: float, knobs: Knobs) -> str:

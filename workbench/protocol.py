@@ -7,6 +7,7 @@ a workbench of another kind (a remote one), works with every face that way.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -58,7 +59,8 @@ class Bench(Protocol):
 
     def compare(self, a: int | TrialResult, b: int | TrialResult, rounds: int | str = 0, *, max_rounds: int = 8,
                 margin: float = MARGIN, budget_s: float | None = None,
-                run: Callable[[Knobs], TrialResult | None] | None = None) -> Comparison: ...
+                run: Callable[[Knobs], TrialResult | None] | None = None,
+                interleave: bool | None = None, cancel: threading.Event | None = None) -> Comparison: ...
 
     def explain(self, a: int | TrialResult | Knobs | None = None, b: int | TrialResult | Knobs | None = None, *,
                 progress: bool | None = None) -> Any: ...

@@ -15,11 +15,14 @@ import json
 import os
 import platform
 import re
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from .knobs import Knobs, knob_names
+from .knobs import BUILTIN_KNOBS, Knobs, knob_names
 from .measure import STATUSES, TrialResult
+from .stats import Comparison
 
 MAX_LINE_BYTES = 1 << 20  # a trial record is a few KB; a longer line is not one of ours
 MAX_DEPTH = 16  # JSON nesting a trial record never needs (it uses 3): deeper lines are refused unparsed
@@ -125,8 +128,88 @@ def _knobs_of(rec: dict[str, Any]) -> Knobs:
     return knobs
 
 
+ANSWERS = ("faster", "slower", "same", "undecided")
+METHODS = ("trials", "interleaved")
+
+
+@dataclass(frozen=True)
+class LoggedComparison:
+    """A comparison as the log keeps it (one "comparison" line): both sides' knobs, how it was
+    decided, and the answer with its interval. A restarted kernel reads it back; the table's
+    verdict uses the latest decided one for a trial's knobs against the baseline's."""
+
+    a: int | None
+    b: int | None
+    a_knobs: Knobs
+    b_knobs: Knobs
+    method: str  # "trials" or "interleaved"
+    answer: str  # "faster", "slower", "same" or "undecided"
+    speedup: float
+    low: float
+    high: float
+    margin: float
+    seconds: float | None = None
+    blocks: int = 0  # interleaved: pairs of blocks
+    block_steps: int = 0
+    rounds: int = 0  # trials: alternating rounds
+    note: str = ""
+    at: str = ""  # when it was decided (UTC, ISO 8601)
+
+    @classmethod
+    def of(cls, c: Comparison, a_knobs: Knobs, b_knobs: Knobs) -> LoggedComparison:
+        """The log's form of a Comparison between configurations `a_knobs` and `b_knobs`."""
+        return cls(c.a, c.b, a_knobs, b_knobs, c.method, c.answer, c.speedup, c.low, c.high, c.margin, c.seconds,
+                   c.blocks, c.block_steps, c.rounds, c.note, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+    @property
+    def how(self) -> str:
+        """How it was decided, in a few words (the table's `decided_by` column)."""
+        secs = f", {self.seconds:.0f} s" if self.seconds is not None else ""
+        if self.method == "interleaved":
+            return f"interleaved, {self.blocks} pairs of blocks{secs}"
+        return f"trials, {self.rounds} round{'s' if self.rounds != 1 else ''}{secs}"
+
+    def to_record(self) -> dict[str, Any]:
+        """A flat JSON-safe dict: event "comparison", each side's knobs as a trial record holds them."""
+        def side(k: Knobs) -> dict[str, Any]:
+            d = k.to_dict()
+            return {**d, "user_knobs": [n for n in d if n not in BUILTIN_KNOBS]}
+
+        return {"event": "comparison", "a": self.a, "b": self.b, "a_knobs": side(self.a_knobs),
+                "b_knobs": side(self.b_knobs), "method": self.method, "answer": self.answer,
+                "speedup": self.speedup, "low": self.low, "high": self.high, "margin": self.margin,
+                "seconds": self.seconds, "blocks": self.blocks, "block_steps": self.block_steps,
+                "rounds": self.rounds, "note": self.note, "at": self.at}
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> LoggedComparison:
+        """Rebuild from `to_record()` output read back from an untrusted line (BadRecord if it is not one)."""
+        if rec.get("method") not in METHODS or rec.get("answer") not in ANSWERS:
+            raise BadRecord("a comparison without a known method and answer")
+        for key in ("speedup", "low", "high", "margin"):
+            if not _num_ok(rec.get(key)) or not rec[key] > 0:
+                raise BadRecord(f"a comparison's {key} is not a number > 0")
+        for key in ("seconds",):
+            _check_number(rec, key, (int, float))
+        for key in ("a", "b", "blocks", "block_steps", "rounds"):
+            _check_number(rec, key, int)
+        if not isinstance(rec.get("note", ""), str) or not isinstance(rec.get("at", ""), str):
+            raise BadRecord("a comparison's note is not text")
+        sides = [rec.get("a_knobs"), rec.get("b_knobs")]
+        if not all(isinstance(k, dict) for k in sides):
+            raise BadRecord("a comparison without both sides' knobs")
+        try:
+            a_knobs, b_knobs = (_knobs_of(k) for k in sides)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
+            raise BadRecord(f"a comparison's knobs fail validation ({type(e).__name__})") from None
+        return cls(rec.get("a"), rec.get("b"), a_knobs, b_knobs, rec["method"], rec["answer"], float(rec["speedup"]),
+                   float(rec["low"]), float(rec["high"]), float(rec["margin"]), rec.get("seconds"),
+                   rec.get("blocks") or 0, rec.get("block_steps") or 0, rec.get("rounds") or 0,
+                   rec.get("note", ""), rec.get("at", ""))
+
+
 def parse_record(line: str | bytes) -> tuple[str, Any]:
-    """One JSONL line of a log: ("baseline", trial id) or ("trial", TrialResult).
+    """One JSONL line of a log: ("baseline", trial id), ("comparison", LoggedComparison) or ("trial", TrialResult).
 
     Treats the line as untrusted: raises BadRecord (a ValueError whose message never quotes the
     line) for a line over MAX_LINE_BYTES, nesting deeper than MAX_DEPTH, not JSON, infinite or
@@ -154,6 +237,8 @@ def parse_record(line: str | bytes) -> tuple[str, Any]:
         if not _num_ok(tid, int) or tid < 1:
             raise BadRecord("a baseline event without a trial id")
         return "baseline", tid
+    if rec.get("event") == "comparison":
+        return "comparison", LoggedComparison.from_record(rec)
     if "status" not in rec or "trial_id" not in rec:
         raise BadRecord("no status/trial_id: not a workbench trial")
     _check_trial(rec)
@@ -164,8 +249,10 @@ def parse_record(line: str | bytes) -> tuple[str, Any]:
         raise BadRecord(f"{where} fails validation ({type(e).__name__})") from None
 
 
-def read_records(lines: Iterable[str | bytes]) -> tuple[list[TrialResult], int | None, list[tuple[int, Exception]]]:
-    """(trials, the last explicit baseline id, [(line index, BadRecord) of unusable lines]) of log lines.
+def read_records(lines: Iterable[str | bytes], *, comparisons: list[LoggedComparison] | None = None,
+                 ) -> tuple[list[TrialResult], int | None, list[tuple[int, Exception]]]:
+    """(trials, the last explicit baseline id, [(line index, BadRecord) of unusable lines]) of log lines;
+    logged comparisons are appended to `comparisons` when given (else skipped).
 
     Never raises on content (see `parse_record`); the errors never quote the lines.
     """
@@ -182,6 +269,9 @@ def read_records(lines: Iterable[str | bytes]) -> tuple[list[TrialResult], int |
             continue
         if kind == "baseline":
             baseline_id = value
+        elif kind == "comparison":
+            if comparisons is not None:
+                comparisons.append(value)
         else:
             trials.append(value)
     return trials, baseline_id, bad

@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .knobs import Knobs
 from .measure import TrialResult
-from .records import bad_lines_text, default_participant, read_records
-from .stats import Noise
+from .records import LoggedComparison, bad_lines_text, default_participant, read_records
+from .stats import Comparison, Noise
 from .table import Table
 
 try:  # POSIX: appends from several processes are serialised by an OS file lock
@@ -53,6 +54,7 @@ class ResultLog:
         self.path = Path(path) if path is not None else None
         self.participant = participant if participant is not None else default_participant()
         self.trials: list[TrialResult] = []
+        self.comparisons: list[LoggedComparison] = []  # comparisons that measured, in the order they ended
         self._baseline_id: int | None = None
         self._observers: list[Callable[[TrialResult], None]] = []
         self._offset = 0  # bytes of the file already read into `trials`
@@ -87,7 +89,7 @@ class ResultLog:
             return
         complete = data[: data.rfind(b"\n") + 1]
         tail = data[len(complete):]
-        trials, baseline_id, bad = read_records(complete.split(b"\n"))
+        trials, baseline_id, bad = read_records(complete.split(b"\n"), comparisons=self.comparisons)
         self.trials += trials
         if baseline_id is not None:
             self._baseline_id = baseline_id
@@ -263,6 +265,22 @@ class ResultLog:
                 return r
         raise ValueError(f"no trial #{trial_id}; known ids: {[r.trial_id for r in self.trials]}")
 
+    def record_comparison(self, c: Comparison, a_knobs: Knobs, b_knobs: Knobs) -> LoggedComparison:
+        """Keep a comparison of configurations `a_knobs` (A) and `b_knobs` (B): in memory and as one
+        line of the file, so it survives a restart (a failed write keeps it in memory, like a trial)."""
+        logged = LoggedComparison.of(c, a_knobs, b_knobs)
+        self._write(_clean(logged.to_record()))
+        self.comparisons.append(logged)
+        return logged
+
+    def decided(self, a_knobs: Knobs, b_knobs: Knobs) -> LoggedComparison | None:
+        """The latest decided (not undecided) logged comparison of B's knobs against A's, either way round
+        (a B-against-A one is returned as it was logged: check `.a_knobs`)."""
+        for c in reversed(self.comparisons):
+            if c.answer != "undecided" and {c.a_knobs, c.b_knobs} == {a_knobs, b_knobs} and a_knobs != b_knobs:
+                return c
+        return None
+
     # ---- baseline ---------------------------------------------------------------------------
     @property
     def baseline(self) -> TrialResult | None:
@@ -299,7 +317,24 @@ class ResultLog:
         Kept up to date as trials arrive: a new trial adds its row, a new noise re-judges cheaply.
         """
         table = self._table.sync(self.trials)
-        return table.frame(self.baseline, table.noise())
+        df = table.frame(self.baseline, table.noise())
+        return self._with_decided(df) if self.comparisons else df
+
+    def _with_decided(self, df: pd.DataFrame) -> pd.DataFrame:
+        """Rows whose knobs a logged comparison decided against the baseline's take its verdict; the
+        columns `decided_speedup` (that comparison's B/A ratio) and `decided_by` say which."""
+        base = self.baseline
+        df["decided_speedup"], df["decided_by"] = np.nan, ""
+        if base is None or len(df) != len(self.trials):
+            return df
+        words = {"faster": "beyond noise", "slower": "beyond noise", "same": "same speed"}
+        for i, r in enumerate(self.trials):
+            c = self.decided(base.knobs, r.knobs) if r.ok and r.trial_id != base.trial_id else None
+            if c is not None:
+                df.loc[i, "verdict"] = words[c.answer]
+                df.loc[i, "decided_speedup"] = c.speedup if c.b_knobs == r.knobs else 1 / c.speedup
+                df.loc[i, "decided_by"] = c.how
+        return df
 
     def steps_frame(self) -> pd.DataFrame:
         """One row per measured step of every trial: trial_id, step, step_time_s, data_wait_s, loss."""

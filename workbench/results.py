@@ -20,6 +20,7 @@ from .records import (
     MAX_LINE_BYTES,
     MAX_NAME_CHARS,
     BadRecord,
+    LoggedComparison,
     bad_lines_text,
     default_participant,
     parse_record,
@@ -32,6 +33,6 @@ from .stats import Comparison, Noise
 from .table import OPTIONAL_INT_KNOBS, SUMMARY_COLUMNS
 
 __all__ = ["FILE_NAME_CHARS", "MAX_DEPTH", "MAX_FILE_BYTES", "MAX_LINE_BYTES", "MAX_NAME_CHARS", "OPTIONAL_INT_KNOBS",
-           "SUMMARY_COLUMNS", "BadRecord", "Comparison", "Noise", "ResultLog", "Trials", "allocator_note",
+           "SUMMARY_COLUMNS", "BadRecord", "Comparison", "LoggedComparison", "Noise", "ResultLog", "Trials", "allocator_note",
            "bad_lines_text", "compare", "default_participant", "judge", "noise_of", "parse_record", "read_records",
            "safe_file_name", "usable"]

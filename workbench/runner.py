@@ -87,6 +87,10 @@ def run_trial(
 ) -> TrialResult:
     """Run warm-up + `steps` measured optimizer steps; never raises for a failing trial.
 
+    Warm-up takes at least `warmup_steps` and goes on to steady state (steady.py: the loader's
+    buffer drained, no trend; `WORKBENCH_FIXED_WARMUP=1`: exactly `warmup_steps`); the result's
+    `extra["warmup_rule"]` says what it took and why, `extra["steady"]` whether the window was.
+
     `progress` is a TrialProgress (stored into, three attributes per step) or a callable
     `(phase, done, total)`, which a Poller calls from its own thread at most 4 times a second.
     `trace=True` then profiles TRACE_STEPS more steps (after the window, never inside it) into a

@@ -33,7 +33,7 @@ FIXED_ENV = "WORKBENCH_FIXED_WARMUP"
 CAP_STEPS = 200  # warm-up steps at most (the minimum included, when it is smaller)
 CAP_S = 30.0  # seconds of warm-up past the slow steps at most
 TOLERANCE = 0.25  # two halves of recent steps may differ by this share of their time
-HALF_STEPS = 4  # steps in each half of the trend test, at least (rounded up to whole loader cycles)
+HALF_STEPS = 3  # steps in each half of the trend test, at least (rounded up to whole loader cycles, >= 4 with workers)
 SLOW_FACTOR = 4.0  # a step this many times the mean of its neighbours is slow (x2 per worker beyond 2)
 DEFAULT_PREFETCH = 2  # torch's DataLoader default with workers
 
@@ -115,7 +115,7 @@ def planned_warmup(min_steps: int, *, num_workers: int = 0, prefetch_factor: int
     buffer = num_workers * (prefetch_factor or DEFAULT_PREFETCH) if num_workers > 0 else 0
     rule = WarmupRule(min_steps=min_steps, buffer_batches=buffer, accum_steps=accum_steps,
                       num_workers=max(0, num_workers))
-    last_slow = 1 if probe and min_steps >= 2 else 0
+    last_slow = 1 if probe and min_steps >= 2 and buffer else 0
     return max(min_steps, last_slow + 1 + rule.needed())
 
 
@@ -169,7 +169,8 @@ class WarmupRule:
             raise ValueError(f"cap_steps, cap_s and tolerance must be > 0, got {self.cap_steps}, {self.cap_s}, "
                              f"{self.tolerance}")
         self.cycle = cycle_steps(self.num_workers, self.accum_steps)
-        self.half = self.cycle * math.ceil(HALF_STEPS / self.cycle)
+        least = HALF_STEPS + 1 if self.num_workers else HALF_STEPS  # worker bursts: a little more to average
+        self.half = self.cycle * math.ceil(least / self.cycle)
         self.buffer_steps = math.ceil((self.buffer_batches + 1) / self.accum_steps) if self.buffer_batches else 0
         self.slow_factor = SLOW_FACTOR * max(1.0, self.num_workers / 2)  # bursts grow with the workers
         self.epoch_is_slow = self.epoch_steps is None or self.epoch_steps > 2 * self.needed()
@@ -205,6 +206,8 @@ class WarmupRule:
             event = event or "first step (start-up, compile)"
         if event == "epoch start" and not self.epoch_is_slow:
             event = None  # short epochs: their boundaries belong to the steady state
+        if event == "memory probe" and not self.buffer_batches:
+            event = None  # it refills no buffer; the trend test drops the longest step of each half
         if event:
             self.events[i] = event
         self.times_s.append(float(step_s))

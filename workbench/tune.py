@@ -28,8 +28,7 @@ import torch
 
 from .budget import DEADLINE, EXPLAIN_PRIOR, Spend, check_budget_s
 from .comparison import Trials
-from .fit import BATCH_GROWTH_LIMIT, DEFAULT_HEADROOM, FitResult, fit_memory  # noqa: F401  (the memory rescue lives in fit.py)
-from .fit import memory_ceiling as _memory_ceiling
+from .fit import DEFAULT_HEADROOM, FitResult, fit_memory, memory_ceiling  # the memory rescue lives in fit.py
 from .knobs import Knobs, tunable_knobs
 from .measure import TrialResult, fmt_bytes
 from .protocol import Bench
@@ -249,13 +248,9 @@ class _Ctx:
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 
-    def left(self) -> float:
-        """Seconds left of the budget (inf without one)."""
-        return math.inf if self.budget_s is None else self.budget_s - self.elapsed()
-
     def fits(self, knobs: Knobs, factor: float = 1.0) -> bool:
         """Whether a trial of `knobs` (its estimate x `factor`) fits the seconds left."""
-        return self.budget_s is None or self.spent.fits(knobs, self.left(), factor)
+        return self.budget_s is None or self.spent.fits(knobs, self.budget_s - self.elapsed(), factor)
 
     def affordable(self) -> int:
         """Trials still affordable: the trial cap, and the seconds left over the median trial's."""
@@ -266,8 +261,15 @@ class _Ctx:
         return max(0, n)
 
     def run(self, knobs: Knobs) -> TrialResult | None:
-        """One trial through bench.run, or None (not started) when its estimate does not fit the seconds
-        left; under a budget it is stopped at the deadline and recorded as stopped by the budget."""
+        """One trial, None when its estimate does not fit the seconds left (budget.py); an unsteady trial
+        runs once more when that fits, and the repeat is the evidence (issue 30)."""
+        r = self._once(knobs)
+        if r is not None and r.ok and r.steady is False and self.used < self.limit:
+            again = self._once(knobs)
+            r = again if again is not None else r
+        return r
+
+    def _once(self, knobs: Knobs) -> TrialResult | None:
         if self.used and not self.fits(knobs):
             self.spent.not_started += 1
             return None
@@ -503,13 +505,12 @@ DATA_BOUND = 0.2  # a start that waits for data this share of its window enters 
 
 
 def _lead(ctx: _Ctx, start: TrialResult) -> tuple[str, ...]:
-    """The axes the start's bottleneck names, entered first (a row in `steps` says why): the workers
-    (with their compute threads) for a data-bound start."""
+    """The axes the start's bottleneck names, entered first, and a row saying why (data-bound: workers)."""
     wait = start.data_wait_share or 0.0
     if wait >= DATA_BOUND:
         ctx.rows.append({"stage": "data", "change": "every worker count", "trial": None, "samples_per_s": None,
-                         "speedup": None, "decision": f"entered first: the start waits for data {wait:.0%} of its "
-                         "window, so worker counts (with compute threads) go before precision or kernels"})
+                         "speedup": None, "decision": f"entered first: the start waits for data {wait:.0%} of "
+                         "its window: worker counts (with compute threads) before precision or kernels"})
     return ("workers",) if wait >= DATA_BOUND else ()
 
 
@@ -548,7 +549,7 @@ def tune(bench: Bench, budget: int | None = None, *, budget_s: float | None = No
     stops after a few steps, earlystop.py).
     """
     limit = _check(budget, budget_s, stages, memory_budget, headroom)
-    ceiling = _memory_ceiling(bench, memory_budget)
+    ceiling = memory_ceiling(bench, memory_budget)
     ctx = _Ctx(bench, limit, budget_s, None if ceiling is None else ceiling * (1 - headroom), memory_budget,
                stop_early=stop_early)
     k0 = start or bench.defaults

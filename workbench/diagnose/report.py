@@ -128,8 +128,14 @@ class Diagnosis:
 
 
 def _find(bench: Bench, knobs: Knobs) -> TrialResult | None:
-    """The latest ok trial with exactly these knobs (to reuse instead of re-running)."""
-    return next((r for r in reversed(bench.trials) if r.ok and r.knobs == knobs), None)
+    """The latest ok, steady trial with exactly these knobs (to reuse instead of re-running)."""
+    return next((r for r in reversed(bench.trials) if r.ok and r.steady is not False and r.knobs == knobs), None)
+
+
+def _steady_run(bench: Bench, knobs: Knobs) -> TrialResult:
+    """A trial of `knobs`, run once more when it was not steady (steady.py): the verdict reads the repeat."""
+    r = bench.run(knobs)
+    return bench.run(knobs) if r.ok and r.steady is False else r
 
 
 def _compile_lines(bench: Bench) -> list[str]:
@@ -173,11 +179,11 @@ def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, pr
                 problems.append(traceback.format_exc(limit=2))
             return None
 
-    base = (_find(bench, knobs) if reuse else None) or bench.run(knobs)
+    base = (_find(bench, knobs) if reuse else None) or _steady_run(bench, knobs)
     cached = None
     if knobs.data == "loader" and base.ok:
         ck = short_circuit_knobs(knobs)
-        cached = (_find(bench, ck) if reuse else None) or bench.run(ck)
+        cached = (_find(bench, ck) if reuse else None) or _steady_run(bench, ck)
     confirmed = None
     if cached is not None and cached.ok and (base.data_wait_share or 0) < DATA_WAIT_LIMIT:
         # Little data wait, yet the cached batch looks faster: one pair of trials is no evidence

@@ -60,7 +60,7 @@ from .spec import (
     knob_names,
     traits,
 )
-from .value import BUILTIN_FIELDS, BUILTIN_KNOBS, Knobs
+from .value import BUILTIN_FIELDS, BUILTIN_KNOBS, INTERLEAVE_KNOBS, Knobs
 
 __all__ = [
     "AMP_MODES",
@@ -74,6 +74,7 @@ __all__ = [
     "DATA_MODES",
     "FSDP_DTYPES",
     "GROUPS",
+    "INTERLEAVE_KNOBS",
     "KNOBS",
     "MATMUL_PRECISIONS",
     "OPTIMIZER_IMPLS",

@@ -126,7 +126,7 @@ def prefetch_code(k: Any) -> dict[str, list[str]]:
 class DataKnobs:
     """The data-pipeline knobs, declared once each (Knobs inherits these fields)."""
 
-    batch_size: int = declare(32, kind="int", minimum=1, group="Data pipeline", widget="int", maximum="dataset",
+    batch_size: int = declare(32, interleave=True, kind="int", minimum=1, group="Data pipeline", widget="int", maximum="dataset",
         help="samples per micro-batch (per optimizer step: batch_size * accum_steps)",
         fuzz=Fuzz(range(1, 49), (-2, 0, 49, 10_000)))
     data: str = declare("loader", note=data_note, code=data_code, kind="choice", choices=DATA_MODES,

@@ -141,18 +141,18 @@ def clip_code(k: Any) -> dict[str, list[str]]:
 class MemoryKnobs:
     """The memory knobs, declared once each (Knobs inherits these fields)."""
 
-    accum_steps: int = declare(1, kind="int", minimum=1, group="Memory", widget="int", maximum=1024,
+    accum_steps: int = declare(1, interleave=True, kind="int", minimum=1, group="Memory", widget="int", maximum=1024,
         fuzz=Fuzz(range(1, 4), (0,)),
         help="micro-batches per optimizer step (gradient accumulation): a large batch in small memory")
-    checkpoint: tuple[str, ...] = declare((), on_model=checkpoint_model, release=checkpoint_release,
+    checkpoint: tuple[str, ...] = declare((), interleave=True, on_model=checkpoint_model, release=checkpoint_release,
         code=checkpoint_code, kind="blocks", group="Memory", widget="blocks",
         fuzz=Fuzz("blocks", ("no.such.block", "")),
         help="block names wrapped in torch.utils.checkpoint: recompute activations in backward")
-    checkpoint_mode: str = declare("full", kind="choice", choices=CHECKPOINT_MODES, group="Memory", widget="dropdown",
+    checkpoint_mode: str = declare("full", interleave=True, kind="choice", choices=CHECKPOINT_MODES, group="Memory", widget="dropdown",
         probe="selective", checkpoint_kwargs=selective_options, note=selective_note, code=selective_code,
         fuzz=Fuzz(CHECKPOINT_MODES, ("some",)),
         help="full = recompute everything in checkpointed blocks; selective = keep "
         "matmul/conv outputs, recompute the cheap ops")
-    grad_clip_norm: float | None = declare(None, kind="float", minimum=0.0, optional=True, group="Memory",
+    grad_clip_norm: float | None = declare(None, interleave=True, kind="float", minimum=0.0, optional=True, group="Memory",
         widget="dropdown", options=(None, 0.5, 1.0, 5.0), before_step=clip_before_step, code=clip_code,
         fuzz=Fuzz((None, 0.5, 1.0), (-1.0,)), help="clip the gradients' total norm before each optimizer step")

@@ -52,7 +52,7 @@ def optimizer_code(k: Any) -> dict[str, list[str]]:
 class OptimizerKnobs:
     """The optimizer knob, declared once (Knobs inherits this field)."""
 
-    optimizer_impl: str = declare("as-given", kind="choice", choices=OPTIMIZER_IMPLS, group="Precision & compile",
+    optimizer_impl: str = declare("as-given", interleave=True, kind="choice", choices=OPTIMIZER_IMPLS, group="Precision & compile",
         widget="dropdown", on_optimizer=rebuild_optimizer, code=optimizer_code,
         fuzz=Fuzz(OPTIMIZER_IMPLS, ("apex", "")),
         help="optimizer kernels: as given, or rebuilt with foreach=True / fused=True (multi-tensor or fused update)")

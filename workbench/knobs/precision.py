@@ -208,26 +208,26 @@ def threads_code(k: Any) -> dict[str, list[str]]:
 class PrecisionKnobs:
     """The precision, compile and CPU knobs, declared once each (Knobs inherits these fields)."""
 
-    amp: str = declare("off", forward=amp_forward, scaler=amp_scaler, traits=amp_traits, note=amp_note, code=amp_code,
+    amp: str = declare("off", interleave=True, forward=amp_forward, scaler=amp_scaler, traits=amp_traits, note=amp_note, code=amp_code,
         kind="choice", choices=AMP_MODES, group="Precision & compile", widget="dropdown",
         fuzz=Fuzz(AMP_MODES, ("fp8", "BF16", "")),
         help='autocast dtype: "off" | "bf16" | "fp16" (fp16 adds a GradScaler)')
-    compile: str = declare("off", wrap=compile_wrap, traits=compile_traits, note=compile_note, code=compile_code,
+    compile: str = declare("off", interleave=True, wrap=compile_wrap, traits=compile_traits, note=compile_note, code=compile_code,
         kind="choice", choices=COMPILE_MODES, group="Precision & compile", widget="dropdown",
         fuzz=Fuzz(("off",), ("fast", "inductor")),
         help="torch.compile mode; the first steps compile (seconds to minutes) and are not measured")
-    matmul_precision: str = declare("highest", kind="choice", choices=MATMUL_PRECISIONS, group="Precision & compile",
+    matmul_precision: str = declare("highest", interleave=True, kind="choice", choices=MATMUL_PRECISIONS, group="Precision & compile",
         widget="dropdown", probe="high", settings=matmul_settings, note=matmul_note, code=matmul_code,
         fuzz=Fuzz(MATMUL_PRECISIONS, ("low",)),
         help="torch.set_float32_matmul_precision: allow TF32/bf16 for float32 matmuls")
-    channels_last: bool = declare(False, on_model=channels_last_model, move=channels_last_move,
+    channels_last: bool = declare(False, interleave=True, on_model=channels_last_model, move=channels_last_move,
         note=channels_last_note, code=channels_last_code, kind="bool", group="Precision & compile", widget="checkbox",
         probe=True, fuzz=Fuzz((False, True)),
         help="NHWC memory format for the model and 4-D inputs (convnets, best with AMP)")
-    cudnn_benchmark: bool = declare(False, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
+    cudnn_benchmark: bool = declare(False, interleave=True, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
         settings=cudnn_settings, note=cudnn_note, code=cudnn_code, fuzz=Fuzz((False, True)),
         help="torch.backends.cudnn.benchmark: autotune conv algorithms for fixed shapes (GPU)")
-    cpu_threads: int | None = declare(None, kind="int", minimum=1, optional=True, group="CPU", widget="dropdown",
+    cpu_threads: int | None = declare(None, interleave=True, kind="int", minimum=1, optional=True, group="CPU", widget="dropdown",
         options="cores", settings=threads_settings, note=threads_note, code=threads_code,
         fuzz=Fuzz((None, 1, 2, 3), (0,)),
         help="main-process intra-op threads; None = torch's default (with workers, fewer can be faster)")

@@ -35,7 +35,7 @@ def context(knobs: Knobs, device: Any = None, **kwargs: Any) -> Context:
 
 # ---- your own knobs ---------------------------------------------------------------------------------
 def knob(
-    *, choices: Any = (), default: Any = None, help: str = "", where: str = "model"
+    *, choices: Any = (), default: Any = None, help: str = "", where: str = "model", interleave: bool = True
 ) -> Callable[[Callable], Callable]:
     """Declare your own knob from a notebook cell; the function's name is the knob's name.
 
@@ -49,9 +49,16 @@ def knob(
     A knob takes `choices` (what tune() tries), or is a switch with default True/False. Running
     the cell again replaces the knob. It then shows up in the panel, results, compare, the log,
     tune() and to_code() like a built-in knob.
+
+    `interleave=False` says the function changes something global (a torch flag, an environment
+    variable, a module-level setting) rather than the model or the step it is given: then
+    `bench.compare(..., rounds="auto")` compares its values by separate trials instead of taking
+    turns on two live models in one process.
     """
     if where not in USER_WHERE:
         raise ValueError(f"where={where!r} is not one of {', '.join(map(repr, USER_WHERE))}")
+    if not isinstance(interleave, bool):
+        raise TypeError(f"interleave takes True or False, got {interleave!r}")
     choices = tuple(choices)
     if not choices and not isinstance(default, bool):
         raise TypeError(
@@ -82,6 +89,7 @@ def knob(
             code=user_code(name, where),
             function=fn,
             name=name,
+            interleave=interleave,
             **hooks,
         )
         spec.check(default)

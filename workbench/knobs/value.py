@@ -170,3 +170,5 @@ class Knobs(ParallelKnobs, OptimizerKnobs, MemoryKnobs, PrecisionKnobs, DataKnob
 BUILTIN_FIELDS = tuple(f for f in fields(Knobs) if f.name != "user")
 BUILTIN_KNOBS = frozenset(f.name for f in BUILTIN_FIELDS)
 KNOBS.update((f.name, dataclasses.replace(f.metadata["spec"], name=f.name)) for f in BUILTIN_FIELDS)
+# the built-in knobs whose values can take turns in one process (each declares `interleave=True`)
+INTERLEAVE_KNOBS = frozenset(n for n in BUILTIN_KNOBS if KNOBS[n].interleave)

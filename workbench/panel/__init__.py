@@ -289,8 +289,9 @@ class Panel:
         self._set_status(phase, PHASES.get(phase, phase))
 
     def _repeat(self, trial_id: int) -> None:
-        """Re-run the baseline's knobs and the trial's in alternating rounds through `bench.compare`
-        (the same function as the table's verdicts, tune and diagnose); show its verdict."""
+        """Re-run the baseline's knobs and the trial's through `bench.compare(rounds="auto")` (the same
+        function as the table's verdicts, tune and diagnose): interleaved blocks when the two can share
+        the process, else alternating rounds; show its verdict."""
         base, pick = self.bench.baseline, self.bench.log.get(trial_id)
         if base is None or base.trial_id == pick.trial_id:
             self._set_status("error", "repeat needs a baseline and a different trial: set a baseline first")
@@ -305,12 +306,15 @@ class Panel:
             which = "baseline" if knobs == base.knobs else f"#{trial_id}"
             return self._run_one(knobs, what=f"repeat {n}/{2 * self.repeat_rounds} at most ({which}): ")
 
-        c = self.bench.compare(base.trial_id, pick.trial_id, rounds="auto", max_rounds=self.repeat_rounds, run=run)
+        c = self.bench.compare(base.trial_id, pick.trial_id, rounds="auto", max_rounds=self.repeat_rounds, run=run,
+                               cancel=self.queue.cancel)
         self.last_repeat = {"trial_id": trial_id, "baseline_id": base.trial_id, "comparison": c,
                             "rounds": c.rounds, "confirmed": c.verdict, "answer": c.answer}
         self.verdict.value = (f"<b>Repeat to confirm #{trial_id} against baseline #{base.trial_id}:</b> "
                               + c._repr_html_())
-        self._set_status("ok", f"repeat done: {ANSWER_WORDS[c.answer]} after {c.rounds} round{'s' if c.rounds != 1 else ''}")
+        how = (f"{c.blocks} pairs of interleaved blocks, {c.seconds or 0:.0f} s" if c.method == "interleaved"
+               else f"{c.rounds} round{'s' if c.rounds != 1 else ''}")
+        self._set_status("ok", f"repeat done: {ANSWER_WORDS[c.answer]} after {how}")
 
     def _on_chart_pick(self, trial_id: int | None) -> None:
         """A click on a chart point selects that trial in the picker (baseline / repeat act on it)."""
