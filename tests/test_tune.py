@@ -361,3 +361,20 @@ def test_a_data_bound_start_enters_every_worker_count_first(monkeypatch):
     workers = [k for k in raced if k.num_workers]
     assert {(k.num_workers, k.cpu_threads) for k in workers} >= {(1, 1), (2, 1)}
     assert raced.index(workers[0]) == 1 and res.best_knobs.num_workers == 1  # the start, then the workers
+
+
+def test_an_unsteady_start_whose_repeat_the_budget_stops_keeps_the_start(fake_clock, monkeypatch):
+    """The start's unsteady repeat runs under the deadline; stopped there, the first start stands."""
+    bench = fake_clock(FakeBench(speed_model, lambda k: 1000))
+    plain = bench.run
+
+    def run(knobs, **kwargs):
+        if "cancel" in kwargs:  # the repeat, under the deadline: the budget stops it
+            return bench.log.append(TrialResult(knobs=knobs, status="interrupted", message="stopped by the budget"))
+        r = plain(knobs)
+        r.extra["steady"] = False
+        return r
+
+    monkeypatch.setattr(bench, "run", run)
+    res = tune(bench, budget_s=3, stages=("data",))
+    assert res.start.ok and res.start.trial_id == 1 and bench.trials[1].status == "interrupted"

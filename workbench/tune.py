@@ -265,8 +265,8 @@ class _Ctx:
         runs once more when that fits, and the repeat is the evidence (issue 30)."""
         r = self._once(knobs)
         if r is not None and r.ok and r.steady is False and self.used < self.limit:
-            again = self._once(knobs)
-            r = again if again is not None else r
+            again = self._once(knobs)  # kept only when it finished: a repeat stopped by the budget is no evidence
+            r = again if again is not None and again.ok else r
         return r
 
     def _once(self, knobs: Knobs) -> TrialResult | None:
