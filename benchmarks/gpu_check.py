@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -637,12 +637,32 @@ def device_name(device: str | None) -> str:
     return f"no CUDA or MPS device ({platform.machine()})"
 
 
+@contextlib.contextmanager
+def warmup_for(check: Check) -> Iterator[None]:
+    """Checks that compare losses step by step between two trials run with the fixed warm-up count
+    (WORKBENCH_FIXED_WARMUP=1: both windows start at the same step); the steady-state check runs
+    with the rule it checks."""
+    before = os.environ.get("WORKBENCH_FIXED_WARMUP")
+    if check.run is check_steady_compile_workers:
+        os.environ.pop("WORKBENCH_FIXED_WARMUP", None)
+    else:
+        os.environ["WORKBENCH_FIXED_WARMUP"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("WORKBENCH_FIXED_WARMUP", None)
+        else:
+            os.environ["WORKBENCH_FIXED_WARMUP"] = before
+
+
 def run_one(check: Check, ctx: Context) -> Row:
     """Run a check; an exception is a failed row with the traceback in its detail, never a crash."""
     row = Row(check.name, check.expected)
     t0 = time.monotonic()
     try:
-        measured, passed, detail = check.run(ctx)
+        with warmup_for(check):
+            measured, passed, detail = check.run(ctx)
         row.measured, row.result, row.detail = measured, PASS if passed else FAIL, detail
     except Skip as e:
         row.result = str(e) if str(e).startswith("skipped") else f"skipped: {e}"
