@@ -347,3 +347,24 @@ def test_memory_fit_runs_whole_jobs_so_ranks_agree(tmp_path) -> None:
     # one status and one peak (the largest rank's) per job: the search never sees a rank alone
     assert fit.result.extra["distributed"]["world_size"] == 2 and fit.result.peak_memory_bytes > 0
     assert all(t.knobs.world_size == 2 for t in bench.trials)
+
+
+@pytest.mark.slow
+@pytest.mark.fixed_warmup  # both trials' windows start at the same step
+def test_two_ranks_train_like_one_process_at_the_same_global_batch(tmp_path) -> None:
+    """DDP on 2 ranks x batch 4 against one process x batch 8, sequential data: rank r reads samples
+    r, r+2, ... so each step's global batch is the one process's batch; DDP averages the gradients and
+    the trial averages the ranks' losses, so the per-step losses are the same (fp32, to rounding)."""
+    FAULT["kind"] = None
+    g = torch.Generator().manual_seed(0)
+    ds = torch.utils.data.TensorDataset(torch.randn(256, 16, generator=g), torch.randint(0, 4, (256,), generator=g))
+    bench = wb.Workbench(
+        FaultyMLP(), torch.utils.data.DataLoader(ds, batch_size=8, shuffle=False), loss_fn=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.05), device="cpu", log=None, steps=6, warmup_steps=2,
+        collective_timeout_s=5.0)
+    one = bench.run(batch_size=8)
+    two = bench.run(batch_size=4, world_size=2)
+    assert one.ok and two.ok, (one.message, two.message)
+    assert two.samples_per_step == one.samples_per_step == 8
+    assert two.losses == pytest.approx(one.losses, abs=1e-5, rel=0)
+    assert no_children()

@@ -42,8 +42,11 @@ def knob_values(blocks: list[str], *, invalid: bool) -> st.SearchStrategy[dict]:
     it is declared); with invalid=True also out-of-range values and unknown names.
 
     Combinations that cannot work (persistence without workers, a cached batch with workers...)
-    come up in both modes. torch.compile draws only "off": a cold compile costs 10-70 s per graph
-    on a 2-core CPU (compiled trials have their own tests below and in test_runner/test_codegen).
+    come up in both modes. Three parts of the space are pinned here, each covered elsewhere:
+    torch.compile draws only "off" (a cold compile costs 10-70 s per graph on a 2-core CPU: every
+    mode on every demo below, and test_step's compiled pair); world_size draws only 1, and each
+    fsdp_* knob its default, since any other value needs forked ranks (test_distributed,
+    test_strategy: every fsdp_* knob on 2 gloo ranks, DDP against one process at the same global batch).
     """
     return st.fixed_dictionaries({name: draw(spec.fuzz, blocks, invalid=invalid) for name, spec in KNOBS.items()})
 
@@ -111,9 +114,10 @@ def test_fuzz_1000():
     ("mlp-memory", "default", {"checkpoint": ("blocks.0",), "accum_steps": 2}),
     ("cnn", "max-autotune", {"channels_last": True}),
     ("transformer", "reduce-overhead", {"amp": "bf16"}),
+    ("jpeg", "default", {"num_workers": 1, "persistent_workers": True}),
 ])
 def test_compile_modes_run_on_every_demo(name, mode, extra):
-    """Each compile mode with other knobs on a different demo (one cold compile each)."""
+    """Each compile mode with other knobs, on every demo (one cold compile each)."""
     result = bench(name).run(compile=mode, **extra)
     assert result.ok, f"{result.status}: {result.message}"  # no fp16 here: a nan loss is a failure
     assert result.losses and all(math.isfinite(x) for x in result.losses), result.losses
