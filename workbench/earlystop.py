@@ -70,6 +70,7 @@ class StopRule:
         self.alpha = alpha
         self.times: list[float] = []  # the trial's seconds per sample, per measured step
         self.above = 0
+        self.at_least = 0  # steps at or above the threshold (the median's gate)
         self.stopped_at: int | None = None
 
     @classmethod
@@ -86,9 +87,12 @@ class StopRule:
         per = seconds / max(1, samples)
         self.times.append(per)
         self.above += per > self.threshold
+        self.at_least += per >= self.threshold
         n = len(self.times)
         if n < self.min_steps or n >= self.steps or self.stopped_at is not None:
             return False
+        if 2 * self.at_least < n:  # fewer than half the steps at the threshold: the median is below it
+            return False  # (the measured loop's usual case: O(1), no binomial sum or median per step)
         if binomial_tail(n, self.above, self.p0) <= self.per_look and self.slowdown >= self.factor:
             self.stopped_at = n
             return True
@@ -96,7 +100,7 @@ class StopRule:
 
     def reset(self) -> None:
         """Forget the steps seen: the trial measures a new window (steady.py's re-measure)."""
-        self.times, self.above, self.stopped_at = [], 0, None
+        self.times, self.above, self.at_least, self.stopped_at = [], 0, 0, None
 
     @property
     def slowdown(self) -> float:
