@@ -460,6 +460,13 @@ def decide_sequential(a_rates: Sequence[float], b_rates: Sequence[float], noise:
 
 
 INTERLEAVE_LOOKS = 20  # interleaved comparisons look at most this many times (the error rate is split over them)
+# Two builds of one configuration are two model copies at other addresses: on the held-out CNN (2-core
+# AMD EPYC, quiet), 8 fresh builds of identical knobs gave ratios whose spread was 1.28x what each
+# run's own interval allowed (about 0.6% sd between builds), and one of them looked 2.4% "slower".
+# Pairs within one build cannot see that, so it is added to the ratio's standard error (log units),
+# rounded up. Simulated with 0.8% between builds (tests/test_interleave.py): false alarms 2-4% without
+# it, under 1% with it; identical sides at 5% sd per pair are still called "same" 99% of the time.
+BUILD_NOISE = 0.0075
 
 
 def interleave_alpha(looks: int) -> float:
@@ -503,6 +510,7 @@ def _interleaved_answer(d: np.ndarray, alpha: float, margin: float, extra: int =
     if extra:
         se, df = se * math.sqrt(n / (n + extra)), df * (n + extra) / n
     se = max(se, MIN_NOISE / math.sqrt(n + extra))  # never believe the pairs agree better than MIN_NOISE each
+    se = math.hypot(se, BUILD_NOISE)  # and the two builds' own difference, which more pairs do not shrink
     half, half_same = t_quantile(1 - alpha / 2, df) * se, t_quantile(1 - alpha, df) * se
     return _answer(mean, half, half_same, margin), mean, half, half_same
 
@@ -515,7 +523,8 @@ def decide_interleaved(a_rates: Sequence[float], b_rates: Sequence[float], *, lo
 
     The verdict rests on the pairs' log-ratios log(B_i / A_i): drift over seconds moves both blocks
     of a pair and cancels; their 20%-trimmed mean and Yuen's interval (`trimmed`) keep blocks that a
-    burst of other work landed on from deciding. It may be asked after every `look_every` pairs, up to `looks` times: each
+    burst of other work landed on from deciding; BUILD_NOISE widens it by what separates two builds
+    of one configuration, which no number of pairs removes. It may be asked after every `look_every` pairs, up to `looks` times: each
     look spends an equal share of the 5% error rate (`interleave_alpha`), so stopping at the first
     decided look keeps false alarms at or below 5%. Beyond noise when the two-sided interval excludes
     1 and the ratio is MIN_EFFECT away from it; same speed when the TOST interval lies within ±margin.
@@ -543,6 +552,6 @@ def decide_interleaved(a_rates: Sequence[float], b_rates: Sequence[float], *, lo
                       method="interleaved", blocks=n, block_steps=block_steps)
 
 
-__all__ = ["ANSWER_WORDS", "CONFIDENCE", "MARGIN", "MIN_EFFECT", "PRIOR", "PRIOR_NOISE", "Comparison", "Looks", "Noise",
+__all__ = ["ANSWER_WORDS", "BUILD_NOISE", "CONFIDENCE", "MARGIN", "MIN_EFFECT", "PRIOR", "PRIOR_NOISE", "Comparison", "Looks", "Noise",
            "adjacent_noise", "critical", "decide", "decide_interleaved", "decide_sequential", "estimate_noise",
            "interleave_alpha", "look_alpha", "one_look", "paired_prior", "t_cdf", "t_quantile", "trimmed"]
