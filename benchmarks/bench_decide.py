@@ -15,6 +15,8 @@ after:  `bench.compare(a, b, rounds="auto")`, interleaved blocks (budget_s=30 un
 
 Each line: model, case, method, answer, ratio and interval, rounds or pairs of blocks, seconds from the
 call to the answer (the two trials a and b that name the pair are run before the clock starts).
+`--cases workers`: `num_workers=2, persistent_workers=True` against the start, a data-pipeline knob
+that cannot interleave: `rounds="auto"` must still answer, by trials.
 `--simulate`: the sequential rule alone on simulated pairs (no machine): identical sides and 10% / 3%
 effects at 10% sd per pair, with and without bursts (20% of blocks hit by a ±30-100% outlier), looked
 at every 8 pairs up to 20 times; false alarms, answers and the median pairs to an answer.
@@ -39,7 +41,7 @@ from torch.utils.data import TensorDataset
 
 import workbench as wb
 
-CASES = {"10": 0.10, "3": 0.03, "0": 0.0}
+CASES = {"10": 0.10, "3": 0.03, "0": 0.0, "workers": "workers"}  # "workers": num_workers=2 against 0 (trials)
 
 
 class _Extra(nn.Module):
@@ -88,10 +90,13 @@ def make(name: str) -> wb.Workbench:
     return wb.demo(name, log=None)
 
 
-def one(bench: wb.Workbench, frac: float, method: str, budget: float | None) -> str:
+def one(bench: wb.Workbench, frac: float | str, method: str, budget: float | None) -> str:
     """One comparison from a fresh pair of trials; its line of the table."""
     a = bench.run(progress=False)
-    b = bench.run(progress=False, extra_work=frac)  # frac 0: identical knobs (the default value)
+    if frac == "workers":  # a data-pipeline knob: it cannot interleave, so trials must answer
+        b = bench.run(progress=False, num_workers=2, persistent_workers=True)
+    else:
+        b = bench.run(progress=False, extra_work=frac)  # frac 0: identical knobs (the default value)
     t0 = time.perf_counter()
     c = bench.compare(a, b, rounds="auto", interleave=method == "after", max_rounds=8,
                       budget_s=budget if method == "after" else None)
@@ -182,7 +187,8 @@ def main(argv: list[str]) -> None:
         for case in cases:
             for method in methods:
                 for _ in range(reps):
-                    label = f"~{case}% slower" if CASES[case] else "identical"
+                    label = ("num_workers=2" if case == "workers" else
+                             f"~{case}% slower" if CASES[case] else "identical")
                     print(f"| {name} | {label} | {method} {one(bench, CASES[case], method, budget)}", flush=True)
     print(f"load at the end: {os.getloadavg()[0]:.1f}")
 
