@@ -80,19 +80,6 @@ class FakeBench:
         return self.log.trials
 
 
-@pytest.fixture
-def fake_clock(monkeypatch):
-    """tune()'s clock reads the fake bench's clock (one second per trial)."""
-    holder = {}
-
-    def use(bench):
-        holder["bench"] = bench
-        return bench
-
-    monkeypatch.setattr(tune_mod.time, "perf_counter", lambda: holder["bench"].clock if holder else 0.0)
-    return use
-
-
 def speed_model(k: wb.Knobs) -> float:
     """Workers help (1 best), prefetch does nothing, batch 32 helps, 64 helps no more."""
     s = 1.0

@@ -3,9 +3,17 @@
 `race(ctx, entries)` runs rounds over the live entries (`Entry`: knobs, where they came from, trials
 so far); after every round any entry beyond noise slower than the leader is dropped and the slower
 half is out (successive halving, as in F-Race/irace), so further trials go only to contenders.
-`confirm` settles the winner against the start. `Ctx` holds the tuner's budget (trials and seconds),
-runs every trial through `bench.run` (so each lands in the results and the chart), and keeps the
-path's rows. tune.py builds the candidates and calls these; this module never imports it.
+`confirm_winner` settles the winner against the start. `Ctx` holds the tuner's budget (trials and
+seconds), runs every trial through `bench.run` (so each lands in the results and the chart), and
+keeps the path's rows. tune.py builds the candidates and calls these; this module never imports it.
+
+Interleaved drops (issue 34): after a round's trials, a contender that the trials leave undecided
+against the leader is compared with it by interleaved blocks (`bench.interleave`, a few seconds in
+one process) when the two differ only in knobs that can take turns (`interleave.why_not`; on CUDA
+both peaks fit in free memory) and the seconds fit; the slower side of a decided comparison drops at
+once, instead of after more rounds of separate trials. Data-pipeline knobs and `world_size` keep
+racing by trials. Every entry still runs at least one trial: absolute samples/s, peak memory and
+steadiness come from trials, and so does the winner's reported figure.
 
 Every decision goes through `answer_of`, one adapter over `compare` (the same function as
 `bench.compare`), which maps a comparison to faster / slower / same / undecided.
@@ -19,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .budget import DEADLINE, Spend
+from .budget import DEADLINE, Spend, cost_class, estimate
 from .comparison import Trials
+from .interleave import INTERLEAVE_WARMUP, MIN_PAIRS, WARMUP_S, InterleaveFailed, why_not
 from .knobs import Knobs
 from .measure import TrialResult, fmt_bytes
 from .protocol import Bench
@@ -32,6 +41,9 @@ SAME_MARGIN = 0.05  # "same speed": the interval of the ratio lies within ±5%
 ANSWERS = ("faster", "slower", "same", "undecided")
 MAX_ROUNDS = 4  # alternating rounds per race
 CONFIRM_ROUNDS = 4  # at most this many extra alternating rounds settle the winner against the start
+# Seconds for one interleaved comparison in a race: what one more round of its two sides' trials would
+# cost, at least 2 s (two builds, warm-ups and a first look) and at most 10 s
+RACE_INTERLEAVE_S = (2.0, 10.0)
 
 # ---- the one decision adapter -------------------------------------------------------------------
 def answer_of(a: Trials, b: Trials, *, rounds: int = 0, run: Callable[[Knobs], TrialResult] | None = None,
@@ -83,6 +95,8 @@ class Ctx:
         self.stop_early = stop_early
         self.spent = Spend(budget_s)  # seconds per purpose, and the trials behind the estimates
         self.purpose = "race"  # what the seconds of the next trials are spent on (race, confirm, explain)
+        # (A's knobs, B's knobs) -> (interleaved comparison or None, the side that failed, what happened): once a pair
+        self.interleaved: dict[tuple[Knobs, Knobs], tuple[Comparison | None, Entry | None, str]] = {}
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -90,6 +104,10 @@ class Ctx:
     def fits(self, knobs: Knobs, factor: float = 1.0) -> bool:
         """Whether a trial of `knobs` (its estimate x `factor`) fits the seconds left."""
         return self.budget_s is None or self.spent.fits(knobs, self.budget_s - self.elapsed(), factor)
+
+    def median_trial_s(self) -> float:
+        """The median finished trial's seconds (0 before any)."""
+        return sorted(self.durations)[len(self.durations) // 2] if self.durations else 0.0
 
     def affordable(self) -> int:
         """Trials still affordable: the trial cap, and the seconds left over the median trial's."""
@@ -171,6 +189,8 @@ def race(ctx: Ctx, entries: list[Entry], rounds: int = MAX_ROUNDS) -> Entry:
         if _drop_round(ctx, ok, leader, log):
             break
         _halve(ctx, [e for e in ok if e.alive], rnd)
+        if _interleave_round(ctx, [e for e in ok if e.alive], leader):
+            break
     ok = [e for e in entries if e.alive and e.trials]
     return max(ok, key=lambda e: e.mean) if ok else entries[0]
 
@@ -195,7 +215,7 @@ def _drop_round(ctx: Ctx, ok: list[Entry], leader: Entry, log: ResultLog | None)
             continue
         ans, c = answer_of(leader.trials, e.trials, log=log)
         if ans == "slower":
-            why = f"dropped: {c.speedup:.2f}x of the leader ({leader.label}), beyond noise"
+            why = f"dropped: {c.speedup:.2f}x of the leader ({leader.label}), beyond noise by trials ({_trials(c)})"
         elif e is not start and start is not None and answer_of(start.trials, e.trials, log=log)[0] == "same":
             why = f"parked: the same speed as the start within ±{SAME_MARGIN:.0%} (a near-miss for stacking)"
         else:
@@ -204,6 +224,113 @@ def _drop_round(ctx: Ctx, ok: list[Entry], leader: Entry, log: ResultLog | None)
         ctx.rows.append({"stage": e.stage, "change": e.label, "trial": None, "samples_per_s": None,
                          "speedup": c.speedup, "decision": why})
     return start is not None and leader is not start and answer_of(start.trials, leader.trials, log=log)[0] == "same"
+
+
+def _trials(c: Comparison) -> str:
+    na, nb = len(c.a_rates), len(c.b_rates)
+    return f"{na} trial{'s' if na != 1 else ''} each" if na == nb else f"{na} vs {nb} trials"
+
+
+# ---- interleaved comparisons in the race --------------------------------------------------------
+def interleave_seconds(ctx: Ctx, a: Entry, b: Entry) -> float | None:
+    """Seconds for an interleaved comparison of `a` and `b`, or None when none should start.
+
+    It gets what one more round of the two sides' trials would cost (within RACE_INTERLEAVE_S), and
+    never more than the seconds left less two trials (kept for the confirmation). It does not start
+    when that is below its least cost: both sides built and warmed (a compiled side compiles again:
+    about its trial's seconds) and MIN_PAIRS pairs of one-step blocks (then trials decide).
+    """
+    trial_s = [estimate(e.knobs, ctx.spent.measured) or 0.0 for e in (a, b)]
+    step_s = sum(e.trials[-1].step_time_s or 0.0 for e in (a, b))  # seconds per step, both sides
+    lo, hi = RACE_INTERLEAVE_S
+    seconds = min(hi, max(lo, sum(trial_s)))
+    least = 2 * WARMUP_S + (INTERLEAVE_WARMUP + 2 + 2 * MIN_PAIRS) * step_s
+    least += sum(s for e, s in zip((a, b), trial_s) if cost_class(e.knobs)[0])
+    if ctx.budget_s is not None:
+        seconds = min(seconds, ctx.budget_s - ctx.elapsed() - 2 * ctx.median_trial_s())
+    return seconds if seconds >= least else None
+
+
+def qualifies(a: Knobs, b: Knobs) -> bool:
+    """Whether the race may decide `a` against `b` by interleaved blocks: they differ only in knobs that
+    can take turns in one process (interleave.why_not), and not in compute threads beside loader
+    workers (the blocks replay prepared batches without the loader, so they cannot see worker
+    processes competing with the threads for the cores: the tuner's workers x threads axis)."""
+    if why_not(a, b) is not None:
+        return False
+    return a.cpu_threads == b.cpu_threads or not (a.num_workers or b.num_workers)
+
+
+def interleaved_answer(ctx: Ctx, a: Entry, b: Entry, purpose: str) -> tuple[Comparison | None, Entry | None, str]:
+    """B against A by interleaved blocks (`bench.interleave`), at most once per pair in a tune() call:
+    (the comparison, or None when the pair does not qualify or it failed; the side that failed with
+    NaN or an error, which drops; what happened). Its seconds count under `purpose`; it goes in the log.
+    An OOM (two models in memory at once) decides nothing: trials decide."""
+    key = (a.knobs, b.knobs)
+    if key in ctx.interleaved:
+        return ctx.interleaved[key]
+    run = getattr(ctx.bench, "interleave", None)  # a bench without it (a test double) races by trials
+    if run is None or not a.trials or not b.trials or not qualifies(a.knobs, b.knobs):
+        return None, None, ""
+    seconds = interleave_seconds(ctx, a, b)
+    if seconds is None:
+        return None, None, ""
+    out: tuple[Comparison | None, Entry | None, str] = (None, None, "")
+    t = time.perf_counter()
+    try:
+        c = run(a.trials[-1], b.trials[-1], margin=SAME_MARGIN, budget_s=seconds)
+        ctx.bench.log.record_comparison(c, a.knobs, b.knobs)
+        out = (c, None, "")
+    except InterleaveFailed as e:
+        side = {"A": a, "B": b}.get(e.side or "")
+        failed = side if e.status in ("nan", "error") else None
+        out = (None, failed, f"ended {e.status} while interleaved" + (f" ({side.label})" if side else ""))
+    except ValueError:  # the memory check: both trials' peaks do not fit in free memory together
+        pass
+    finally:
+        ctx.spent.add(purpose, time.perf_counter() - t)
+    ctx.interleaved[key] = out
+    return out
+
+
+def _interleave_round(ctx: Ctx, alive: list[Entry], leader: Entry) -> bool:
+    """After a round: each contender (the start included) against the leader by interleaved blocks
+    when the pair qualifies (`interleaved_answer`); the slower side of a decided comparison drops, and
+    so does a side that ended NaN or in an error; a contender the same speed as the leader within
+    ±SAME_MARGIN is out (parked as a near-miss when the start leads). True when the start and the
+    leader are decided the same speed (the race is over, as when trials decide it)."""
+    start = ctx.start
+    for e in sorted(alive, key=lambda e: e.mean, reverse=True):
+        if e is leader or not e.alive:
+            continue
+        a, b = (e, leader) if e is start else (leader, e)  # the start is always side A (the confirmation's)
+        c, failed, what = interleaved_answer(ctx, a, b, "interleave")
+        if failed is not None:
+            _out(ctx, failed, f"dropped: {what}", None)
+            if failed is leader:
+                leader = max([x for x in alive if x.alive], key=lambda x: x.mean, default=e)
+            continue
+        if c is not None and c.answer == "same":
+            if e is start:
+                return True
+            word, ref = ("parked", "the start") if a is start else ("out", f"the leader ({a.label})")
+            _out(ctx, e, f"{word}: the same speed as {ref} within ±{SAME_MARGIN:.0%}, interleaved, {c.blocks} pairs",
+                 c.speedup)
+            continue
+        if c is None or c.answer not in ("faster", "slower"):
+            continue
+        slower, faster = (a, b) if c.answer == "faster" else (b, a)
+        ratio = c.speedup if slower is b else 1 / c.speedup
+        who = "the start" if faster is start else f"the leader ({faster.label})"
+        _out(ctx, slower, f"dropped: {ratio:.2f}x of {who}, interleaved, {c.blocks} pairs", ratio)
+        leader = faster
+    return False
+
+
+def _out(ctx: Ctx, e: Entry, why: str, speedup: float | None) -> None:
+    e.alive = False
+    ctx.rows.append({"stage": e.stage, "change": e.label, "trial": None, "samples_per_s": None,
+                     "speedup": speedup, "decision": why})
 
 
 # ---- between races, and after the last ---------------------------------------------------------
@@ -241,10 +368,14 @@ def admit(ctx: Ctx, cands: list[Entry], seen: set[Knobs], carried: int, first_ra
 
 def settled(ctx: Ctx, leader: Entry, leaders: list[Entry]) -> Entry:
     """The last race's leader, unless it is not yet faster than the start beyond noise and an
-    earlier race's leader already is (a late leader with one lucky trial does not undo a win)."""
+    earlier race's leader already is (a late leader with one lucky trial does not undo a win); beyond
+    noise by trials, or by an interleaved comparison the race ran."""
     start, log = ctx.start, ctx.bench.log
     for e in [leader, *leaders[::-1]]:
-        if e is not start and start is not None and e.trials and answer_of(start.trials, e.trials, log=log)[0] == "faster":
+        if e is start or start is None or not e.trials:
+            continue
+        c = ctx.interleaved.get((start.knobs, e.knobs), (None, None, ""))[0]
+        if answer_of(start.trials, e.trials, log=log)[0] == "faster" or (c is not None and c.answer == "faster"):
             return e
     return leader
 
@@ -258,15 +389,24 @@ def confirm_winner(ctx: Ctx, leader: Entry, rivals: list[Entry]) -> tuple[str, C
         return "undecided", None
     ans, c = answer_of(start.trials, other.trials, log=log)
     ctx.purpose = "confirm"
+    if ans == "undecided":  # interleaved blocks first when the pair qualifies (the race's own, if it ran one)
+        inter = interleaved_answer(ctx, start, other, "confirm")[0]
+        if inter is not None and inter.answer != "undecided":
+            ans, c = inter.answer, inter
     if ans == "undecided" and ctx.affordable() >= 2:
         ans, c = answer_of(start.trials, other.trials, rounds=min(CONFIRM_ROUNDS, ctx.affordable() // 2), run=ctx.run, log=log)
     if leader is start or ans != "faster":
         what = {"same": "the same speed", "slower": "slower", "faster": "faster"}.get(ans, "not faster beyond noise")
         ctx.rows.append({"stage": "confirm", "change": other.label, "trial": c.b_trials[-1], "samples_per_s": None,
                          "speedup": c.speedup, "decision": f"nothing beats the start: the best rival is {what} "
-                         f"({c.verdict}, {c.rounds} extra round(s))"})
+                         f"({c.verdict}, {_how(c)})"})
         return ("same" if ans in ("same", "slower") else "undecided"), c
     ctx.rows.append({"stage": "confirm", "change": leader.label, "trial": c.b_trials[-1], "samples_per_s": None,
-                     "speedup": c.speedup, "decision": f"kept: faster than the start ({c.verdict}, {c.rounds} extra round(s))"})
+                     "speedup": c.speedup, "decision": f"kept: faster than the start ({c.verdict}, {_how(c)})"})
     return ans, c
+
+
+def _how(c: Comparison) -> str:
+    """What a confirmation rests on, for its row."""
+    return f"interleaved, {c.blocks} pairs" if c.method == "interleaved" else f"{c.rounds} extra round(s)"
 
