@@ -105,6 +105,11 @@ class Ctx:
         """Whether a trial of `knobs` (its estimate x `factor`) fits the seconds left."""
         return self.budget_s is None or self.spent.fits(knobs, self.budget_s - self.elapsed(), factor)
 
+    def verdict(self, a: Entry, b: Entry) -> str | None:
+        """B against A as the interleaved comparison this tune() call ran says (None when none decided it)."""
+        c = self.interleaved.get((a.knobs, b.knobs), (None, None, ""))[0]
+        return c.answer if c is not None else None
+
     def median_trial_s(self) -> float:
         """The median finished trial's seconds (0 before any)."""
         return sorted(self.durations)[len(self.durations) // 2] if self.durations else 0.0
@@ -304,20 +309,28 @@ def _interleave_round(ctx: Ctx, alive: list[Entry], leader: Entry) -> bool:
         if e is leader or not e.alive:
             continue
         a, b = (e, leader) if e is start else (leader, e)  # the start is always side A (the confirmation's)
+        fresh = (a.knobs, b.knobs) not in ctx.interleaved  # a pair is compared once; its row is written once
         c, failed, what = interleaved_answer(ctx, a, b, "interleave")
         if failed is not None:
             _out(ctx, failed, f"dropped: {what}", None)
             if failed is leader:
                 leader = max([x for x in alive if x.alive], key=lambda x: x.mean, default=e)
             continue
-        if c is not None and c.answer == "same":
+        if c is None:
+            continue
+        if c.answer == "same":
             if e is start:
                 return True
             word, ref = ("parked", "the start") if a is start else ("out", f"the leader ({a.label})")
             _out(ctx, e, f"{word}: the same speed as {ref} within ±{SAME_MARGIN:.0%}, interleaved, {c.blocks} pairs",
                  c.speedup)
             continue
-        if c is None or c.answer not in ("faster", "slower"):
+        if c.answer == "undecided":  # the seconds it took show in the path; trials race on
+            if fresh:
+                ctx.rows.append({"stage": e.stage, "change": e.label, "trial": None, "samples_per_s": None,
+                                 "speedup": c.speedup if e is b else 1 / c.speedup,  # e against the other
+                                 "decision": f"kept: within noise of {_ref(a, b, e, start)}, "
+                                 f"interleaved, {c.blocks} pairs in {c.seconds or 0:.1f} s; trials race on"})
             continue
         slower, faster = (a, b) if c.answer == "faster" else (b, a)
         ratio = c.speedup if slower is b else 1 / c.speedup
@@ -325,6 +338,12 @@ def _interleave_round(ctx: Ctx, alive: list[Entry], leader: Entry) -> bool:
         _out(ctx, slower, f"dropped: {ratio:.2f}x of {who}, interleaved, {c.blocks} pairs", ratio)
         leader = faster
     return False
+
+
+def _ref(a: Entry, b: Entry, e: Entry, start: Entry | None) -> str:
+    """What `e` was compared with, in words: the start or the leader."""
+    other = b if e is a else a
+    return "the start" if other is start else f"the leader ({other.label})"
 
 
 def _out(ctx: Ctx, e: Entry, why: str, speedup: float | None) -> None:
@@ -335,10 +354,11 @@ def _out(ctx: Ctx, e: Entry, why: str, speedup: float | None) -> None:
 
 # ---- between races, and after the last ---------------------------------------------------------
 def near_misses(ctx: Ctx, entries: list[Entry], leader: Entry) -> list[Entry]:
-    """Entries that measured within noise of the start or better (dropped against the leader or not)."""
+    """Entries that measured within noise of the start or better (dropped against the leader or not),
+    unless an interleaved comparison found them slower than the start."""
     start, log = ctx.start, ctx.bench.log
     return [e for e in entries if e.trials and e is not leader and e is not start and start is not None
-            and answer_of(start.trials, e.trials, log=log)[0] != "slower"]
+            and answer_of(start.trials, e.trials, log=log)[0] != "slower" and ctx.verdict(start, e) != "slower"]
 
 
 def admit(ctx: Ctx, cands: list[Entry], seen: set[Knobs], carried: int, first_race: bool) -> list[Entry]:
@@ -374,8 +394,7 @@ def settled(ctx: Ctx, leader: Entry, leaders: list[Entry]) -> Entry:
     for e in [leader, *leaders[::-1]]:
         if e is start or start is None or not e.trials:
             continue
-        c = ctx.interleaved.get((start.knobs, e.knobs), (None, None, ""))[0]
-        if answer_of(start.trials, e.trials, log=log)[0] == "faster" or (c is not None and c.answer == "faster"):
+        if answer_of(start.trials, e.trials, log=log)[0] == "faster" or ctx.verdict(start, e) == "faster":
             return e
     return leader
 
