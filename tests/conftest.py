@@ -70,6 +70,22 @@ def make_bench(tmp_path):
     return make
 
 
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """time.perf_counter reads a fake bench's `clock` (its trials advance it), so budget_s is tested
+    without real time: `bench = fake_clock(FakeBench(...))`."""
+    import time
+
+    holder = {}
+
+    def use(bench):
+        holder["bench"] = bench
+        return bench
+
+    monkeypatch.setattr(time, "perf_counter", lambda: holder["bench"].clock if holder else 0.0)
+    return use
+
+
 @pytest.fixture(autouse=True)
 def _fixed_warmup(request, monkeypatch):
     """`@pytest.mark.fixed_warmup`: exactly `warmup_steps` warm-up steps (steady.py's old count), for

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 CORE = ("knobs", "workload", "step", "runner", "measure", "resultlog", "records", "table", "comparison", "progress",
         "compat", "stats", "system", "trace", "codegen", "protocol", "stepshape", "steady", "loadmeter", "phases",
         "earlystop")
-ABOVE_CORE = ("diagnose", "tune", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
+ABOVE_CORE = ("diagnose", "tune", "race", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
               "display", "rebuild", "results", "rounds", "learners", "interleave", "budget", "hopeless")
 MAX_FUNCTION_LINES = 80  # a function a newcomer reads in one screen
 
@@ -103,7 +103,7 @@ def test_the_layer_check_catches_a_violation(tmp_path, monkeypatch):
     test_core_imports_nothing_above_it("stats")
 
 
-FACES = ("scaling", "fit", "tune", "panel", "diagnose")  # every face that takes a workbench
+FACES = ("scaling", "fit", "tune", "race", "panel", "diagnose")  # every face that takes a workbench
 
 
 def face_files(name: str) -> list[Path]:

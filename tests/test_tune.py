@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import workbench as wb
+from workbench import race as race_mod
 from workbench import tune as tune_mod
 from workbench.fit import FitResult, fit_memory
 from workbench.measure import TrialResult
@@ -77,19 +78,6 @@ class FakeBench:
     @property
     def trials(self):
         return self.log.trials
-
-
-@pytest.fixture
-def fake_clock(monkeypatch):
-    """tune()'s clock reads the fake bench's clock (one second per trial)."""
-    holder = {}
-
-    def use(bench):
-        holder["bench"] = bench
-        return bench
-
-    monkeypatch.setattr(tune_mod.time, "perf_counter", lambda: holder["bench"].clock if holder else 0.0)
-    return use
 
 
 def speed_model(k: wb.Knobs) -> float:
@@ -204,16 +192,16 @@ def test_answer_adapter_maps_comparisons_and_prefers_answer(monkeypatch):
     bench = FakeBench(lambda k: 1e-3, lambda k: 1.0, noise=0.01)
     a = [bench.run(bench.defaults) for _ in range(12)]
     b = [bench.run(bench.defaults.replace(batch_size=32)) for _ in range(12)]
-    assert tune_mod._answer(a, b, log=bench.log)[0] == "same"
+    assert race_mod.answer_of(a, b, log=bench.log)[0] == "same"
     fast = FakeBench(lambda k: 1e-3 / (2 if k.batch_size == 32 else 1), lambda k: 1.0, noise=0.01)
     a, b = [fast.run(fast.defaults) for _ in range(3)], [fast.run(fast.defaults.replace(batch_size=32)) for _ in range(3)]
-    assert tune_mod._answer(a, b, log=fast.log)[0] == "faster" and tune_mod._answer(b, a, log=fast.log)[0] == "slower"
+    assert race_mod.answer_of(a, b, log=fast.log)[0] == "faster" and race_mod.answer_of(b, a, log=fast.log)[0] == "slower"
 
     class Decided:
         answer = "undecided"
 
-    monkeypatch.setattr(tune_mod, "compare", lambda *a, **k: Decided())
-    assert tune_mod._answer(a, b)[0] == "undecided"  # issue 16's Comparison.answer wins once it exists
+    monkeypatch.setattr(race_mod, "compare", lambda *a, **k: Decided())
+    assert race_mod.answer_of(a, b)[0] == "undecided"  # issue 16's Comparison.answer wins once it exists
 
 
 def test_stage_options_prune_for_the_device():
@@ -338,11 +326,11 @@ def test_the_winners_explanation_is_paid_from_the_budget(tmp_path):
     bench = wb.Workbench(Net(), data(), loss_fn=nn.CrossEntropyLoss(), log=tmp_path / "log.jsonl", steps=2,
                          warmup_steps=1, knobs=wb.Knobs(batch_size=16), device="cpu")
     start, best = bench.run(), bench.run(batch_size=32)
-    ctx = tune_mod._Ctx(bench, limit=10, budget_s=None, memory_cap=None, memory_budget=None)
+    ctx = race_mod.Ctx(bench, limit=10, budget_s=None, memory_cap=None, memory_budget=None)
     ctx.used = 2
     why = tune_mod._explain(ctx, start, best)
     assert why is not None and ctx.used == 4 and len(bench.trials) == 4  # two traced repeats, counted
-    broke = tune_mod._Ctx(bench, limit=4, budget_s=None, memory_cap=None, memory_budget=None)
+    broke = race_mod.Ctx(bench, limit=4, budget_s=None, memory_cap=None, memory_budget=None)
     broke.used = 3
     fresh = bench.run(batch_size=8)
     assert tune_mod._explain(broke, start, fresh) is None and broke.used == 3 and len(bench.trials) == 5

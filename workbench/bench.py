@@ -310,10 +310,30 @@ class Workbench:
             self.log.record_comparison(c, ra.knobs, rb.knobs)
         return c
 
+    def interleave(self, a: TrialResult, b: TrialResult, *, margin: float = MARGIN, budget_s: float | None = None,
+                   cancel: threading.Event | None = None) -> Comparison:
+        """B's knobs against A's by interleaved blocks in this process (workbench/interleave.py), on the
+        trial thread like a trial; `budget_s` seconds at most (default 30), build and warm-up included.
+
+        Records nothing (`compare(rounds="auto")` and the tuner log what they use). Raises ValueError
+        naming why when the pair cannot interleave (its knobs; on CUDA both trials' peaks against free
+        memory), and interleave.InterleaveFailed when a side fails (its side, status and pairs so far).
+        """
+        from .interleave import BUDGET_S, INTERLEAVE_WARMUP, interleaved, memory_reason, why_not
+
+        reason = why_not(a.knobs, b.knobs) or memory_reason(self.device, a.peak_memory_bytes, b.peak_memory_bytes)
+        if reason is not None:
+            raise ValueError(f"these two cannot interleave: {reason}")
+        with self._lock:
+            future = submit_trial(interleaved, self.workload, a.knobs, b.knobs, a_id=a.trial_id, b_id=b.trial_id,
+                                  margin=margin, budget_s=budget_s or BUDGET_S,
+                                  warmup_steps=min(self.warmup_steps, INTERLEAVE_WARMUP), cancel=cancel)
+            return _wait(future)
+
     def _interleaved(self, ra: TrialResult, rb: TrialResult, *, margin: float, budget_s: float | None,
                      required: bool, cancel: threading.Event | None = None) -> tuple[Comparison | None, str]:
         """The interleaved comparison of two trials' knobs, or (None, why trials must decide instead)."""
-        from .interleave import BUDGET_S, INTERLEAVE_WARMUP, InterleaveFailed, interleaved, memory_reason, why_not
+        from .interleave import InterleaveFailed, memory_reason, why_not
 
         reason = why_not(ra.knobs, rb.knobs) or memory_reason(self.device, ra.peak_memory_bytes,
                                                                rb.peak_memory_bytes)
@@ -321,20 +341,16 @@ class Workbench:
             if required:
                 raise ValueError(f"interleave=True, but these two cannot interleave: {reason}")
             return None, f"By alternating trials: {reason}."
-        with self._lock:
-            future = submit_trial(interleaved, self.workload, ra.knobs, rb.knobs, a_id=ra.trial_id,
-                                  b_id=rb.trial_id, margin=margin, budget_s=budget_s or BUDGET_S,
-                                  warmup_steps=min(self.warmup_steps, INTERLEAVE_WARMUP), cancel=cancel)
-            try:
-                return _wait(future), ""
-            except InterleaveFailed as e:
-                if e.status == "interrupted":  # stopped before two pairs: the trials path sees the stop too
-                    return None, "Stopped by the user while interleaving."
-                if e.comparison is not None and e.status != "oom":  # keep the evidence, say which side failed
-                    return replace(e.comparison, note=f"{e.comparison.note} Interleaving ended: {e}.".strip()), ""
-                if required:
-                    raise
-                return None, f"By alternating trials: interleaving failed ({e})."
+        try:
+            return self.interleave(ra, rb, margin=margin, budget_s=budget_s, cancel=cancel), ""
+        except InterleaveFailed as e:
+            if e.status == "interrupted":  # stopped before two pairs: the trials path sees the stop too
+                return None, "Stopped by the user while interleaving."
+            if e.comparison is not None and e.status != "oom":  # keep the evidence, say which side failed
+                return replace(e.comparison, note=f"{e.comparison.note} Interleaving ended: {e}.".strip()), ""
+            if required:
+                raise
+            return None, f"By alternating trials: interleaving failed ({e})."
 
     @property
     def noise(self) -> Noise:

@@ -24,7 +24,7 @@ from .workload import Workload
 @runtime_checkable
 class Bench(Protocol):
     """What a face may use: the workload, its default knobs, one trial, the trials so far and their log,
-    the baseline, comparisons and explanations."""
+    the baseline, comparisons (interleaved ones too) and explanations."""
 
     workload: Workload
     defaults: Knobs
@@ -61,6 +61,9 @@ class Bench(Protocol):
                 margin: float = MARGIN, budget_s: float | None = None,
                 run: Callable[[Knobs], TrialResult | None] | None = None,
                 interleave: bool | None = None, cancel: threading.Event | None = None) -> Comparison: ...
+
+    def interleave(self, a: TrialResult, b: TrialResult, *, margin: float = MARGIN, budget_s: float | None = None,
+                   cancel: threading.Event | None = None) -> Comparison: ...
 
     def explain(self, a: int | TrialResult | Knobs | None = None, b: int | TrialResult | Knobs | None = None, *,
                 progress: bool | None = None) -> Any: ...
