@@ -366,3 +366,21 @@ def test_an_unsteady_start_whose_repeat_the_budget_stops_keeps_the_start(fake_cl
     monkeypatch.setattr(bench, "run", run)
     res = tune(bench, budget_s=3, stages=("data",))
     assert res.start.ok and res.start.trial_id == 1 and bench.trials[1].status == "interrupted"
+
+
+def test_a_small_budget_carries_candidates_it_could_not_enter_onto_the_leader(monkeypatch):
+    """Issue 35: with budget=12, the first race (the start and every worker count) leaves no room for
+    the kernel candidates; the next race offers them on the leader instead of dropping
+    them, and the start and leader (two trials each already) sit out its first round."""
+    monkeypatch.setattr(tune_mod, "_cores", lambda: 2)
+
+    def speed(k: wb.Knobs) -> float:  # workers help, and the foreach optimizer helps on top of them
+        return speed_model(k) / (1.3 if k.optimizer_impl == "foreach" else 1.0)
+
+    bench = FakeBench(speed, lambda k: 1000, conv=True, wait=lambda k: 0.0 if k.num_workers else 0.6)
+    res = tune(bench, budget=12, stages=("data", "kernels"), confirm=False, explain=False)
+    on_leader = res.steps[res.steps["stage"].str.endswith("on the leader") & res.steps["trial"].notna()]
+    assert len(on_leader) >= 1
+    assert not any(t.knobs.optimizer_impl == "foreach" and not t.knobs.num_workers for t in bench.trials)
+    assert res.best_knobs.num_workers == 1 and res.best_knobs.optimizer_impl == "foreach"
+    assert res.trials_used <= 12

@@ -168,14 +168,24 @@ def _label(change: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in change.items()) or "the start"
 
 
-def race(ctx: Ctx, entries: list[Entry], rounds: int = MAX_ROUNDS) -> Entry:
-    """Alternating rounds over the contenders; after each, drop those beyond noise slower than the leader."""
+def race(ctx: Ctx, entries: list[Entry], rounds: int = MAX_ROUNDS, rested: tuple[Entry, ...] = ()) -> Entry:
+    """Alternating rounds over the contenders; after each, drop those beyond noise slower than the leader.
+
+    `rested`: carried entries that already have two trials or more (the start, the last leader); they
+    sit out the first round, so a small budget buys new candidates rather than a third look at old ones.
+    The race ends once two entries are left after two rounds: the later races carry the start and
+    the leader, and the confirmation settles the winner against the start.
+    """
     log = ctx.bench.log
     for rnd in range(rounds):
         alive = [e for e in entries if e.alive]
         if len(alive) <= 1 or ctx.affordable() < len(alive) + (2 if rnd else 0):  # later rounds leave 2 to confirm
             break
+        if rnd >= 2 and len(alive) == 2:  # a pair left: the next race carries the leader (and the start)
+            break
         for e in alive if rnd % 2 == 0 else alive[::-1]:
+            if rnd == 0 and any(e is x for x in rested):
+                continue
             r = ctx.run(e.knobs)
             if r is None:  # its estimate does not fit the seconds left
                 ctx.rows.append({"stage": e.stage, "change": e.label, "trial": None, "samples_per_s": None,
@@ -361,8 +371,11 @@ def near_misses(ctx: Ctx, entries: list[Entry], leader: Entry) -> list[Entry]:
             and answer_of(start.trials, e.trials, log=log)[0] != "slower" and ctx.verdict(start, e) != "slower"]
 
 
-def admit(ctx: Ctx, cands: list[Entry], seen: set[Knobs], carried: int, first_race: bool) -> list[Entry]:
-    """New candidates in entry order, as many as two rounds of the race can afford (and that fit memory)."""
+def admit(ctx: Ctx, cands: list[Entry], seen: set[Knobs], carried: int, first_race: bool,
+          waiting: list[Entry] | None = None) -> list[Entry]:
+    """New candidates in entry order, as many as two rounds of the race can afford (and that fit memory);
+    `carried`: the carried entries that run in the first round. Those left out for want of budget are
+    appended to `waiting` (the next race offers them again, on its leader)."""
     fresh, out = [], []
     for e in cands:
         if e.knobs not in seen:
@@ -380,6 +393,8 @@ def admit(ctx: Ctx, cands: list[Entry], seen: set[Knobs], carried: int, first_ra
                              "decision": f"not run: predicted peak {fmt_bytes(peak * grow)} within the headroom"})
         elif len(out) < room:
             out.append(e)
+        elif waiting is not None:
+            waiting.append(e)
     if len(fresh) > len(out):
         ctx.rows.append({"stage": "budget", "change": f"{len(fresh) - len(out)} candidate(s)", "trial": None,
                          "samples_per_s": None, "speedup": None, "decision": "not entered: no budget left for them"})

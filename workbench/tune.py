@@ -240,6 +240,19 @@ def _stacks(axes_of: Callable[..., Any], k0: Knobs, leader: Entry, near: list[En
     return out
 
 
+def _on_leader(k0: Knobs, leader: Entry, waiting: list[Entry]) -> list[Entry]:
+    """The candidates an earlier race had no budget for, each applied on top of the leader (those that
+    change a knob the leader already changed are left out: the race chose the leader's value)."""
+    out = []
+    for e in waiting:
+        if set(e.change) & set(leader.change):
+            continue
+        change = {**leader.change, **e.change}
+        if _valid(k0, change):
+            out.append(Entry.of(f"{e.stage}, on the leader" if leader.change else e.stage, k0, change))
+    return out
+
+
 # ---- tune: the start, races, confirmation, explanation ------------------------------------------
 def _explain(ctx: Ctx, start: TrialResult, best: TrialResult) -> Any:
     """The winner explained against the start, inside the budget: a side without a trace costs one
@@ -332,16 +345,19 @@ def tune(bench: Bench, budget: int | None = None, *, budget_s: float | None = No
     cands = _first_entries(axes_of, k0, stages, lead)
     rivals: list[Entry] = []
     leaders: list[Entry] = []
+    waiting: list[Entry] = []  # candidates a race had no budget for: offered again, on the next leader
     for _gen in range(MAX_GENERATIONS):
         carried = [first] if leader is first else [first, leader]
-        new = admit(ctx, cands, seen, len(carried), not leaders)
+        rested = tuple(e for e in carried if len(e.trials) >= 2) if leaders else ()
+        new = admit(ctx, cands, seen, len(carried) - len(rested), not leaders, waiting)
         if not new:
             break
         entries = carried + new
-        leader = race(ctx, entries)
+        leader = race(ctx, entries, rested=rested)
         leaders.append(leader)
         rivals = [e for e in entries if e.trials and e is not leader and e is not first]
-        cands = _stacks(axes_of, k0, leader, near_misses(ctx, entries, leader), stages)
+        cands = _stacks(axes_of, k0, leader, near_misses(ctx, entries, leader), stages) + _on_leader(k0, leader, waiting)
+        waiting = []
     rivals = [e for e in rivals if e is not first]
     leader = settled(ctx, leader, leaders)
     if confirm:
