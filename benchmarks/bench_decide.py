@@ -26,6 +26,9 @@ channels_last, batch_size=64, cpu_threads=1), the interleaved ratio (budget 60 s
 `rounds` alternating trials each (default 4); goal: within ±5%. (The exported script's side is
 bench_referee.py's own run.)
 
+`--cache`: what sharing the caches does to the ratio: the cnn `channels_last` pair at 1, 4 and 16 steps
+per block (each judged once after 10 s), and A's block samples/s against A's own trial.
+
 Measures and prints; asserts nothing. State the machine's load next to any figure you quote.
 """
 
@@ -161,6 +164,28 @@ def truth(rounds: int = 4) -> None:
               f"{'yes' if trials.low <= inter.speedup <= trials.high else 'no'} |", flush=True)
 
 
+def cache(demo: str = "cnn", change: dict | None = None, seconds: float = 10.0) -> None:
+    """What sharing the machine's caches does: the same pair interleaved in blocks of 1, 4 and 16 steps
+    (a block's first step runs after the other model's block), each judged once after `seconds`; the
+    ratio, and A's block samples/s against A's own trial (which also pays for its loader)."""
+    import statistics
+
+    from workbench.interleave import interleaved
+
+    change = change or {"channels_last": True}
+    bench = wb.demo(demo, log=None)
+    a, b = bench.run(progress=False), bench.run(progress=False, **change)
+    print(f"{demo}, {change}: trial A {a.samples_per_s:.0f} samples/s, trial B {b.samples_per_s:.0f} "
+          f"(B/A {b.samples_per_s / a.samples_per_s:.3f}, one trial each)")
+    print("| steps per block | pairs | B/A (interval) | A's blocks, samples/s (median) | A's blocks / A's trial |")
+    print("| --- | --- | --- | --- | --- |")
+    for k in (1, 4, 16):
+        c = interleaved(bench.workload, a.knobs, b.knobs, budget_s=seconds, block_steps=k, looks=1)
+        rate = statistics.median(c.a_rates)
+        print(f"| {k} | {c.blocks} | {c.speedup:.3f} ({c.low:.3f} … {c.high:.3f}) | {rate:.0f} | "
+              f"{rate / a.samples_per_s:.3f} |", flush=True)
+
+
 def main(argv: list[str]) -> None:
     import argparse
 
@@ -171,11 +196,15 @@ def main(argv: list[str]) -> None:
     p.add_argument("--cases", default="10,3,0")
     p.add_argument("--budget", type=float, default=None)
     p.add_argument("--simulate", action="store_true", help="the sequential rule on simulated pairs only")
+    p.add_argument("--cache", action="store_true", help="the cnn channels_last pair at 1, 4 and 16 steps per block")
     p.add_argument("--truth", type=int, nargs="?", const=4, default=None, metavar="ROUNDS",
                    help="interleaved ratio against trials for bench_referee.py's knob sets")
     args = p.parse_args(argv)
     if args.simulate:
         simulate()
+        return
+    if args.cache:
+        cache()
         return
     if args.truth is not None:
         truth(args.truth)
