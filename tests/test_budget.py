@@ -189,3 +189,24 @@ def test_compare_rounds_stop_at_the_budget_and_a_stopped_round_is_not_evidence()
     assert c.rounds == 0 and len(ran) == 1 and "stopped by the budget" in c.note, c.note
     with pytest.raises(ValueError, match="budget_s must be a positive"):
         compare(a, b, rounds="auto", run=run, budget_s=math.nan)
+
+
+def test_fit_memory_budget_s_is_a_cap(make_bench):
+    """Nothing fits (1 byte), so fit_memory would try every rescue step: it ends within budget_s x 1.1
+    plus one trial, and its steps hold no trial stopped at the deadline."""
+    bench = make_bench(model=SleepNet(STEP_S), steps=5, warmup_steps=1)
+    budget_s = 0.6
+    t = time.perf_counter()
+    res = bench.fit_memory(1, 8, budget_s=budget_s, progress=False)
+    wall = time.perf_counter() - t
+    longest = max(s for _k, s, _full in res.spent.measured)
+    assert wall <= budget_s * 1.1 + longest, (wall, str(res))
+    assert not set(res.steps["trial"]) & set(res.spent.stopped)  # a stopped trial is no evidence, no row
+    assert res.spent.not_started + len(res.spent.stopped) >= 1 and "raise budget_s" in str(res)
+
+
+def test_workbench_compare_checks_budget_s(make_bench):
+    bench = make_bench()
+    a = bench.run()
+    with pytest.raises(ValueError, match="budget_s must be a positive"):
+        bench.compare(a, a, rounds="auto", budget_s=True)

@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from .budget import check_budget_s
 from .earlystop import StopRule
 from .knobs import Knobs, device_notes
 from .measure import TrialResult
@@ -294,6 +295,7 @@ class Workbench:
         `self.run` for trials (the panel passes its own runner); a set `cancel` event stops the
         interleaved blocks at the next pair (the panel's Stop button).
         """
+        check_budget_s(budget_s)  # the same cap as tune()'s wherever a budget_s is taken
         ra = a if isinstance(a, TrialResult) else self.log.get(a)
         rb = b if isinstance(b, TrialResult) else self.log.get(b)
         if interleave not in (None, True, False):
@@ -411,7 +413,6 @@ class Workbench:
         """One trial per world size (and per strategy: `strategies=("ddp", "fsdp2")`) with the same other
         knobs: samples/s, efficiency, peak memory and model state per rank (see scaling.py); `budget_s`
         caps the seconds (budget.py)."""
-        from .budget import check_budget_s
         from .scaling import plan, scaling
 
         check_budget_s(budget_s)

@@ -217,8 +217,11 @@ def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, pr
     confirmed = _confirm_data(bench, base, cached, allow)
     left = allow.left()
     loader_s = 20.0 if left is None else min(20.0, left)  # seconds: the loader-alone rate stops after this long
-    rate = attempt("loader rate", lambda: loader_rate(wl, knobs, max_s=loader_s)) \
-        if loader and knobs.data == "loader" and loader_s >= 1.0 else None
+    rate = None
+    if loader and knobs.data == "loader" and loader_s < 1.0:
+        allow.notes.append(f"loader rate not run: under 1 s left of budget_s={budget_s:g}")
+    elif loader and knobs.data == "loader":
+        rate = attempt("loader rate", lambda: loader_rate(wl, knobs, max_s=loader_s))
     data = check_data(base, cached, rate, confirmed)
     threads = thread_check(knobs)
 
