@@ -354,3 +354,58 @@ def test_a_long_log_updates_the_chart_data_and_shows_the_default_view(bench):
         assert p.table.value.count("<tr") == len(drawn) + 1  # a header row and one per trial drawn
     finally:
         p.close()
+
+
+def test_tune_button_tunes_within_the_budget_and_says_the_seconds_left(panel: Panel, bench: wb.Workbench,
+                                                                       monkeypatch) -> None:
+    shown = []
+    real = panel._set_status
+    monkeypatch.setattr(panel, "_set_status", lambda phase_, text: (shown.append(text), real(phase_, text)))
+    panel.budget_box.value = 4
+    panel.tune_button.click()
+    assert panel.wait(WAIT_S)
+    t = panel.last_tune
+    assert t is not None and t.budget_s == 4 and t.spent is not None and bench.trials
+    assert phase(panel) == "ok" and "tuned in" in panel.status.value and "budget:" in panel.status.value
+    assert any(" s of 4 s left" in text for text in shown)  # the labels counted the budget down
+    assert "<pre>" in panel.verdict.value  # the TuneResult, shown under the chart
+
+
+def test_stop_ends_a_tune_and_the_panel_says_so() -> None:
+    bench = make_bench(Sleepy(), steps=200)
+    p = Panel(bench, debounce_s=0.0)
+    try:
+        p.tune(60)
+        _wait_for(lambda: phase(p) == "measuring")
+        p.stop_button.click()
+        assert p.wait(WAIT_S)
+        assert bench.trials[-1].status == "interrupted" and "stopped by the user" in bench.trials[-1].message
+        assert phase(p) == "interrupted" and "tune stopped by the user" in p.status.value and p.last_tune is None
+    finally:
+        p.close()
+
+
+def test_a_trial_stopping_early_says_so_with_the_seconds_left(panel: Panel) -> None:
+    panel._countdown.start(60.0)
+    panel._progress("stopping early: clearly slower", 5, 10)
+    assert "stopping early: clearly slower" in panel.status.value and "s of 60 s left" in panel.status.value
+    panel._countdown.stop()
+    panel._progress("measuring", 6, 10)
+    assert "left" not in panel.status.value
+
+
+def test_a_tune_trial_stops_at_the_deadline_or_at_stop() -> None:
+    import threading
+
+    from workbench.budget import Deadline
+    from workbench.panel.tuning import Either
+
+    stop = threading.Event()
+    deadline = Deadline(60.0, "stopped by the budget")
+    either = Either(deadline, stop)
+    assert not either.is_set() and either.reason == ""
+    stop.set()
+    assert either.is_set() and either.reason == ""  # the user's stop
+    deadline.expire()
+    assert Either(deadline, threading.Event()).reason == "stopped by the budget"
+    deadline.cancel()

@@ -53,15 +53,22 @@ def test_a_callable_is_polled_off_the_trial_thread_and_sees_the_end(make_bench):
     assert not any(name.startswith("workbench-trial") for *_, name in seen)  # never the measured loop's thread
 
 
-def test_search_bar_counts_trials_and_note_shows_the_analysis(make_bench, monkeypatch):
+@pytest.fixture
+def search_bars(monkeypatch):
+    """Every SearchBar made during the test, in order."""
     made = []
     real_init = P.SearchBar.__init__
 
-    def spy(self, desc, total):
-        real_init(self, desc, total)
+    def spy(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
         made.append(self)
 
     monkeypatch.setattr(P.SearchBar, "__init__", spy)
+    return made
+
+
+def test_search_bar_counts_trials_and_note_shows_the_analysis(make_bench, search_bars):
+    made = search_bars
     bench = make_bench()
     bench.tune(budget=2, progress=True, stages=("data",))
     (bar,) = made
@@ -116,3 +123,36 @@ def test_trial_bar_ends_full_when_ok_and_where_it_stopped_when_failed():
         bar.close()
     assert ok.bar.n == 8 and not ok.failed
     assert failed.bar.n == 6 and failed.failed  # never a full bar for a failed trial
+
+
+def test_search_bar_says_the_seconds_left_of_a_budget():
+    """With budget_s the postfix says how many seconds are left (an injected clock), and a trial that
+    stopped early says "stopping early: clearly slower"; without one, only the trial."""
+    import types
+
+    now = [100.0]
+    bar = P.SearchBar("tune", None, 60.0, clock=lambda: now[0])
+    now[0] = 137.4  # 37.4 s in
+    bar.on_trial(types.SimpleNamespace(trial_id=7, samples_per_s=812.0, status="ok", extra={}))
+    assert bar.bar.postfix == "#7 812 samples/s · 23 s of 60 s left"
+    bar.on_trial(types.SimpleNamespace(trial_id=8, samples_per_s=90.0, status="ok",
+                                       extra={"stopped_early": {"steps": 4, "of": 30}}))
+    assert bar.bar.postfix.startswith("#8 stopping early: clearly slower · 23 s of 60 s left")
+    now[0] = 200.0  # over the budget: never a negative count
+    bar.note("profiler")
+    assert bar.bar.postfix == "profiler · 0 s of 60 s left"
+    bar.close(True)
+    plain = P.SearchBar("tune", None)
+    plain.note("profiler")
+    assert plain.bar.postfix == "profiler"
+    plain.close(True)
+
+
+def test_search_passes_a_usable_budget_to_its_bar(make_bench, search_bars):
+    made = search_bars
+    bench = make_bench()
+    with P.search(True, "tune", log=bench.log, budget_s=30):
+        pass
+    with P.search(True, "tune", log=bench.log, budget_s="30"):  # the search itself refuses it; the bar ignores it
+        pass
+    assert [b.budget_s for b in made] == [30.0, None]

@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from .budget import check_budget_s
 from .earlystop import StopRule
 from .knobs import Knobs, device_notes
 from .measure import TrialResult
@@ -294,6 +295,7 @@ class Workbench:
         `self.run` for trials (the panel passes its own runner); a set `cancel` event stops the
         interleaved blocks at the next pair (the panel's Stop button).
         """
+        check_budget_s(budget_s)  # the same cap as tune()'s wherever a budget_s is taken
         ra = a if isinstance(a, TrialResult) else self.log.get(a)
         rb = b if isinstance(b, TrialResult) else self.log.get(b)
         if interleave not in (None, True, False):
@@ -386,7 +388,7 @@ class Workbench:
         """Why is the step slow, and what to try next (see diagnose/)."""
         from .diagnose import diagnose
 
-        with search(progress, "diagnose", log=self.log):
+        with search(progress, "diagnose", log=self.log, budget_s=kwargs.get("budget_s")):
             return diagnose(self, **kwargs)
 
     def explain(self, a: int | TrialResult | Knobs | None = None, b: int | TrialResult | Knobs | None = None, *,
@@ -401,7 +403,8 @@ class Workbench:
         """Race candidates within `budget_s=` seconds (`budget` caps trials); keep a winner beyond noise."""
         from .tune import tune
 
-        with search(progress, "tune", log=self.log, total=budget if isinstance(budget, int) else None):
+        with search(progress, "tune", log=self.log, total=budget if isinstance(budget, int) else None,
+                    budget_s=kwargs.get("budget_s")):
             return tune(self, budget=budget, **kwargs)
 
     def fit_memory(self, budget_bytes: int, effective_batch: int, *, progress: bool | None = None,
@@ -410,7 +413,8 @@ class Workbench:
         from .fit import fit_memory
 
         total = kwargs.get("max_trials", 12)
-        with search(progress, "fit_memory", log=self.log, total=total if isinstance(total, int) else None):
+        with search(progress, "fit_memory", log=self.log, total=total if isinstance(total, int) else None,
+                    budget_s=kwargs.get("budget_s")):
             return fit_memory(self, budget_bytes=budget_bytes, effective_batch=effective_batch, **kwargs)
 
     def to_tensorboard(self, logdir: str | os.PathLike = "runs") -> list[Path]:
@@ -421,14 +425,16 @@ class Workbench:
         return to_tensorboard(self.trials, logdir, name=self.name)
 
     def scaling(self, world_sizes: tuple[int, ...] = (1, 2), *, strategies: tuple[str, ...] | None = None,
-                progress: bool | None = None, **knobs: Any) -> pd.DataFrame:
+                progress: bool | None = None, budget_s: float | None = None, **knobs: Any) -> pd.DataFrame:
         """One trial per world size (and per strategy: `strategies=("ddp", "fsdp2")`) with the same other
-        knobs: samples/s, efficiency, peak memory and model state per rank (see scaling.py)."""
+        knobs: samples/s, efficiency, peak memory and model state per rank (see scaling.py); `budget_s`
+        caps the seconds (budget.py)."""
         from .scaling import plan, scaling
 
+        check_budget_s(budget_s)
         total = len(plan(self, world_sizes, strategies, knobs))
-        with search(progress, "scaling", log=self.log, total=total):
-            return scaling(self, world_sizes, strategies, **knobs)
+        with search(progress, "scaling", log=self.log, total=total, budget_s=budget_s):
+            return scaling(self, world_sizes, strategies, budget_s=budget_s, **knobs)
 
     def scaling_chart(self, frame: pd.DataFrame) -> Any:
         """The chart of a `scaling()` frame: measured bars vs linear scaling, efficiency labels."""

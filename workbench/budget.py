@@ -10,12 +10,17 @@ the account of where the seconds went (`tune(budget_s=...)`).
   evidence), not by the user.
 - `Spend`: seconds per purpose (race, confirm, explain), the trials not started because their
   estimate did not fit, the trials stopped at the deadline; `str()` says it in one line.
+- `Allowance`: the same rules for every other call that takes a `budget_s` (diagnose, fit_memory,
+  scaling, compare's rounds): the first (needed) trial runs whole, a later one only when its
+  estimate fits the seconds left, under a Deadline; `notes` say what the budget left out and why.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +33,7 @@ DEADLINE = 1.05  # a running trial is stopped at budget_s x DEADLINE (the rest i
 COMPILE_PRIOR = 4.0  # a compiled trial not yet measured: this many times the start's seconds
 WORKERS_PRIOR = 1.5  # a trial with workers not yet measured (worker start-up, buffers)
 EXPLAIN_PRIOR = 1.5  # a traced repeat (the profiler's steps after the window) over its trial's seconds
+TUNE_REASON = "stopped by the budget (tune's budget_s) at its deadline"
 
 
 def check_budget_s(budget_s: object) -> None:
@@ -117,13 +123,14 @@ class Spend:
         return est is None or est * factor <= left_s
 
     def run(self, run: Callable[..., TrialResult], knobs: Knobs, *, purpose: str, deadline_in_s: float | None,
-            stop_early: bool, clock: Callable[[], float]) -> TrialResult:
-        """`run(knobs, ...)` (bench.run), stopped `deadline_in_s` seconds from now when given; the
-        seconds land under `purpose`, the trial in `stopped` (stopped at the deadline) or `measured`."""
+            stop_early: bool, clock: Callable[[], float], reason: str = TUNE_REASON) -> TrialResult:
+        """`run(knobs, ...)` (bench.run), stopped `deadline_in_s` seconds from now when given (the
+        trial's message is `reason`); the seconds land under `purpose`, the trial in `stopped`
+        (stopped at the deadline) or `measured`."""
         kwargs: dict[str, Any] = {} if stop_early else {"stop_early": False}
         deadline = None
         if deadline_in_s is not None:
-            deadline = kwargs["cancel"] = Deadline(deadline_in_s, "stopped by the budget (tune's budget_s) at its deadline")
+            deadline = kwargs["cancel"] = Deadline(deadline_in_s, reason)
         t = clock()
         try:
             r = run(knobs, **kwargs)
@@ -132,6 +139,8 @@ class Spend:
                 deadline.cancel()
         seconds = clock() - t
         self.add(purpose, seconds)
+        if r is None:  # a caller's run that was stopped before it started (compare's `run` may say so)
+            return r
         if deadline is not None and deadline.expired and not r.ok:
             self.stopped.append(r.trial_id)
         else:
@@ -147,3 +156,69 @@ class Spend:
             extra.append(f"{len(self.stopped)} stopped at the deadline (not evidence): "
                          + ", ".join(f"#{t}" for t in self.stopped))
         return "; ".join([parts, *extra])
+
+
+def takes_cancel(run: Callable[..., Any]) -> bool:
+    """Whether `run` accepts a `cancel=` event (bench.run does; a caller's `run(knobs)` may not)."""
+    try:
+        params = inspect.signature(run).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: do not risk the keyword
+        return False
+    return any(p.name == "cancel" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+class Allowance:
+    """A seconds budget over one call that runs trials (diagnose, fit_memory, scaling, compare's
+    rounds), with tune()'s rules: the first trial (and any `needed` one) runs whole, since the call
+    means nothing without it; every other trial starts only when its estimate (`estimate`) fits the
+    seconds left and runs under a `Deadline` at budget_s x DEADLINE, so the call's wall time stays
+    within budget_s x OVERRUN plus the needed trials. A trial stopped there is in `spent.stopped`
+    (status "interrupted": never evidence). `budget_s=None` runs every trial whole, and counts."""
+
+    def __init__(self, budget_s: float | None, what: str, *, clock: Callable[[], float] = time.perf_counter,
+                 whole_first: bool = True) -> None:
+        check_budget_s(budget_s)
+        self.budget_s, self.what, self.clock = budget_s, what, clock
+        self.whole_first = whole_first  # False where the needed trials already ran (compare's rounds)
+        self.t0 = clock()
+        self.spent = Spend(budget_s)
+        self.notes: list[str] = []  # what the budget left out, and why
+        self.started = 0
+
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def left(self) -> float | None:
+        """Seconds left of the budget (None without one; negative once over)."""
+        return None if self.budget_s is None else self.budget_s - self.elapsed()
+
+    def fits(self, seconds: float) -> bool:
+        """Whether `seconds` of work (an analysis, not a trial) fit the seconds left."""
+        left = self.left()
+        return left is None or seconds <= left
+
+    def trial(self, run: Callable[..., TrialResult | None], knobs: Knobs, *, purpose: str = "trials",
+              label: str = "", needed: bool = False, deadline: bool = True) -> TrialResult | None:
+        """`run(knobs)` within the budget; None (and a note naming `label`) when its estimate does not
+        fit the seconds left. `deadline=False` for a `run` that takes no `cancel=` (it then runs whole)."""
+        first, left = not self.started and self.whole_first, self.left()
+        if left is not None and not (first or needed) and not self.spent.fits(knobs, left):
+            self.spent.not_started += 1
+            est = estimate(knobs, self.spent.measured) or 0.0
+            self.notes.append(f"{label or knobs.label()} not run: its estimate {est:.1f} s did not fit the "
+                              f"{max(0.0, left):.1f} s left of budget_s={self.budget_s:g}; raise budget_s to run it")
+            return None
+        at = None if left is None or first or needed or not deadline else self.budget_s * DEADLINE - self.elapsed()
+        self.started += 1
+        r = self.spent.run(run, knobs, purpose=purpose, deadline_in_s=at, stop_early=True, clock=self.clock,  # type: ignore[arg-type]
+                           reason=f"stopped by the budget ({self.what}'s budget_s) at its deadline")
+        if r is not None and r.trial_id in self.spent.stopped:
+            self.notes.append(f"#{r.trial_id} ({label or knobs.label()}) stopped by the budget at its deadline: not evidence")
+        elif first and self.budget_s is not None and self.elapsed() > self.budget_s:
+            self.notes.append(f"the first trial alone took {self.elapsed():.1f} s of budget_s={self.budget_s:g}: it ran "
+                              "whole (nothing can be said without it); raise budget_s for the rest")
+        return r
+
+    def stopped(self, r: TrialResult | None) -> bool:
+        """Whether `r` was stopped by this budget's deadline (or never run): not evidence."""
+        return r is None or r.trial_id in self.spent.stopped

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from .budget import Allowance, Spend
 from .diagnose.memory import block_activation_bytes
 from .knobs import Knobs
 from .measure import TrialResult, fmt_bytes
@@ -45,6 +46,7 @@ class FitResult:
     effective_batch: int
     steps: pd.DataFrame
     notes: list[str] = field(default_factory=list)
+    spent: Spend | None = None  # how the seconds went (budget_s): trials run, not started, stopped at the deadline
 
     @property
     def fits(self) -> bool:
@@ -64,7 +66,8 @@ class FitResult:
         cols = ["step", "change", "trial", "status", "peak", "fits", "samples_per_s", "time_cost"]
         with pd.option_context("display.width", 140, "display.max_colwidth", 50, "display.float_format", "{:,.2f}".format):
             body = self.steps[cols].to_string(index=False) if len(self.steps) else "(no trials)"
-        return "\n".join([head, "", body, *self.notes])
+        spent = [f"budget: {self.spent}"] if self.spent is not None and self.spent.budget_s else []
+        return "\n".join([head, "", body, *self.notes, *spent])
 
     def __repr__(self) -> str:
         return f"<FitResult fits={self.fits} knobs={self.knobs}>"
@@ -126,8 +129,13 @@ def _checkpoint_steps(bench: Bench, k: Knobs) -> Iterator[tuple[Knobs, str]]:
         yield k.replace(checkpoint=tuple(order[:i])), f"checkpoint {i} heaviest block(s): {', '.join(order[:i])}"
 
 
+class _OutOfTime(Exception):
+    """A fit_memory trial did not fit the seconds left, or was stopped at its deadline (budget_s)."""
+
+
 def fit_memory(bench: Bench, budget_bytes: int, effective_batch: int, *, base: Knobs | None = None,
-               min_micro_batch: int | None = None, max_trials: int = 12, headroom: float = DEFAULT_HEADROOM) -> FitResult:
+               min_micro_batch: int | None = None, max_trials: int = 12, headroom: float = DEFAULT_HEADROOM,
+               budget_s: float | None = None) -> FitResult:
     """The first configuration (in rescue order) whose measured peak fits `budget_bytes`.
 
     Effective batch = batch_size x accum_steps stays `effective_batch` throughout. Order: as is →
@@ -136,45 +144,62 @@ def fit_memory(bench: Bench, budget_bytes: int, effective_batch: int, *, base: K
     reports the time cost vs the first trial that ran (per-sample time ratio, 1.25 = 25% slower).
     A configuration fits when its peak stays `headroom` (a share, default 10%) below the budget,
     so the answer does not sit on the OOM edge; headroom=0 fits up to the budget itself.
+    `budget_s` caps the seconds (budget.py, as in tune()): the first trial runs whole, a later one only
+    when its estimate fits the seconds left, under a deadline; the search then ends with a note, and
+    `FitResult.spent` says how the seconds went.
     """
     k = _first_knobs(bench, budget_bytes, effective_batch, headroom, base)
+    allow = Allowance(budget_s, "fit_memory")
     limit = budget_bytes * (1 - headroom)  # the peak a fitting configuration may reach
-    min_micro = min_micro_batch or max(1, effective_batch // 8)
     rows: list[dict[str, Any]] = []  # one per trial run
     notes: list[str] = []
     ref: list[TrialResult] = []  # the first ok trial: time costs are relative to it
 
     def run(step: str, change: str, knobs: Knobs) -> TrialResult:
-        r = bench.run(knobs)
+        r = allow.trial(bench.run, knobs, purpose="fit", label=change)
+        if r is None or allow.stopped(r):  # not started, or stopped at the deadline: no evidence, the search ends
+            raise _OutOfTime
         peak = r.peak_memory_bytes
-        fits = r.ok and peak is not None and peak <= limit
         if r.ok and not ref:
             ref.append(r)
         cost = ref[0].samples_per_s / r.samples_per_s if r.ok and ref and r.samples_per_s else None
         rows.append({"step": step, "change": change, "trial": r.trial_id, "status": r.status,
                      "batch_size": knobs.batch_size, "accum_steps": knobs.accum_steps, "amp": knobs.amp,
                      "checkpoint": ",".join(knobs.checkpoint), "peak_bytes": peak, "peak": fmt_bytes(peak),
-                     "fits": fits, "samples_per_s": r.samples_per_s, "time_cost": cost})
+                     "fits": r.ok and peak is not None and peak <= limit, "samples_per_s": r.samples_per_s,
+                     "time_cost": cost})
         return r
+
+    if headroom:
+        notes.append(f"fits = a peak at most {fmt_bytes(limit)}: {headroom:.0%} headroom below the budget")
+    try:
+        r, knobs = _rescue(bench, k, effective_batch, min_micro_batch or max(1, effective_batch // 8), max_trials,
+                           run, limit, rows, notes)
+    except _OutOfTime:
+        notes.append(f"the seconds ran out (budget_s={budget_s:g}) before a configuration fit: raise budget_s")
+        r, knobs = None, None
+    return FitResult(knobs, r, int(budget_bytes), effective_batch, pd.DataFrame(rows), notes + allow.notes,
+                     allow.spent)
+
+
+def _rescue(bench: Bench, k: Knobs, effective_batch: int, min_micro: int, max_trials: int, run: Any, limit: float,
+            rows: list[dict[str, Any]], notes: list[str]) -> tuple[TrialResult | None, Knobs | None]:
+    """fit_memory's steps in rescue order through `run(step, change, knobs)`: the first (trial, knobs)
+    whose peak stays at most `limit` bytes, else (None, None) with a note saying what to try."""
 
     def fits(r: TrialResult) -> bool:
         return r.ok and r.peak_memory_bytes is not None and r.peak_memory_bytes <= limit
 
-    def done(r: TrialResult, knobs: Knobs) -> FitResult:
-        return FitResult(knobs, r, int(budget_bytes), effective_batch, pd.DataFrame(rows), notes)
-
-    if headroom:
-        notes.append(f"fits = a peak at most {fmt_bytes(limit)}: {headroom:.0%} headroom below the budget")
     cur = run("start", "as is", k)
     if fits(cur):
-        return done(cur, k)
+        return cur, k
 
     # 1. AMP: activations in half precision
     if k.amp == "off" and len(rows) < max_trials:
         amp = "fp16" if bench.device.type == "cuda" and not torch.cuda.is_bf16_supported() else "bf16"
         r = run("amp", f"amp={amp!r}", k.replace(amp=amp))
         if fits(r):
-            return done(r, k.replace(amp=amp))
+            return r, k.replace(amp=amp)
         if _lower(r, cur):
             k, cur = k.replace(amp=amp), r
         else:
@@ -189,7 +214,7 @@ def fit_memory(bench: Bench, budget_bytes: int, effective_batch: int, *, base: K
         knobs = k.replace(batch_size=effective_batch // a, accum_steps=a)
         r = run("accumulation", f"batch_size={knobs.batch_size} x accum_steps={a}", knobs)
         if fits(r):
-            return done(r, knobs)
+            return r, knobs
         if _lower(r, cur):
             k, cur = knobs, r
 
@@ -199,9 +224,9 @@ def fit_memory(bench: Bench, budget_bytes: int, effective_batch: int, *, base: K
             break
         r = run("checkpoint", change, knobs)
         if fits(r):
-            return done(r, knobs)
+            return r, knobs
     if len(rows) >= max_trials:
         notes.append(f"stopped after max_trials={max_trials}")
     notes.append("nothing fits: raise the budget, lower effective_batch, or pass min_micro_batch=1 "
                  "to accumulate over smaller micro-batches")
-    return FitResult(None, None, int(budget_bytes), effective_batch, pd.DataFrame(rows), notes)
+    return None, None

@@ -8,8 +8,10 @@ own thread, at most `HZ` times a second, through a `Poller`.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -182,12 +184,35 @@ def shown(progress: object, desc: str = "trial") -> Iterator[TrialProgress]:
         bar.close()
 
 
-class SearchBar:
-    """Counts the trials of a search as they land in the log; analyses say what runs via `note()`."""
+def budget_left(budget_s: float | None, t0: float, now: float) -> str:
+    """"23 s of 60 s left" for a search with a seconds budget that started at `t0` ("" without one)."""
+    if budget_s is None:
+        return ""
+    return f"{max(0.0, budget_s - (now - t0)):.0f} s of {budget_s:g} s left"
 
-    def __init__(self, desc: str, total: int | None) -> None:
+
+def trial_word(result: Any) -> str:
+    """A finished trial in a few words: its rate, "stopped early: clearly slower", or its status."""
+    extra = getattr(result, "extra", None) or {}
+    if extra.get("stopped_early"):
+        return "stopping early: clearly slower"
+    return f"{result.samples_per_s:,.0f} samples/s" if getattr(result, "samples_per_s", None) else str(result.status)
+
+
+class SearchBar:
+    """Counts the trials of a search as they land in the log; analyses say what runs via `note()`.
+    With a seconds budget (`budget_s`), the postfix also says how many seconds are left."""
+
+    def __init__(self, desc: str, total: int | None, budget_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.bar = make_bar(desc=desc, total=total, unit="trial", position=0)
         self.seen: set[int] = set()
+        self.budget_s, self.clock = budget_s, clock
+        self.t0 = clock()
+
+    def _postfix(self, text: str) -> str:
+        left = budget_left(self.budget_s, self.t0, self.clock())
+        return f"{text} · {left}" if left else text
 
     def on_trial(self, result: Any) -> None:
         """ResultLog observer: one tick per new trial (a baseline change is not a trial)."""
@@ -195,12 +220,11 @@ class SearchBar:
         if tid is None or tid in self.seen:
             return
         self.seen.add(tid)
-        rate = f"{result.samples_per_s:,.0f} samples/s" if result.samples_per_s else result.status
-        self.bar.set_postfix_str(f"#{tid} {rate}", refresh=False)
+        self.bar.set_postfix_str(self._postfix(f"#{tid} {trial_word(result)}"), refresh=False)
         self.bar.update(1)
 
     def note(self, text: str) -> None:
-        self.bar.set_postfix_str(text)
+        self.bar.set_postfix_str(self._postfix(text))
 
     def close(self, finished: bool) -> None:
         if finished and self.bar.total is not None and self.bar.n < self.bar.total:
@@ -209,9 +233,17 @@ class SearchBar:
         self.bar.close()
 
 
+def _seconds(budget_s: object) -> float | None:
+    """`budget_s` when it is a usable number of seconds, else None (the search itself refuses bad ones)."""
+    ok = isinstance(budget_s, (int, float)) and not isinstance(budget_s, bool) and math.isfinite(budget_s) and budget_s > 0
+    return float(budget_s) if ok else None  # type: ignore[arg-type]
+
+
 @contextlib.contextmanager
-def search(progress: object, desc: str, *, log: Any, total: int | None = None) -> Iterator[None]:
-    """A bar over a whole search (tune, diagnose, fit_memory), ticked by `log`'s observer.
+def search(progress: object, desc: str, *, log: Any, total: int | None = None,
+           budget_s: object = None) -> Iterator[None]:
+    """A bar over a whole search (tune, diagnose, fit_memory, scaling), ticked by `log`'s observer;
+    with `budget_s` (seconds) its postfix says how many are left ("#7 812 samples/s · 23 s of 60 s left").
 
     Its trials' own bars become transient; `progress=False` silences them as well.
     """
@@ -223,7 +255,7 @@ def search(progress: object, desc: str, *, log: Any, total: int | None = None) -
         finally:
             _context.off = outer[1]
         return
-    bar = SearchBar(desc, total)
+    bar = SearchBar(desc, total, _seconds(budget_s))
     log.observe(bar.on_trial)
     _context.search = bar
     finished = False

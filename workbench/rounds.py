@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from .budget import Allowance, check_budget_s, takes_cancel
 from .comparison import Trials, caveats, check_margin, judge, noise_of, trials_of, usable
 from .knobs import Knobs
 from .measure import TrialResult
@@ -80,8 +81,7 @@ def _check_auto(run: Run | None, max_rounds: int, budget_s: float | None) -> Non
     """ValueError naming the first argument of rounds='auto' that cannot work."""
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
         raise ValueError(f"max_rounds must be an int >= 1, got {max_rounds!r}")
-    if budget_s is not None and not budget_s > 0:
-        raise ValueError(f"budget_s must be a number of seconds > 0 (or None for no limit), got {budget_s!r}")
+    check_budget_s(budget_s)
     if run is None:
         raise ValueError("rounds='auto' needs a way to run trials: call bench.compare(a, b, rounds='auto'), "
                          "or pass run=bench.run")
@@ -91,6 +91,14 @@ def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *, run: 
                   max_rounds: int, margin: float, budget_s: float | None) -> Comparison:
     """rounds="auto": alternating rounds until decided, judged on back-to-back pairs (decide_sequential)."""
     _check_auto(run, max_rounds, budget_s)
+    # budget.py's rules for each round's trials: one starts only when its estimate fits the seconds
+    # left and runs under a deadline (a stopped trial ends the rounds: a stopped round is no evidence)
+    allow = Allowance(budget_s, "compare", whole_first=False)
+    deadline = takes_cancel(run)  # type: ignore[arg-type]
+
+    def timed(knobs: Knobs) -> TrialResult | None:
+        return allow.trial(run, knobs, purpose="rounds", deadline=deadline)  # type: ignore[arg-type]
+
     first_a, first_b = runs_a[-1], runs_b[-1]
     # The given pair counts as the first round only when the two trials ran back to back.
     paired = first_a.trial_id is not None and first_b.trial_id is not None and \
@@ -117,9 +125,10 @@ def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *, run: 
         if budget_s is not None and done and spent + spent / done > budget_s:
             note = f"Stopped after {done} rounds: another round would pass budget_s={budget_s:g} s."
             break
-        pair, note = _one_round(run, pa, pb, done + (0 if paired else 1), done,  # type: ignore[arg-type]
+        pair, note = _one_round(timed, pa, pb, done + (0 if paired else 1), done,
                                 (first_a.knobs, first_b.knobs))
         if note:
+            note = " ".join([note, *allow.notes])  # why the budget ended the rounds, when it did
             break
         for side, r in pair:
             side.append(r)

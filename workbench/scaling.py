@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from .budget import Allowance
 from .knobs import STRATEGIES
 from .protocol import Bench
 
@@ -53,35 +54,47 @@ def plan(bench: Bench, world_sizes: Iterable[int], strategies: Iterable[str] | N
 
 
 def scaling(bench: Bench, world_sizes: Iterable[int] = (1, 2), strategies: Iterable[str] | None = None,
-            **changes: Any) -> pd.DataFrame:
+            budget_s: float | None = None, **changes: Any) -> pd.DataFrame:
     """Run one trial per world size (and per strategy, e.g. ("ddp", "fsdp2")) with the same other
     knobs; a DataFrame with efficiency, peak memory and model state (params + grads + optimizer
     state) per rank, side by side with throughput.
 
     Efficiency is against the 1-rank trial when world_sizes includes 1, else against the first row
     (the smallest world size, first strategy): samples/s(N) / (N / N0 x samples/s(N0)).
+    `budget_s` caps the seconds (budget.py, as in tune()): the first row's trial runs whole, a later
+    one only when its estimate (which knows more ranks cost more) fits the seconds left, under a
+    deadline; a row left out or stopped says so in `status`, and `frame.attrs["spent"]` (budget.Spend)
+    and `frame.attrs["notes"]` say how the seconds went.
     """
+    allow = Allowance(budget_s, "scaling")
     rows = []
     for k in plan(bench, world_sizes, strategies, changes):
-        r = bench.run(k)
-        d = r.extra.get("distributed", {})
-        per_rank = d.get("per_rank_samples_per_s", r.samples_per_s if k.world_size == 1 else None)
+        r = allow.trial(bench.run, k, purpose="scaling", label=f"world_size={k.world_size} ({k.strategy})")
+        if r is None:
+            rows.append({"world_size": k.world_size, "strategy": k.strategy if k.world_size > 1 else "one process",
+                         "status": "not run: over the budget"})
+            continue
+        rate = None if allow.stopped(r) else r.samples_per_s  # a trial stopped at the deadline is no evidence
+        d = r.extra.get("distributed", {}) if rate else {}
+        per_rank = d.get("per_rank_samples_per_s", rate if k.world_size == 1 else None)
         threads = (d.get("per_rank") or [{}])[0].get("threads") if d else r.env.get("threads")
         strategy = k.strategy if k.world_size > 1 else "one process"
         rows.append({"world_size": k.world_size, "strategy": strategy,
                      "setup": f"{k.world_size} x {strategy}" if k.world_size > 1 else "1",
-                     "samples_per_s": r.samples_per_s, "per_rank_samples_per_s": per_rank,
+                     "samples_per_s": rate, "per_rank_samples_per_s": per_rank,
                      "threads_per_rank": threads, "exposed_comm_share": d.get("exposed_comm_share"),
                      "step_time_ms": None if r.step_time_s is None else r.step_time_s * 1e3,
                      "peak_memory_mb": _mb(r.peak_memory_bytes), "model_state_mb": _mb(r.model_state_bytes),
-                     "status": r.status, "trial_id": r.trial_id})
+                     "status": "stopped by the budget" if allow.stopped(r) else r.status, "trial_id": r.trial_id})
     df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "efficiency"])
     base = df.iloc[0]
     if base["samples_per_s"]:
         df["efficiency"] = df["samples_per_s"] / (df["world_size"] / base["world_size"] * base["samples_per_s"])
     else:
         df["efficiency"] = None
-    return df[COLUMNS]
+    out = df[COLUMNS]
+    out.attrs.update(spent=allow.spent, notes=allow.notes)
+    return out
 
 
 def _mb(n: int | None) -> float | None:

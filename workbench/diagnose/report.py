@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from .. import progress
+from ..budget import Allowance, Spend
 from ..knobs import Knobs
 from ..measure import TrialResult, fmt_bytes
 from ..protocol import Bench
@@ -51,6 +52,8 @@ class Diagnosis:
     compile: list[str] = field(default_factory=list)  # sentences on compiled trials
     problems: list[str] = field(default_factory=list)  # analyses that could not run, and why
     trace_path: str | None = None  # Chrome trace of the profiled steps (Perfetto, chrome://tracing, HTA)
+    spent: Spend | None = None  # how the seconds went (budget_s): trials run, not started, stopped at the deadline
+    budget_notes: list[str] = field(default_factory=list)  # what the budget left out, and why
 
     @property
     def bottleneck(self) -> str:
@@ -90,6 +93,8 @@ class Diagnosis:
             out.append(("Trace (open in ui.perfetto.dev or chrome://tracing)", [self.trace_path]))
         if self.problems:
             out.append(("Analyses that could not run", self.problems))
+        if self.spent is not None and self.spent.budget_s:
+            out.append((f"Budget ({self.spent.budget_s:g} s)", [str(self.spent), *self.budget_notes]))
         return out
 
     def __str__(self) -> str:
@@ -132,10 +137,20 @@ def _find(bench: Bench, knobs: Knobs) -> TrialResult | None:
     return next((r for r in reversed(bench.trials) if r.ok and r.steady is not False and r.knobs == knobs), None)
 
 
-def _steady_run(bench: Bench, knobs: Knobs) -> TrialResult:
-    """A trial of `knobs`, run once more when it was not steady (steady.py): the verdict reads the repeat."""
-    r = bench.run(knobs)
-    return bench.run(knobs) if r.ok and r.steady is False else r
+def _steady_run(bench: Bench, knobs: Knobs, allow: Allowance | None = None, label: str = "the trial") -> TrialResult | None:
+    """A trial of `knobs` within the budget (None when it did not fit or was stopped at its deadline),
+    run once more when it was not steady (steady.py) and that fits: the verdict reads the repeat."""
+    allow = allow or Allowance(None, "diagnose")
+    r = allow.trial(bench.run, knobs, purpose="trials", label=label)
+    if r is None or allow.stopped(r):
+        return None
+    again = allow.trial(bench.run, knobs, purpose="trials", label=f"{label} (repeat: unsteady)") \
+        if r.ok and r.steady is False else None
+    return again if again is not None and not allow.stopped(again) else r
+
+
+ANALYSIS_STEPS = {"profiler": 3.0, "memory breakdown": 2.0, "block activations": 2.0, "FLOP count": 1.0}
+ANALYSIS_PRIOR = 3.0  # an instrumented eager step (profiler, hooks) over a measured step's seconds
 
 
 def _compile_lines(bench: Bench) -> list[str]:
@@ -155,13 +170,18 @@ def _compile_lines(bench: Bench) -> list[str]:
 
 
 def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, profile: bool = True,
-             memory: bool = True, flops: bool = True, loader: bool = True, profile_steps: int = 3) -> Diagnosis:
+             memory: bool = True, flops: bool = True, loader: bool = True, profile_steps: int = 3,
+             budget_s: float | None = None) -> Diagnosis:
     """Diagnose `knobs` (default: the baseline's knobs, else the workbench defaults).
 
     Runs (or reuses, when `reuse`) the trial and its short-circuit twin through `bench.run`, then
     the loader-alone rate, thread check, profiler, memory breakdown and FLOPs; an analysis that
-    fails is listed in `problems` instead of stopping the rest.
+    fails is listed in `problems` instead of stopping the rest. `budget_s` caps the seconds
+    (budget.py, as in tune()): the diagnosed trial runs whole, the twin and each analysis only when
+    its estimate fits the seconds left (a trial under a deadline); `Diagnosis.spent` and its
+    "Budget" section say how the seconds went and what was left out.
     """
+    allow = Allowance(budget_s, "diagnose")
     if knobs is None:
         knobs = bench.baseline.knobs if bench.baseline is not None else bench.defaults
     if not isinstance(knobs, Knobs):
@@ -170,7 +190,13 @@ def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, pr
     problems: list[str] = []
 
     def attempt(name: str, fn: Any) -> Any:
+        est = ANALYSIS_STEPS.get(name, 0.0) * (profile_steps if name == "profiler" else 1) * ANALYSIS_PRIOR \
+            * (base.step_time_s or 0.0)  # seconds: instrumented eager steps
+        if not allow.fits(est):
+            allow.notes.append(f"{name} not run: about {est:.1f} s, over the seconds left of budget_s={budget_s:g}")
+            return None
         progress.note(name)  # the search bar says which analysis runs
+        t = allow.clock()
         try:
             return fn()
         except Exception as e:
@@ -178,32 +204,30 @@ def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, pr
             if not isinstance(e, (ValueError, TypeError, RuntimeError)):
                 problems.append(traceback.format_exc(limit=2))
             return None
+        finally:
+            allow.spent.add("analyses", allow.clock() - t)
 
-    base = (_find(bench, knobs) if reuse else None) or _steady_run(bench, knobs)
+    base = (_find(bench, knobs) if reuse else None) or _steady_run(bench, knobs, allow, "the diagnosed trial")
+    if base is None:  # only a caller's deadline stops the first trial
+        raise RuntimeError("the diagnosed trial was stopped before it measured anything: raise budget_s")
     cached = None
     if knobs.data == "loader" and base.ok:
         ck = short_circuit_knobs(knobs)
-        cached = (_find(bench, ck) if reuse else None) or _steady_run(bench, ck)
-    confirmed = None
-    if cached is not None and cached.ok and (base.data_wait_share or 0) < DATA_WAIT_LIMIT:
-        # Little data wait, yet the cached batch looks faster: one pair of trials is no evidence
-        # (identical trials differ by up to 20%), so confirm in alternating rounds.
-        first = bench.compare(base, cached)
-        if first.speedup >= DATA_BOUND_SPEEDUP:
-            confirmed = bench.compare(base, cached, rounds="auto", max_rounds=CONFIRM_ROUNDS)  # stops when decided
-    rate = attempt("loader rate", lambda: loader_rate(wl, knobs)) if loader and knobs.data == "loader" else None
+        cached = (_find(bench, ck) if reuse else None) or _steady_run(bench, ck, allow, "the short-circuit twin")
+    confirmed = _confirm_data(bench, base, cached, allow)
+    left = allow.left()
+    loader_s = 20.0 if left is None else min(20.0, left)  # seconds: the loader-alone rate stops after this long
+    rate = None
+    if loader and knobs.data == "loader" and loader_s < 1.0:
+        allow.notes.append(f"loader rate not run: under 1 s left of budget_s={budget_s:g}")
+    elif loader and knobs.data == "loader":
+        rate = attempt("loader rate", lambda: loader_rate(wl, knobs, max_s=loader_s))
     data = check_data(base, cached, rate, confirmed)
     threads = thread_check(knobs)
 
-    stages = ops = mem = blocks = flop_df = None
-    trace_path = None
+    stages = ops = mem = blocks = flop_df = trace_path = None
     if base.ok:
-        if profile:
-            trace_to = trace_file(bench.log.path.parent if bench.log.path is not None else None, bench.name, "diagnose")
-            got = attempt("profiler", lambda: profile_step(wl, knobs, steps=profile_steps, trace_path=trace_to))
-            if got is not None:
-                stages, ops = got
-                trace_path = str(trace_to) if trace_to.exists() else None
+        stages, ops, trace_path = _profiled(bench, knobs, attempt, profile_steps) if profile else (None, None, None)
         if memory:
             mem = attempt("memory breakdown", lambda: memory_breakdown(wl, knobs))
             if wl.blocks:
@@ -224,4 +248,30 @@ def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, pr
                                  compile_info=compile_info), stages)  # the evidence cites the phase split
     return Diagnosis(knobs=knobs, data=data, threads=threads, verdict=verdict, stages=stages, ops=ops,
                      memory=mem, block_activations=blocks, flops=flop_df, compile=compile_lines, problems=problems,
-                     trace_path=trace_path)
+                     trace_path=trace_path, spent=allow.spent, budget_notes=allow.notes)
+
+
+def _profiled(bench: Bench, knobs: Knobs, attempt: Any, steps: int) -> tuple[Any, Any, str | None]:
+    """The profiler's (stages, ops, trace path) through `attempt` (None when it could not run)."""
+    trace_to = trace_file(bench.log.path.parent if bench.log.path is not None else None, bench.name, "diagnose")
+    got = attempt("profiler", lambda: profile_step(bench.workload, knobs, steps=steps, trace_path=trace_to))
+    if got is None:
+        return None, None, None
+    return got[0], got[1], str(trace_to) if trace_to.exists() else None
+
+
+def _confirm_data(bench: Bench, base: TrialResult, cached: TrialResult | None, allow: Allowance) -> Any:
+    """Little data wait, yet the cached batch looks faster: one pair of trials is no evidence
+    (identical trials differ by up to 20%), so confirm in alternating rounds, within the seconds left."""
+    if cached is None or not cached.ok or (base.data_wait_share or 0) >= DATA_WAIT_LIMIT:
+        return None
+    if bench.compare(base, cached).speedup < DATA_BOUND_SPEEDUP:
+        return None
+    left = allow.left()
+    if left is not None and left <= 0:
+        allow.notes.append("the data-bound check was not confirmed in extra rounds: no seconds left")
+        return None
+    t = allow.clock()
+    c = bench.compare(base, cached, rounds="auto", max_rounds=CONFIRM_ROUNDS, budget_s=left)  # stops when decided
+    allow.spent.add("confirm", allow.clock() - t)
+    return c

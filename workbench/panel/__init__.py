@@ -31,6 +31,7 @@ from ..runner import check_knobs
 from ..stats import ANSWER_WORDS
 from .controls import GROUPS, KnobControls
 from .queue import DEBOUNCE_S, TrialQueue
+from .tuning import DEFAULT_BUDGET_S, Countdown, PanelBench, TuneStopped, tune_summary
 from .view import explanation_html, noise_html, result_line, status_html, table_html, trace_html
 
 __all__ = ["GROUPS", "Panel", "has_frontend", "panel"]
@@ -43,6 +44,8 @@ PHASES = {
     "compiling": "compiling (torch.compile: seconds to minutes, not a hang)…",
     "warming up": "warming up (not measured)…",
     "measuring": "measuring…",
+    "stopping early: clearly slower": "stopping early: clearly slower than the baseline (bench.run(stop_early=False) "
+                                      "runs the whole window)",
     "done": "finishing…",
 }
 
@@ -110,6 +113,7 @@ class Panel:
                                     tooltip="cancel the running trial at the next step (recorded as interrupted)")
         self.run_button.on_click(lambda _: self._on_change(force=True))
         self.stop_button.on_click(lambda _: self.stop())
+        self._tune_widgets(W)  # the Tune button and its budget box
 
         # ---- progress and status ---------------------------------------------------------------
         self.progress = W.IntProgress(value=0, min=0, max=1, description="trial",
@@ -137,6 +141,7 @@ class Panel:
                    f"{bench.warmup_steps} warm-up + {bench.steps} measured steps"),
             self.knob_controls.layout(),
             W.HBox([self.run_button, self.stop_button, self.progress, self.rate]),
+            W.HBox([self.tune_button, self.budget_box]),
             self.status,
             self.trace_line,
             self.chart,
@@ -215,6 +220,55 @@ class Panel:
         else:
             self._explain(trial_id, False)
 
+    def _tune_widgets(self, W: Any) -> None:
+        """The "Tune" button, the seconds budget box it reads, and the countdown its labels show."""
+        self.tune_button = W.Button(description="Tune", icon="magic", tooltip="race candidates from the current "
+                                    "knobs within the budget (bench.tune(budget_s=...)); Stop ends it")
+        self.budget_box = W.BoundedFloatText(value=DEFAULT_BUDGET_S, min=1.0, max=86_400.0, step=10.0,  # seconds
+                                             description="budget (s)", layout=W.Layout(width="170px"))
+        self.tune_button.on_click(lambda _: self.tune(self.budget_box.value))
+        self.last_tune: Any = None  # the latest TuneResult from the Tune button
+        self._countdown = Countdown()  # the seconds left of a running tune, for the labels
+
+    def tune(self, budget_s: float) -> None:
+        """Queue `tune(budget_s=...)` from the current knobs: its trials show on the bar, the labels say
+        the seconds left, and Stop ends it (the result: `last_tune`, shown under the chart)."""
+        self.queue.put(("tune", budget_s, True), debounce=False)
+        self._set_status("queued", f"queued: tune within {budget_s:g} s")
+
+    def _tune(self, budget_s: float) -> None:
+        """tune() on the queue thread, through PanelBench (the panel's progress and Stop)."""
+        from ..tune import tune
+
+        try:
+            start = self.knobs()
+        except (ValueError, TypeError) as e:
+            self._set_status("error", f"not tuned: {e}")
+            return
+        self._countdown.start(budget_s)
+        self.last_tune = None
+        self.progress.description, self.stop_button.button_style = "tune", "danger"
+        self._set_status("starting", f"tuning within {budget_s:g} s from {start.label(self._base_knobs())}…")
+        try:
+            with Poller(self.trial_progress, self._progress):
+                self.last_tune = tune(PanelBench(self.bench, self.trial_progress, self.queue.cancel),  # type: ignore[arg-type]
+                                      budget_s=budget_s, start=start)
+        except (ValueError, TypeError) as e:
+            self._set_status("error", f"not tuned: {e}")
+            return
+        except TuneStopped:
+            self.last_tune = None
+        finally:
+            self._countdown.stop()
+            self.progress.description, self.stop_button.button_style = "trial", ""
+        if self.last_tune is None or self.queue.cancel.is_set():  # Stop during the tune (maybe its start)
+            self.last_tune = None  # a stopped tune decided nothing
+            self._set_status("interrupted", "tune stopped by the user: its trials are in the table")
+            return
+        self.verdict.value = self.last_tune._repr_html_()
+        self.rate.value = ""
+        self._set_status("ok", tune_summary(self.last_tune))
+
     def stop(self) -> None:
         """Cancel the running trial at its next step boundary and drop any queued job."""
         running = self.queue.stop()
@@ -239,6 +293,8 @@ class Panel:
                 self._set_status("idle", "no change: these knobs were just measured (press Run to re-measure)")
         elif kind == "explain":
             self._explain(payload, force)
+        elif kind == "tune":
+            self._tune(payload)
         else:
             self._repeat(payload)
 
@@ -273,9 +329,10 @@ class Panel:
     def _progress(self, phase: str, done: int, total: int) -> None:
         """`bench.run`'s progress callback: (phase, steps done, steps total); runs in the worker."""
         now = time.monotonic()
+        left = self._countdown.suffix()  # " · 23 s of 60 s left" while a tune runs
         if phase == "done" or phase in FAILED_PHASES:  # the trial's end: keep the bar where it stopped
             self.progress.max = max(1, total)  # a trial shorter than one poll shows only this state
-            self._set_status(phase, PHASES.get(phase, phase))
+            self._set_status(phase, PHASES.get(phase, phase) + left)
             return
         self.progress.max, self.progress.value = max(1, total), done
         if phase == "measuring":
@@ -283,10 +340,11 @@ class Panel:
                 self._measure_start = (now, done)
             t0, d0 = self._measure_start
             if done > d0 and now > t0:
-                self.rate.value = f"{done}/{total} steps · {(done - d0) / (now - t0):.1f} steps/s"
+                self.rate.value = f"{done}/{total} steps · {(done - d0) / (now - t0):.1f} steps/s{left}"
         else:
-            self.rate.value = f"{done}/{total} steps"
-        self._set_status(phase, PHASES.get(phase, phase))
+            self._measure_start = None if phase == "warming up" else self._measure_start  # a tune's next trial
+            self.rate.value = f"{done}/{total} steps{left}"
+        self._set_status(phase, PHASES.get(phase, phase) + left)
 
     def _repeat(self, trial_id: int) -> None:
         """Re-run the baseline's knobs and the trial's through `bench.compare(rounds="auto")` (the same
