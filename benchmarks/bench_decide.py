@@ -22,7 +22,7 @@ effects at 10% sd per pair, with and without bursts (20% of blocks hit by a ±30
 at every 8 pairs up to 20 times; false alarms, answers and the median pairs to an answer.
 
 `--truth [rounds]`: issue 34's agreement check: for bench_referee.py's knob sets that interleave (cnn:
-channels_last, batch_size=64, cpu_threads=1), the interleaved ratio (budget 60 s) against the ratio of
+channels_last, batch_size=64, cpu_threads=1), the interleaved ratio (20 s of blocks, judged once) against the ratio of
 `rounds` alternating trials each (default 4); goal: within ±5%. (The exported script's side is
 bench_referee.py's own run.)
 
@@ -139,12 +139,12 @@ def simulate(sims: int = 1000, every: int = 8, looks: int = 20, sd: float = 0.10
                   f"{counts['undecided']} | {med} |", flush=True)
 
 
-def truth(rounds: int = 4) -> None:
+def truth(rounds: int = 4, seconds: float = 20.0) -> None:
     """Interleaved ratio against separate trials' ratio, for bench_referee.py's interleavable knob sets."""
     sys.path.insert(0, os.path.dirname(__file__))
     from bench_referee import KNOB_SETS
 
-    from workbench.interleave import why_not
+    from workbench.interleave import interleaved, why_not
 
     benches: dict[str, wb.Workbench] = {}
     print("| demo | change | interleaved B/A (interval; pairs, s) | trials B/A (interval; rounds) | "
@@ -155,7 +155,8 @@ def truth(rounds: int = 4) -> None:
         if not change or why_not(bench.defaults, bench.knobs(**change)) is not None:
             continue
         a, b = bench.run(progress=False), bench.run(progress=False, **change)
-        inter = bench.compare(a, b, rounds="auto", budget_s=60, margin=0.02)
+        # the whole `seconds` and one look: a precise ratio, not the first decided one (which may be wide)
+        inter = interleaved(bench.workload, a.knobs, b.knobs, budget_s=seconds, looks=1)
         trials = bench.compare(a, b, rounds=rounds, interleave=False)
         agree = inter.speedup / trials.speedup
         print(f"| {demo} | {change} | {inter.speedup:.3f} ({inter.low:.3f} … {inter.high:.3f}; {inter.blocks}, "

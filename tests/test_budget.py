@@ -32,7 +32,10 @@ def test_estimates_come_from_the_most_similar_measured_configuration():
     assert estimate(k, measured) == 3.0  # the same knobs: their longest trial
     assert estimate(k.replace(batch_size=32), measured) == pytest.approx(12.0)  # 4x the samples per step
     assert estimate(k.replace(num_workers=1), measured) == 5.0  # the workers' class, measured
-    assert estimate(k.replace(compile="default"), measured) == pytest.approx(4 * 5.0)  # compile prior, costliest
+    assert estimate(k.replace(compile="default"), measured) == pytest.approx(12 * 5.0)  # compile prior, costliest
+    compiled = [*measured, (k.replace(compile="default"), 8.0, True)]
+    assert estimate(k.replace(compile="default", cpu_threads=1), compiled) == 8.0  # the same graph: compiled before
+    assert estimate(k.replace(compile="default", amp="bf16"), compiled) == pytest.approx(16.0)  # a graph of its own
     early = [(k, 2.0, True), (k.replace(amp="bf16"), 0.3, False)]  # stopped early: only for its own knobs
     assert estimate(k.replace(channels_last=True), early) == 2.0
 

@@ -4,7 +4,9 @@ the account of where the seconds went (`tune(budget_s=...)`).
 - `estimate(knobs, measured)`: a trial's seconds from the measured trials of the most similar
   configuration: the same knobs when measured (the longest of their trials), else the trials of the
   same cost class (compiles or not, workers or not, world size), scaled by samples per step; a class
-  not measured yet gets the start's figure times a prior factor (compile 4x, workers 1.5x, ranks).
+  not measured yet gets the start's figure times a prior factor (compile 12x, workers 1.5x, ranks),
+  and a compiled trial whose graph differs from every measured compiled one (precision, layout, batch)
+  twice its class's figure: it compiles anew.
 - `Deadline`: the cancel Event the runner checks at every step, set by a timer at the deadline with
   a reason, so the stopped trial is recorded as stopped by the budget (status "interrupted", never
   evidence), not by the user.
@@ -30,7 +32,11 @@ from .measure import TrialResult
 
 OVERRUN = 1.1  # the cap: tune()'s whole wall time stays within budget_s x OVERRUN
 DEADLINE = 1.05  # a running trial is stopped at budget_s x DEADLINE (the rest is for recording and the result)
-COMPILE_PRIOR = 4.0  # a compiled trial not yet measured: this many times the start's seconds
+# A compiled trial not yet measured: this many times the costliest plain trial. On the held-out CNN
+# (2-core AMD EPYC, warm inductor cache) 1 s plain trials took 8 s compiled (fp32) and 16 s (bf16).
+COMPILE_PRIOR = 12.0
+RECOMPILE_PRIOR = 2.0  # a compiled trial whose graph no measured compiled trial shares: a compile of its own
+GRAPH_FREE = frozenset({"num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "cpu_threads", "data"})
 WORKERS_PRIOR = 1.5  # a trial with workers not yet measured (worker start-up, buffers)
 EXPLAIN_PRIOR = 1.5  # a traced repeat (the profiler's steps after the window) over its trial's seconds
 TUNE_REASON = "stopped by the budget (tune's budget_s) at its deadline"
@@ -75,6 +81,8 @@ def estimate(knobs: Knobs, measured: Sequence[tuple[Knobs, float, bool]]) -> flo
         est *= COMPILE_PRIOR if compiles and not ref_compiles else 1.0
         est *= WORKERS_PRIOR if workers and not ref_workers else 1.0
         est *= max(1.0, ranks / ref_ranks)
+    elif cost_class(knobs)[0] and not any(set(knobs.diff(k)) <= GRAPH_FREE for k, _s in similar):
+        est *= RECOMPILE_PRIOR  # other precision, layout or batch: torch.compile traces and compiles anew
     return est
 
 
