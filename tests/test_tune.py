@@ -140,6 +140,7 @@ def test_nothing_beats_the_start_is_a_confirmed_same_speed():
     res = tune(bench, budget=60, stages=("data", "precision"))
     assert res.best_knobs == bench.defaults and res.answer == "same", str(res)
     assert res.steps["decision"].str.startswith("nothing beats the start").any()
+    assert res.speedup == 1.0  # the start kept: no change, whatever its trials' noise
 
 
 def test_tune_budget_in_seconds_and_trial_cap(fake_clock):

@@ -157,8 +157,11 @@ class TuneResult:
 
     @property
     def speedup(self) -> float | None:
-        """Best vs start throughput (the confirmation's ratio when there is one)."""
-        if self.confirmation is not None and self.best_knobs != self.start.knobs:
+        """Best vs start throughput (the confirmation's ratio when there is one); 1.0 when the start
+        is kept (two trials of the start differ by noise, not by a change)."""
+        if self.best_knobs == self.start.knobs:
+            return 1.0
+        if self.confirmation is not None:
             return self.confirmation.speedup
         if not self.start.samples_per_s or not self.best.samples_per_s:
             return None
