@@ -206,11 +206,13 @@ class Allowance:
         return left is None or seconds <= left
 
     def trial(self, run: Callable[..., TrialResult | None], knobs: Knobs, *, purpose: str = "trials",
-              label: str = "", needed: bool = False, deadline: bool = True) -> TrialResult | None:
+              label: str = "", needed: bool = False, deadline: bool = True,
+              starts: bool = False) -> TrialResult | None:
         """`run(knobs)` within the budget; None (and a note naming `label`) when its estimate does not
-        fit the seconds left. `deadline=False` for a `run` that takes no `cancel=` (it then runs whole)."""
+        fit the seconds left. `deadline=False` for a `run` that takes no `cancel=` (it then runs whole).
+        `starts=True`: it starts whatever its estimate, but still under the deadline (compare's first round)."""
         first, left = not self.started and self.whole_first, self.left()
-        if left is not None and not (first or needed) and not self.spent.fits(knobs, left):
+        if left is not None and not (first or needed or starts) and not self.spent.fits(knobs, left):
             self.spent.not_started += 1
             est = estimate(knobs, self.spent.measured) or 0.0
             self.notes.append(f"{label or knobs.label()} not run: its estimate {est:.1f} s did not fit the "

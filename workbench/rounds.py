@@ -91,13 +91,13 @@ def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *, run: 
                   max_rounds: int, margin: float, budget_s: float | None) -> Comparison:
     """rounds="auto": alternating rounds until decided, judged on back-to-back pairs (decide_sequential)."""
     _check_auto(run, max_rounds, budget_s)
-    # budget.py's rules for each round's trials: one starts only when its estimate fits the seconds
-    # left and runs under a deadline (a stopped trial ends the rounds: a stopped round is no evidence)
+    # budget.py's rules for each round's trials after the first: one starts only when its estimate fits
+    # the seconds left and runs under a deadline (a stopped trial ends the rounds: a stopped round is no evidence)
     allow = Allowance(budget_s, "compare", whole_first=False)
     deadline = takes_cancel(run)  # type: ignore[arg-type]
 
-    def timed(knobs: Knobs) -> TrialResult | None:
-        return allow.trial(run, knobs, purpose="rounds", deadline=deadline)  # type: ignore[arg-type]
+    def timed(knobs: Knobs) -> TrialResult | None:  # the first round always starts (still under the deadline)
+        return allow.trial(run, knobs, purpose="rounds", starts=done == 0, deadline=deadline)  # type: ignore[arg-type]
 
     first_a, first_b = runs_a[-1], runs_b[-1]
     # The given pair counts as the first round only when the two trials ran back to back.
