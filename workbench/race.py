@@ -118,8 +118,7 @@ class Ctx:
         """Trials still affordable: the trial cap, and the seconds left over the median trial's."""
         n = self.limit - self.used
         if self.budget_s is not None and self.durations:
-            per = sorted(self.durations)[len(self.durations) // 2]
-            n = min(n, int((self.budget_s - self.elapsed()) / max(per, 1e-6)))
+            n = min(n, int((self.budget_s - self.elapsed()) / max(self.median_trial_s(), 1e-6)))
         return max(0, n)
 
     def run(self, knobs: Knobs) -> TrialResult | None:
