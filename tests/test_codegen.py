@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ranks import job_output
+from rank_failures import job_output
 from torch import nn
 from torch.utils.data import TensorDataset
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import ROOT, TinyNet
-from ranks import job_output
+from rank_failures import job_output
 from test_step import NOT_HERE, switched_on
 from torch import nn
 from torch.utils.data import Dataset

@@ -19,7 +19,7 @@ from workbench.core import compat
 def test_private_internal_still_exists(name):
     gone = compat.missing(name)
     assert gone is None, (f"torch {torch.__version__} no longer has {gone} (used by compat.{name}): "
-                          "update workbench/compat.py; its fallback keeps trials running meanwhile")
+                          "update workbench/core/compat.py; its fallback keeps trials running meanwhile")
 
 
 def test_missing_names_the_attribute_that_is_gone(monkeypatch):

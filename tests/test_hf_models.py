@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT
-from ranks import job_output
+from rank_failures import job_output
 from test_codegen_shapes import script_losses_for, trial_window
 from torch.utils.data import Dataset
 

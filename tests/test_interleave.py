@@ -1,4 +1,4 @@
-"""Interleaved comparisons (workbench/interleave.py, stats.decide_interleaved): which pairs qualify,
+"""Interleaved comparisons (workbench/deciding/interleave.py, results/stats.decide_interleaved): which pairs qualify,
 the error rates under peeking (simulation, fixed seed), and real comparisons on a model whose step
 sleeps (so a known slowdown stays a known ratio on a loaded machine)."""
 

@@ -128,7 +128,7 @@ NOOP_ON_CPU = {"pin_memory": "no accelerator", "cudnn_benchmark": "cuDNN is NVID
 SINGLE_PROCESS = [n for n in wb.knob_names() if n not in NOT_HERE and not n.startswith(("ddp_", "fsdp_"))]
 
 
-# ddp_*/fsdp_* knobs need world_size > 1: test_distributed / test_strategy
+# ddp_*/fsdp_* knobs need world_size > 1: test_ranks / test_strategy
 @pytest.mark.fixed_warmup
 @pytest.mark.parametrize("name", SINGLE_PROCESS)
 def test_every_knob_gives_the_same_losses_in_generated_code_and_run_trial(name, tmp_path):

@@ -1,7 +1,7 @@
 """distributed/strategy.py: FSDP2 trials (strategy="fsdp2") beside DDP, and the fsdp_* knobs.
 
 The knob checks, the generated script's pieces and model_state_bytes are fast; the trials fork 2
-gloo ranks (`slow`), reusing test_distributed's tiny MLP, fault switch and orphan check.
+gloo ranks (`slow`), reusing test_ranks's tiny MLP, fault switch and orphan check.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 
 import pytest
 import torch
-from ranks import why
-from test_distributed import FAULT, make_bench, no_children
+from rank_failures import why
+from test_ranks import FAULT, make_bench, no_children
 
 import workbench as wb
 from workbench.core.knobs import Knobs, device_notes

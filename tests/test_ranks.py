@@ -1,4 +1,4 @@
-"""Distributed trials (workbench/distributed/): 2 gloo ranks forked from this process.
+"""Distributed trials (workbench/launch/ranks.py, join.py, worker.py): 2 gloo ranks forked from this process.
 
 The multi-process tests are `slow` and tiny (a 2-layer MLP, a few steps, short timeouts) so the
 whole file stays within about a minute on a 2-core machine.
@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 import torch
-from ranks import job_output, why
+from rank_failures import job_output, why
 from torch import nn
 
 import workbench as wb
