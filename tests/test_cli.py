@@ -50,7 +50,10 @@ def test_run_json_with_a_trace():
     out = _cli("run", "--demo", "mlp-memory", *TINY, "--json", "--trace")
     rec = _document(out, "run")["result"]
     trace = json.loads(open(rec["trace_path"]).read())
-    assert trace["traceEvents"]
+    from workbench.launch.runner import TRACE_STEPS
+
+    steps = {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+    assert len(steps) == TRACE_STEPS  # the profiled optimizer steps, after the window, one event each
 
 
 def test_errors_are_one_json_document_too():

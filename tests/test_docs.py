@@ -116,10 +116,36 @@ def python_blocks(page: Path) -> list[str]:
     return [code for lang, code in FENCE.findall(page.read_text(encoding="utf-8")) if lang in ("python", "py")]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=_rel)
-def test_python_code_blocks_parse(page):
+def workbench_names(tree: ast.AST) -> set[tuple[str, str]]:
+    """(module, name) for every `from workbench... import name` and every `wb.name` in a code block."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "workbench":
+            found |= {(node.module, a.name) for a in node.names if a.name != "*"}
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "wb":
+            found.add(("workbench", node.attr))
+    return found
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "HISTORY.md"], ids=_rel)
+def test_python_code_blocks_parse_and_name_what_workbench_has(page):
+    """Each block parses, and each workbench name it imports or reads (`wb.X`) exists (HISTORY.md, a
+    record of past versions, may name what is gone)."""
+    import importlib
+
+    missing = []
     for code in python_blocks(page):
-        ast.parse(textwrap.dedent(code))  # a SyntaxError names the line; an excerpt of a class body is dedented
+        tree = ast.parse(textwrap.dedent(code))  # a SyntaxError names the line; a class body excerpt is dedented
+        for module, name in sorted(workbench_names(tree)):
+            if not hasattr(importlib.import_module(module), name) and importlib.util.find_spec(f"{module}.{name}") is None:
+                missing.append(f"{module}.{name}")
+    assert not missing, f"{_rel(page)} names what workbench does not have: {missing}"
+
+
+def test_the_name_check_finds_a_missing_name():
+    tree = ast.parse("import workbench as wb\nfrom workbench.results import ResultLog, Nope\nwb.Workbench; wb.gone")
+    assert workbench_names(tree) == {("workbench.results", "ResultLog"), ("workbench.results", "Nope"),
+                                     ("workbench", "Workbench"), ("workbench", "gone")}
 
 
 def test_readme_one_cell_example_runs_on_a_demo(tmp_path, monkeypatch):

@@ -85,8 +85,19 @@ def test_search_off_silences_its_trials(make_bench, monkeypatch, capfd):
     assert P._context.off is False
 
 
-def test_note_without_a_search_is_a_no_op():
-    P.note("profiler")  # nothing to update, nothing raised
+def test_note_reaches_the_search_bar_and_is_a_no_op_without_one(monkeypatch):
+    seen = []
+
+    class Bar:
+        def note(self, text):
+            seen.append(text)
+
+    monkeypatch.setattr(P._context, "search", Bar(), raising=False)
+    P.note("profiler")
+    assert seen == ["profiler"]
+    monkeypatch.setattr(P._context, "search", None)
+    P.note("profiler")  # no bar: nothing made, nothing raised
+    assert seen == ["profiler"] and P._context.search is None
 
 
 @pytest.mark.parametrize("hz", [0, -1])
