@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 # facade that re-exports it sit above
 CORE = ("knobs", "workload", "step", "runner", "measure", "resultlog", "records", "table", "comparison", "progress",
         "compat", "stats", "system", "trace", "codegen", "protocol", "stepshape", "steady", "loadmeter", "phases",
-        "earlystop")
+        "earlystop", "fresh", "remote")
 ABOVE_CORE = ("diagnose", "tune", "race", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
               "display", "rebuild", "results", "rounds", "learners", "interleave", "budget", "hopeless")
 MAX_FUNCTION_LINES = 80  # a function a newcomer reads in one screen

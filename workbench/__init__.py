@@ -21,6 +21,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from .bench import Workbench
+from .fresh import FreshProcess
 from .knobs import Knobs, forget_knob, knob, knob_names, knob_table, tunable_knobs
 from .measure import TrialResult
 from .results import Comparison, ResultLog, compare
@@ -48,7 +49,7 @@ def gather(folder: str | os.PathLike, **kwargs: Any) -> Any:
 
 
 __all__ = [
-    "Comparison", "Knobs", "ResultLog", "TrialInterrupted", "TrialResult", "Workbench", "compare",
+    "Comparison", "FreshProcess", "Knobs", "ResultLog", "TrialInterrupted", "TrialResult", "Workbench", "compare",
     "demo", "forget_knob", "gather", "keep_freed_memory", "knob", "knob_names", "knob_table", "run_trial",
     "tunable_knobs",
 ]

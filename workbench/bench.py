@@ -51,6 +51,9 @@ class Workbench:
     `log` is a folder (or a .jsonl file) that every trial is appended to. `participant` names who
     runs it (default user@host); with a name, trials go to `<log>/<participant>/<name>.jsonl`, so
     a workshop's learners share one folder and the instructor `wb.gather`s it.
+    `executor` runs every trial in a process of its own: `wb.FreshProcess()` on this machine, or any
+    object with `submit(fn, *args) -> job` (a submitit executor). Without one, a trial runs here,
+    unless its knobs ask for a process this one is not (`allocator`), which gets a fresh one.
 
     >>> bench = Workbench(model, dataset, loss_fn=torch.nn.CrossEntropyLoss(),
     ...                   optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
@@ -75,6 +78,7 @@ class Workbench:
         loader_timeout_s: float = 120.0,
         participant: str | None = None,
         collective_timeout_s: float = 120.0,
+        executor: Any = None,
     ) -> None:
         if participant is not None and not isinstance(participant, str):
             raise TypeError(f"participant must be a name (str) such as 'ana', got {type(participant).__name__}")
@@ -89,6 +93,10 @@ class Workbench:
         self.steps = steps
         self.loader_timeout_s = loader_timeout_s
         self.collective_timeout_s = collective_timeout_s  # world_size > 1: a hung rank fails the trial after this
+        if executor is not None and not callable(getattr(executor, "submit", None)):
+            raise TypeError(f"executor must have submit(fn, *args) -> job (wb.FreshProcess(), a submitit executor), "
+                            f"got {type(executor).__name__}")
+        self.executor = executor  # None: trials run here, unless their knobs ask for another process
         spec = self.workload.spec
         self.defaults = knobs or Knobs(batch_size=min(spec.default_batch_size, len(spec)) if not spec.iterable else spec.default_batch_size,
                                        num_workers=spec.default_num_workers)
@@ -190,7 +198,7 @@ class Workbench:
                                   steps=self.steps, progress=state, cancel=stop,
                                   loader_timeout_s=self.loader_timeout_s, trace=trace,
                                   trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s,
-                                  stop=self._stop_rule(k) if stop_early else None)
+                                  stop=self._stop_rule(k) if stop_early else None, executor=self.executor)
             try:
                 result = _wait(future)
                 if not result.ok:  # the bar ends in the trial's status, not the runner's "done"
