@@ -419,7 +419,14 @@ class TrialResult:
         from .stepshape import StepShape
 
         kwargs.setdefault("shape", StepShape.from_record(self.extra.get("step")))
-        return self.knobs.to_code(**kwargs)
+        return self.pinned_knobs().to_code(**kwargs)
+
+    def pinned_knobs(self) -> Knobs:
+        """The knobs with the allocator mode the trial's process ran in (read back, env "allocator") when
+        the knobs left it None: what the exported script must start with to measure what the trial did."""
+        from .knobs.process import pin_allocator
+
+        return pin_allocator(self.knobs, self.env.get("allocator") if isinstance(self.env, dict) else None)
 
     @property
     def steady(self) -> bool | None:

@@ -29,7 +29,7 @@ import torch
 
 from . import trace as tracing
 from .earlystop import StopRule
-from .knobs import BLOCK_KNOBS, Knobs, check_run, context, device_notes, process_differs, settings, traits
+from .knobs import BLOCK_KNOBS, Knobs, check_run, context, device_notes, process_env, settings, traits
 from .measure import (
     TrialResult,
     environment,
@@ -119,9 +119,9 @@ def run_trial(
 
 
 def elsewhere(workload: Workload, knobs: Knobs) -> bool:
-    """Whether the trial must run in a process of its own: its knobs ask for a process this one is
-    not (knob `process_differs` hooks), and this is not already a torchrun rank."""
-    if not process_differs(knobs, context(knobs, workload.device)):
+    """Whether the trial must run in a process of its own: a knob asks for how its process starts
+    (knob `process_env` hooks: the allocator), and this is not already a torchrun rank."""
+    if not process_env(knobs, context(knobs, workload.device)):
         return False
     from .distributed.join import in_launched_job
 

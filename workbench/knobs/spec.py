@@ -118,8 +118,8 @@ class KnobSpec:
       process_env(value, ctx) -> dict: variables the trial's process must start with (None values: unset);
         read by the C library or the loader at start-up only, so a trial whose process differs runs in a
         fresh one (workbench/fresh.py)
-      process_differs(value, ctx) -> str | None: None when this process already runs as the value asks,
-        else why not (the runner routes the trial to a fresh process; inside it, the mode did not take)
+      process_differs(value, ctx) -> str | None: None when this process runs as the value asks, else what it
+        runs instead (checked inside the fresh process: a mode that did not take fails the trial)
     Code hook: code(knobs) -> {section: lines}: what the generated training loop adds (CODE_SECTIONS).
     """
 
