@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench import remote
-from workbench.fresh import FreshProcess, FreshProcessError
+from workbench.launch import remote
+from workbench.launch.fresh import FreshProcess, FreshProcessError
 
 PARENT = os.getpid()
 
