@@ -328,7 +328,7 @@ class Workbench:
         """When the allocator is what differs and one side leaves it None (the process as it is), that
         side is pinned to this process's own mode and measured afresh in a fresh process, so both sides
         alternate fresh-process trials (one process cannot change its allocator); the note says so."""
-        from .system import process_allocator
+        from ..core.system import process_allocator
 
         ka, kb = ra.knobs, rb.knobs
         mode = process_allocator()
