@@ -385,3 +385,31 @@ def test_a_small_budget_carries_candidates_it_could_not_enter_onto_the_leader(mo
     assert not any(t.knobs.optimizer_impl == "foreach" and not t.knobs.num_workers for t in bench.trials)
     assert res.best_knobs.num_workers == 1 and res.best_knobs.optimizer_impl == "foreach"
     assert res.trials_used <= 12
+
+
+def test_page_faults_put_the_allocator_modes_first(make_bench):
+    """Over 10% of the CPU time in page faults, the tuner's first race starts with every allocator mode
+    available here (each a fresh-process trial); below it, no allocator axis at all."""
+    from workbench.core.system import available_allocators
+    from workbench.search.tune import _first_entries, _lead, stage_axes
+
+    bench = make_bench(log=None)
+    k = bench.defaults
+    calm = TrialResult(knobs=k, status="ok", samples_per_s=100.0, step_times_s=(0.08,) * 4, samples_per_step=8,
+                       extra={"kernel_share": 0.04})
+    bench.log.append(calm)
+    assert stage_axes(bench, "process", k) == []
+    faulting = TrialResult(knobs=k, status="ok", samples_per_s=100.0, step_times_s=(0.08,) * 4, samples_per_step=8,
+                           extra={"kernel_share": 0.22})
+    bench.log.append(faulting)
+    modes = [c["allocator"] for _, changes in stage_axes(bench, "process", k) for c in changes]
+    assert modes == list(available_allocators()) and "glibc" in modes
+
+    from types import SimpleNamespace
+
+    ctx = SimpleNamespace(bench=bench, rows=[])
+    lead = _lead(ctx, faulting)
+    assert lead == ("allocator",) and "page faults took 22%" in ctx.rows[0]["decision"]
+    axes_of = lambda stage, knobs: stage_axes(bench, stage, knobs)  # noqa: E731
+    first = _first_entries(axes_of, k, tune_mod.STAGES, lead)
+    assert [e.change for e in first[:len(modes)]] == [{"allocator": m} for m in modes]  # before compute knobs

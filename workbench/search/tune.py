@@ -28,13 +28,15 @@ import torch
 from ..core.knobs import Knobs, tunable_knobs
 from ..core.measure import TrialResult
 from ..core.stepshape import StepShape
+from ..core.system import available_allocators
 from ..deciding.budget import EXPLAIN_PRIOR, Spend, check_budget_s
+from ..diagnose.verdict import ALLOCATOR_SHARE
 from ..results.protocol import Bench
 from ..results.stats import Comparison
 from .fit import DEFAULT_HEADROOM, FitResult, fit_memory, memory_ceiling  # the memory rescue lives in fit.py
 from .race import ANSWERS, SAME_MARGIN, Ctx, Entry, admit, answer_of, confirm_winner, near_misses, race, settled
 
-STAGES = ("data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
+STAGES = ("process", "data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
 DEFAULT_TRIALS = 24  # the trial cap when neither budget nor budget_s is given
 MAX_GENERATIONS = 3  # races: singles and pairs, then stacks on the leader (twice)
 BUCKET_SIZES_MB = (1, 5, 50, 100)  # DDP bucket sizes raced against torch's 25 MB default
@@ -80,6 +82,8 @@ def stage_axes(bench: Bench, stage: str, knobs: Knobs, max_batch_size: int | Non
     pin_memory / matmul precision / CUDA-graph compile modes only on CUDA, buckets only under DDP.
     """
     dev, cores, keep, axes = bench.device, _cores(), axes, []
+    if stage == "process" and faulting(bench, knobs) is not None:
+        axes.append(("allocator", [{"allocator": m} for m in available_allocators()]))
     if stage == "data" and knobs.data == "loader":
         workers = []
         for w in sorted({max(1, cores // 2), cores}):  # half the cores first, leaving workers their cores
@@ -279,8 +283,26 @@ def _explain(ctx: Ctx, start: TrialResult, best: TrialResult) -> Any:
 DATA_BOUND = 0.2  # a start that waits for data this share of its window enters every worker option first
 
 
+def faulting(bench: Bench, knobs: Knobs) -> float | None:
+    """The page-fault share of CPU time of the latest one-process CPU trial of `knobs` when above the
+    diagnosis's ALLOCATOR_SHARE (the allocator is then raced first, each mode in a fresh process)."""
+    if bench.device.type != "cpu" or knobs.world_size > 1 or knobs.allocator is not None:
+        return None
+    last = next((r for r in reversed(bench.trials) if r.ok and r.knobs == knobs), None)
+    share = last.extra.get("kernel_share") if last is not None else None
+    return share if share is not None and share > ALLOCATOR_SHARE else None
+
+
 def _lead(ctx: Ctx, start: TrialResult) -> tuple[str, ...]:
-    """The axes the start's bottleneck names, entered first, and a row saying why (data-bound: workers)."""
+    """The axes the start's bottleneck names, entered first, and a row saying why (data-bound: workers;
+    page faults over ALLOCATOR_SHARE of the CPU time: the allocator modes, before the compute knobs)."""
+    share = faulting(ctx.bench, start.knobs)
+    if share is not None:
+        ctx.rows.append({"stage": "process", "change": "every allocator mode", "trial": None, "samples_per_s": None,
+                         "speedup": None, "decision": f"entered first: page faults took {share:.0%} of the start's "
+                         "CPU time; each allocator mode runs in a fresh process, alternating, before the compute "
+                         "knobs"})
+        return ("allocator",)
     wait = start.data_wait_share or 0.0
     if wait >= DATA_BOUND:
         ctx.rows.append({"stage": "data", "change": "every worker count", "trial": None, "samples_per_s": None,
