@@ -45,7 +45,7 @@ def test_chart_frame_marks_baseline_failures_and_order(log: ResultLog) -> None:
     df = chart_frame(log.frame())
     assert list(df["trial_id"]) == [1, 2, 3, 4, 5]
     assert list(df["kind"]) == ["baseline", "ok", "nan", "oom", "interrupted"]
-    assert df["trial"].iloc[1] == "#2 num_workers=2"  # labelled by what differs from the baseline
+    assert df["trial"].iloc[1] == "#2 num_workers=2"  # labelled by what differs from the defaults
     assert df.loc[df["kind"] == "oom", "throughput"].item() == 0.0  # a failure still gets a mark, on zero
     assert df["throughput"].iloc[1] > df["throughput"].iloc[0]
 
@@ -104,7 +104,8 @@ def test_bench_chart_is_the_comparison_chart_of_its_results(tmp_path) -> None:
     chart = bench.chart()
     assert isinstance(chart, alt.VConcatChart)
     assert chart.to_dict() == comparison_chart(bench.results).to_dict()
-    assert list(chart_data(chart)["label"]) == ["baseline", "batch_size=16"]
+    assert list(chart_data(chart)["label"]) == ["defaults", "batch_size=16"]
+    assert list(chart_data(chart)["baseline"]) == [True, False]
 
 
 def _click(jchart, trial_id):

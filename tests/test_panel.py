@@ -216,7 +216,7 @@ def test_failure_shows_status_and_message_never_a_traceback(panel: Panel, bench:
 def test_programmatic_runs_land_in_the_same_chart_and_table(panel: Panel, bench: wb.Workbench) -> None:
     bench.run()
     bench.run(batch_size=16)
-    assert list(chart_data(panel.chart)["label"]) == ["baseline", "batch_size=16"]
+    assert list(chart_data(panel.chart)["label"]) == ["defaults", "batch_size=16"]
     assert "batch_size=16" in panel.table.value
     assert not panel.busy  # a run from code does not queue a panel trial
 
@@ -233,7 +233,7 @@ def test_set_baseline_and_repeat_to_confirm(panel: Panel, bench: wb.Workbench) -
     assert rep is not None and rep["trial_id"] == 2 and rep["baseline_id"] == 1
     c = rep["comparison"]  # what the panel keeps and shows is the comparison's own answer, and it is coherent
     if c.method == "interleaved":  # batch_size can take turns in one process: no new trials, blocks instead
-        assert c.blocks >= 2 and len(bench.trials) == 2 and "interleaved blocks" in panel.status.value
+        assert c.turns >= 2 and len(bench.trials) == 2 and "interleaved turns" in panel.status.value
     else:
         n = rep["rounds"]
         assert 1 <= n <= 2 and len(c.a_rates) == len(c.b_rates) == 1 + n

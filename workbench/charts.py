@@ -47,10 +47,11 @@ def chart_frame(results: pd.DataFrame) -> pd.DataFrame:
     if "window" in df.columns:  # a trial stopped early (earlystop.py) says so on its axis label
         window = df["window"].fillna("").astype(str)
         df["trial"] = df["trial"] + window.map(lambda w: f" (stopped early {w})" if w else "")
-    df["kind"] = df["status"].astype(str).where(df["verdict"] != "baseline", "baseline")  # status is categorical
+    is_base = df["baseline"].fillna(False).astype(bool) if "baseline" in df.columns else df["verdict"] == "baseline"
+    df["kind"] = df["status"].astype(str).where(~is_base, "baseline")  # status is categorical
     df["throughput"] = pd.to_numeric(df["samples_per_s"], errors="coerce").fillna(0.0)
     df["speedup_pct"] = (pd.to_numeric(df["speedup"], errors="coerce") - 1.0) * 100.0
-    keep = ["trial_id", "trial", "kind", "throughput", "samples_per_s", "samples_per_s_low",
+    keep = ["trial_id", "trial", "kind", "baseline", "throughput", "samples_per_s", "samples_per_s_low",
             "samples_per_s_high", "speedup", "speedup_pct", "verdict", "steady", "window", "status", "label",
             "step_time_ms", "step_time_iqr_ms", "peak_memory_mb", "data_wait_share", "final_loss",
             "message", "decided_speedup", "decided_by", *knob_names()]
@@ -69,7 +70,7 @@ def chart_view(results: pd.DataFrame, last: int | None = LAST_N) -> pd.DataFrame
             raise ValueError(f"last must be >= 0 trials (or None for all), got {last}")
         keep = pd.Series(False, index=results.index)
         keep.iloc[total - last:] = True
-        keep |= results["verdict"] == "baseline"
+        keep |= results["baseline"] if "baseline" in results.columns else results["verdict"] == "baseline"
         rate = pd.to_numeric(results["samples_per_s"], errors="coerce")
         best = rate.groupby(results["label"].astype(str)).idxmax().dropna()
         keep.loc[best.to_numpy()] = True

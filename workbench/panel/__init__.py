@@ -192,7 +192,7 @@ class Panel:
     def submit(self, knobs: Knobs, *, force: bool = False, debounce: bool = True) -> None:
         """Queue a trial of `knobs` (replacing any queued job); it starts after the debounce."""
         self.queue.put(("knobs", knobs, force), debounce=debounce)
-        self._set_status("queued", f"queued: {knobs.label(self._base_knobs())}")
+        self._set_status("queued", f"queued: {knobs.label(self.bench.defaults)}")
 
     def repeat(self, trial_id: int | None) -> None:
         """Queue "repeat to confirm": the trial's knobs and the baseline's, alternating rounds."""
@@ -248,7 +248,7 @@ class Panel:
         self._countdown.start(budget_s)
         self.last_tune = None
         self.progress.description, self.stop_button.button_style = "tune", "danger"
-        self._set_status("starting", f"tuning within {budget_s:g} s from {start.label(self._base_knobs())}…")
+        self._set_status("starting", f"tuning within {budget_s:g} s from {start.label(self.bench.defaults)}…")
         try:
             with Poller(self.trial_progress, self._progress):
                 self.last_tune = tune(PanelBench(self.bench, self.trial_progress, self.queue.cancel),  # type: ignore[arg-type]
@@ -305,7 +305,7 @@ class Panel:
         self.progress.value, self.progress.bar_style = 0, "info"
         self.rate.value = ""
         self.stop_button.button_style = "danger"
-        label = knobs.label(self._base_knobs())
+        label = knobs.label(self.bench.defaults)
         hopeless = self.bench.expect_slow(knobs) if hasattr(self.bench, "expect_slow") else None
         self._set_status("starting", f"{what}starting: {label}" + (f" (warning: {hopeless})" if hopeless else ""))
         try:
@@ -348,7 +348,7 @@ class Panel:
 
     def _repeat(self, trial_id: int) -> None:
         """Re-run the baseline's knobs and the trial's through `bench.compare(rounds="auto")` (the same
-        function as the table's verdicts, tune and diagnose): interleaved blocks when the two can share
+        function as the table's verdicts, tune and diagnose): interleaved turns when the two can share
         the process, else alternating rounds; show its verdict."""
         base, pick = self.bench.baseline, self.bench.log.get(trial_id)
         if base is None or base.trial_id == pick.trial_id:
@@ -370,7 +370,7 @@ class Panel:
                             "rounds": c.rounds, "confirmed": c.verdict, "answer": c.answer}
         self.verdict.value = (f"<b>Repeat to confirm #{trial_id} against baseline #{base.trial_id}:</b> "
                               + c._repr_html_())
-        how = (f"{c.blocks} pairs of interleaved blocks, {c.seconds or 0:.0f} s" if c.method == "interleaved"
+        how = (f"{c.turns} pairs of interleaved turns, {c.seconds or 0:.0f} s" if c.method == "interleaved"
                else f"{c.rounds} round{'s' if c.rounds != 1 else ''}")
         self._set_status("ok", f"repeat done: {ANSWER_WORDS[c.answer]} after {how}")
 
@@ -435,10 +435,6 @@ class Panel:
 
     def _set_status(self, phase: str, text: str) -> None:
         self.status.value = status_html(phase, text)
-
-    def _base_knobs(self) -> Knobs | None:
-        base = self.bench.baseline
-        return base.knobs if base is not None else None
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def detach(self) -> None:

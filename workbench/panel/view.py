@@ -27,15 +27,21 @@ def status_html(phase: str, text: str) -> str:
 
 
 def result_line(r: TrialResult, bench: Bench) -> str:
-    """One line about a finished trial: throughput and verdict, or the failure's message."""
-    head = f"#{r.trial_id} {r.knobs.label(bench.baseline.knobs if bench.baseline else None)}"
+    """One line about a finished trial: throughput and verdict, or the failure's message.
+
+    The speedup and verdict are the results table's for this trial (its row), so the line and the
+    table never disagree: both pool every repeat so far of each side's knobs."""
+    head = f"#{r.trial_id} {r.knobs.label(bench.defaults)}"
     if not r.ok:
         return f"{head}: {r.status.upper()}: {r.message}"
     line = f"{head}: {r.samples_per_s:,.1f} samples/s"
-    base = bench.baseline
-    if base is not None and base.trial_id != r.trial_id and len(r.step_times_s) >= 2:
-        c = bench.compare(base, r)  # against the log's run-to-run noise, like the table's verdict
-        line += f", {c.speedup:.2f}× baseline ({c.verdict})"
+    df = bench.results
+    row = df[df["trial_id"] == r.trial_id]
+    if len(row) and bool(row["baseline"].iloc[0]):
+        line += " (the baseline)"
+    elif len(row) and pd.notna(row["speedup"].iloc[0]):
+        speedup = float(row["speedup"].iloc[0])
+        line += f", {speedup:.2f}× baseline ({row['verdict'].iloc[0]})"
     if r.notes:
         line += " · " + "; ".join(r.notes)
     return line
