@@ -409,3 +409,38 @@ def test_a_tune_trial_stops_at_the_deadline_or_at_stop() -> None:
     deadline.expire()
     assert Either(deadline, threading.Event()).reason == "stopped by the budget"
     deadline.cancel()
+
+
+def test_distributed_options_fold_away_at_one_process(bench: wb.Workbench) -> None:
+    """Issue 40: at world_size=1 the DDP/FSDP2 options sit in a collapsed accordion (world_size stays in view);
+    raising world_size opens it, lowering it folds it again."""
+    p = Panel(bench, debounce_s=3600)  # changes queue but never start
+    try:
+        acc = p.knob_controls.distributed
+        assert acc.selected_index is None and "world_size" not in [getattr(w, "description", "")
+                                                                    for w in acc.children[0].children]
+        assert p.controls["ddp_static_graph"] in acc.children[0].children
+        p.controls["world_size"].value = 2
+        assert acc.selected_index == 0
+        p.controls["world_size"].value = 1
+        assert acc.selected_index is None
+        assert "warm-up until steady" in p.widget.children[0].value and "5 warm-up" not in p.widget.children[0].value
+    finally:
+        p.close()
+
+
+def test_the_result_line_and_the_table_agree_on_a_trial(bench: wb.Workbench) -> None:
+    """Issue 40 (docs/panel.png said 0.83x in the line, 0.97x in the table): the line reads the trial's row,
+    which pools every repeat of each side's knobs, so both show one speedup and one verdict."""
+    from workbench.panel.view import noise_html, result_line
+
+    bench.run(progress=False)
+    bench.run(progress=False, batch_size=16)
+    bench.run(progress=False)
+    r = bench.run(progress=False, batch_size=16)
+    row = bench.results.set_index("trial_id").loc[r.trial_id]
+    line = result_line(r, bench)
+    assert f"{row['speedup']:.2f}× baseline ({row['verdict']})" in line and row["label"] in line
+    assert "(the baseline)" in result_line(bench.trials[0], bench)
+    loud = dataclasses.replace(bench.noise, adjacent=0.5, adjacent_pairs=2)
+    assert "Too noisy" in noise_html(loud, []) and "±" not in noise_html(loud, [])

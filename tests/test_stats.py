@@ -394,3 +394,17 @@ def test_decide_answers_what_one_look_says(seed):
         look = one_look([len(a)], [xa.mean()], [((xa - xa.mean()) ** 2).sum()], [len(b)], [xb.mean()],
                         [((xb - xb.mean()) ** 2).sum()], PRIOR)
         assert c.verdict == look.verdicts[0] and c.low == pytest.approx(math.exp(look.log_ratio[0] - look.half[0]))
+
+
+def test_a_machine_too_noisy_to_decide_says_so_and_what_to_do():
+    """Issue 40: never "±103%": past ±25% between identical trials the noise says it cannot decide small
+    differences, and what to do (close other programs, or rounds="auto")."""
+    from workbench.stats import Noise
+
+    loud = Noise(sigma=0.3, df=20, repeats=10, configs=2, measured=0.4, adjacent=0.37, adjacent_pairs=3)
+    assert loud.too_noisy and "too noisy to decide" in str(loud) and 'rounds="auto"' in str(loud)
+    assert "%" not in str(loud).split("apart")[0] and "up to" in str(loud)  # a factor, not ±103%
+    assert "kept 1.5 cores busy" in loud.advice(1.5)
+    quiet = Noise(sigma=0.03, df=20, repeats=10, configs=2, measured=0.03, adjacent=0.02, adjacent_pairs=3)
+    assert not quiet.too_noisy and "±6%" in str(quiet)
+    assert not Noise(sigma=0.2, df=5, repeats=0, configs=0).too_noisy  # the prior alone is not evidence

@@ -52,6 +52,7 @@ ANSWER_WORDS = {"faster": "faster", "slower": "slower", "same": "same speed", "u
 VERDICTS = ("baseline", "faster", "slower", "same", "undecided")  # the results table's verdict column (failed: "")
 PAIRED_PRIOR_SD = 0.10  # sd of log(B/A) between back-to-back trials assumed before any pair is measured
 PAIRED_PRIOR_DF = 2.0  # the paired prior counts as this many degrees of freedom (weak: data win by round 3)
+TOO_NOISY = 0.25  # identical trials landing further apart than ±25%: too noisy to decide small differences
 PAIRED_PRIOR_MAX_DF = 6.0  # a paired sd learnt from the log's back-to-back repeats counts as at most this many
 
 
@@ -127,7 +128,33 @@ class Noise:
     adjacent: float | None = None  # sd of one trial's log(samples/s) against the identical trial just before it
     adjacent_pairs: int = 0  # back-to-back pairs of identical knobs behind `adjacent`
 
+    @property
+    def adjacent_spread(self) -> float | None:
+        """How far apart two back-to-back identical trials land in 95% of cases (None without pairs)."""
+        if self.adjacent is None:
+            return None
+        return math.exp(statistics.NormalDist().inv_cdf(0.975) * math.sqrt(2) * self.adjacent) - 1
+
+    @property
+    def too_noisy(self) -> bool:
+        """True when this machine's own evidence says identical trials land more than TOO_NOISY apart
+        (back-to-back, or minutes apart from 2+ repeats): too noisy to decide a small difference."""
+        measured = (math.exp(critical(max(self.repeats, 1)) * math.sqrt(2) * self.measured) - 1
+                    if self.measured is not None and self.repeats >= 2 else 0.0)
+        return (self.adjacent_spread or 0.0) > TOO_NOISY or measured > TOO_NOISY
+
+    def advice(self, busy_cores: float | None = None) -> str:
+        """What to do on a machine too noisy to decide: who took the CPU (when known), and the fix."""
+        who = (f"other processes kept {busy_cores:.1f} cores busy during the last trials: close them" if busy_cores
+               else "something else is using this machine: close other programs")
+        return (f"{who}, or decide with bench.compare(a, b, rounds=\"auto\"), which pairs "
+                "back-to-back trials (or interleaves turns in one process) so slow drifts cancel")
+
     def __str__(self) -> str:
+        if self.too_noisy:
+            seen = [w for w in (self._adjacent_spread_words(), self.spread_words if self.repeats >= 2 else "") if w]
+            return (f"too noisy to decide small differences: identical trials here landed {seen[0]} apart "
+                    f"(from {self.repeats} repeat{'s' if self.repeats != 1 else ''}); {self.advice()}")
         if not self.repeats:
             return (f"identical trials here may differ by {self.spread_words} (a conservative prior: no repeated "
                     "knobs yet; bench.compare(a, b, rounds='auto') or re-running the baseline teaches the workbench "
@@ -142,17 +169,25 @@ class Noise:
         """Back-to-back identical trials in words (what alternating rounds pair against each other)."""
         if self.adjacent is None:
             return "no back-to-back repeats of identical knobs yet (alternating rounds measure them)"
-        spread = math.exp(statistics.NormalDist().inv_cdf(0.975) * math.sqrt(2) * self.adjacent) - 1
         n = self.adjacent_pairs
-        return (f"back-to-back trials of identical knobs typically land within ±{spread:.0%} of each other "
-                f"({self.adjacent:.1%} sd, from {n} pair{'s' if n != 1 else ''})")
+        return (f"back-to-back trials of identical knobs typically land within {self._adjacent_spread_words()} of "
+                f"each other ({self.adjacent:.1%} sd, from {n} pair{'s' if n != 1 else ''})")
+
+    def _adjacent_spread_words(self) -> str:
+        spread = self.adjacent_spread
+        return "" if spread is None else words_of_spread(spread)
 
     __repr__ = __str__
 
     @property
     def spread_words(self) -> str:
         """The spread as people say it: ±12% when small, 'up to 2.6×' (a factor) when large."""
-        return f"±{self.spread:.0%}" if self.spread < 0.5 else f"up to {1 + self.spread:.1f}×"
+        return words_of_spread(self.spread)
+
+
+def words_of_spread(spread: float) -> str:
+    """A spread as people say it: ±12% when small, 'up to 2.6×' (a factor) when large (never ±103%)."""
+    return f"±{spread:.0%}" if spread < 0.5 else f"up to {1 + spread:.1f}×"
 
 
 def estimate_noise(groups: Sequence[Sequence[float]]) -> Noise:

@@ -137,8 +137,8 @@ class Panel:
         self.verdict = W.HTML("")
         self.table = W.HTML("")  # stretched to the panel's width; its box scrolls (view.table_html)
         self.widget = W.VBox([
-            W.HTML(f"<b>Tuning Workbench</b> · {bench.name} on {bench.device} · each change runs "
-                   f"{bench.warmup_steps} warm-up + {bench.steps} measured steps"),
+            W.HTML(f"<b>Tuning Workbench</b> · {bench.name} on {bench.device} · each change runs a trial: "
+                   f"warm-up until steady (not measured), then {bench.steps} measured steps"),
             self.knob_controls.layout(),
             W.HBox([self.run_button, self.stop_button, self.progress, self.rate]),
             W.HBox([self.tune_button, self.budget_box]),
@@ -419,7 +419,7 @@ class Panel:
             df = self.bench.results  # kept up to date by the log: cheap on a long log
             update_chart(self.chart, df)  # new rows into the same chart (a new chart only at the first trial)
             shown = chart_view(df)  # the table and picker list what the chart draws, not 10,000 rows
-            self.table.value = table_html(shown) + noise_html(df.attrs.get("noise"))
+            self.table.value = table_html(shown, df.attrs.get("noise")) + noise_html(df.attrs.get("noise"), self.bench.trials)
             self.trace_line.value = trace_html(self.bench.trials)
             picked = self.trial_pick.value
             options = [(f"#{r.trial_id} {r.label} ({r.status})", int(r.trial_id)) for r in shown.iloc[::-1].itertuples()]

@@ -13,7 +13,9 @@ from ..system import usable_cores
 # own knobs (@wb.knob, declared later in the notebook) get their group "Your knobs" there
 GROUPS: dict[str, list[str]] = grouped()
 DEFAULT = "default"  # dropdown value standing for a knob's None (torch's own default)
-TORCH_DEFAULTS = {"prefetch_factor": 2}  # what torch uses when the knob is None (dropdown label)
+TORCH_DEFAULTS = {"prefetch_factor": 2}
+# the distributed knobs folded into an accordion (world_size itself stays in view)
+FOLDED = frozenset(n for n in GROUPS.get("Distributed", ()) if n != "world_size")  # what torch uses when the knob is None (dropdown label)
 
 
 class KnobControls:
@@ -85,20 +87,40 @@ class KnobControls:
         return c
 
     def layout(self) -> Any:
+        """The grouped grid. The distributed group shows `world_size` and folds its DDP/FSDP2 options
+        into an accordion, collapsed while world_size is 1 (where they do nothing) and opened when
+        world_size goes above 1 (`self.distributed`)."""
         W = self.W
         columns = []
         for title, names in self.groups.items():
             items: list[Any] = [W.HTML(f"<b>{title}</b>")]
+            folded: list[Any] = []
             for name in names:
                 if KNOBS[name].widget == "blocks":
                     boxes = list(self.block_boxes.values()) or [W.HTML("<i>no blocks found</i>")]
-                    items += [W.HTML("checkpoint <small>(per block)</small>", tooltip=KNOBS["checkpoint"].help),
-                              W.VBox(boxes, layout=W.Layout(max_height="160px", overflow="auto"))]
+                    parts = [W.HTML(f"{name} <small>(per block)</small>", tooltip=KNOBS[name].help),
+                             W.VBox(boxes, layout=W.Layout(max_height="160px", overflow="auto"))]
                 else:
-                    items.append(self.controls[name])
+                    parts = [self.controls[name]]
+                (folded if name in FOLDED else items).extend(parts)
+            if folded:
+                items.append(self._accordion(folded))
             columns.append(W.VBox(items))
         return W.GridBox(columns, layout=W.Layout(grid_template_columns="repeat(auto-fit, minmax(300px, 1fr))",
                                                   grid_gap="4px 12px"))
+
+    def _accordion(self, children: list[Any]) -> Any:
+        """The DDP/FSDP2 options, folded while one process runs (they apply from world_size=2 on)."""
+        W = self.W
+        self.distributed = W.Accordion(children=[W.VBox(children)], titles=("DDP / FSDP2 options (world_size > 1)",),
+                                       selected_index=None if self.controls["world_size"].value <= 1 else 0)
+        self.distributed.add_class("wb-distributed")
+
+        def follow(change: Any) -> None:  # more than one process: show what now applies
+            self.distributed.selected_index = 0 if change["new"] > 1 else None
+
+        self.controls["world_size"].observe(follow, names="value")
+        return self.distributed
 
     # ---- reading the controls ----------------------------------------------------------------
     def knobs(self) -> Knobs:
