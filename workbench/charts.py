@@ -27,6 +27,11 @@ UNSTEADY_COLOR = "#b279a2"  # the "not steady" mark under a throughput point
 KIND_SHAPES = ["diamond", "circle", "triangle-up", "cross", "cross", "cross"]
 FAILED = ("interrupted", "error", "oom")  # no throughput: drawn as a cross on the zero line
 
+# The legend of the marks that colour and shape do not name (docs/results.md, "The chart", explains each).
+MARKS_LEGEND = ["point: one trial's samples/s · band: where a repeat of it would land (95%, this machine's noise)",
+                "dashed line: the baseline · cross on zero: a failed trial, its status above it · "
+                "'not steady': see docs/results.md"]
+
 LAST_N = 30  # the default chart: the baseline, the last LAST_N trials and the best of each configuration
 DATASET = "trials"  # the chart's one dataset, by a fixed name so a data update can replace it
 PICK = "trial_pick"  # the click selection; a JupyterChart reports it as chart.selections.trial_pick
@@ -130,7 +135,7 @@ def _chart_shape(columns: tuple[str, ...], width: int, kinds: tuple[str, ...]) -
               axis=alt.Axis(labelAngle=-25, labelLimit=180))
     # The legend names what a mark's colour and shape say, and only the kinds these trials have.
     seen = list(kinds)
-    legend = alt.Legend(title="baseline / status", symbolOpacity=1)  # not faded by the band's or bars' opacity
+    legend = alt.Legend(title="trial (baseline or status)", symbolOpacity=1)  # not faded by the band's or bars' opacity
     color = alt.Color("kind:N", scale=alt.Scale(domain=seen, range=[KIND_COLORS[KINDS.index(k)] for k in seen]),
                       legend=legend)
     shape = alt.Shape("kind:N", scale=alt.Scale(domain=seen, range=[KIND_SHAPES[KINDS.index(k)] for k in seen]),
@@ -158,7 +163,8 @@ def _chart_shape(columns: tuple[str, ...], width: int, kinds: tuple[str, ...]) -
         strokeDash=[5, 4], color=KIND_COLORS[0]
     ).encode(y="samples_per_s:Q", x=alt.value(0), x2=alt.value(width))
     throughput = alt.layer(band, baseline_rule, points, failed_text, unsteady_text).properties(
-        width=width, height=220, title="Throughput per trial (band: middle half of steps; dashed: baseline)"
+        width=width, height=220, title=alt.Title("Throughput per trial", subtitle=MARKS_LEGEND, subtitleFontSize=10,
+                                                 anchor="start")
     )
 
     # ---- linked views: same trials on x, highlighted together ------------------------------
