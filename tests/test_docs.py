@@ -175,7 +175,7 @@ def test_results_page_names_every_column_of_the_results(make_bench):
     import workbench as wb
     from workbench.knobs import knob_names
     from workbench.measure import TrialResult
-    from workbench.stats import decide
+    from workbench.results.stats import decide
 
     page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
     knobs_page = (ROOT / "docs" / "knobs.md").read_text(encoding="utf-8")
