@@ -207,7 +207,10 @@ def test_legend_is_titled_for_what_it_shows_and_lists_only_kinds_that_occurred()
     assert scales and all(s["domain"] == ["baseline", "ok", "nan"] for s in scales)  # no error/oom/interrupted
     legends = [e["legend"]["title"] for layer in top for key, e in layer.get("encoding", {}).items()
                if key == "color" and e.get("legend")]
-    assert legends and set(legends) == {"baseline / status"}
+    assert legends and set(legends) == {"trial (baseline or status)"}
+    title = spec["vconcat"][0]["title"]  # the marks colour and shape do not name: the subtitle says what they are
+    assert title["text"] == "Throughput per trial" and any("band" in line and "repeat" in line for line in title["subtitle"])
+    assert any("dashed line: the baseline" in line and "cross on zero" in line for line in title["subtitle"])
 
 
 def test_a_new_kind_of_trial_rebuilds_the_legend_instead_of_swapping_data():

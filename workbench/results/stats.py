@@ -154,7 +154,8 @@ class Noise:
         if self.too_noisy:
             seen = [w for w in (self._adjacent_spread_words(), self.spread_words if self.repeats >= 2 else "") if w]
             return (f"too noisy to decide small differences: identical trials here landed {seen[0]} apart "
-                    f"(from {self.repeats} repeat{'s' if self.repeats != 1 else ''}); {self.advice()}")
+                    f"(from {self.repeats} repeat{'s' if self.repeats != 1 else ''} of {self.configs} "
+                    f"configuration{'s' if self.configs != 1 else ''}); {self.advice()}")
         if not self.repeats:
             return (f"identical trials here may differ by {self.spread_words} (a conservative prior: no repeated "
                     "knobs yet; bench.compare(a, b, rounds='auto') or re-running the baseline teaches the workbench "
