@@ -134,17 +134,24 @@ class _OutOfTime(Exception):
     """A fit_memory trial did not fit the seconds left, or was stopped at its deadline (budget_s)."""
 
 
-def max_bytes_of(max_bytes: int | None, old: dict[str, Any]) -> int:
-    """`max_bytes`, or the old keyword `budget_bytes=` with a FutureWarning; TypeError for anything else."""
-    unknown = sorted(set(old) - {"budget_bytes"})
+def renamed(fn: str, new: str, value: Any, old: dict[str, Any], old_name: str, hint: str = "") -> Any:
+    """`value` of keyword `new`, or of its old name `old_name` (in `old`, the caller's **kwargs) with a
+    FutureWarning for one release; TypeError for both at once or any other unknown keyword."""
+    unknown = sorted(set(old) - {old_name})
     if unknown:
-        raise TypeError(f"fit_memory() got unexpected keyword argument(s) {unknown}")
-    if "budget_bytes" in old:
-        if max_bytes is not None:
-            raise TypeError("pass max_bytes= only (budget_bytes= is its old name)")
-        warnings.warn("fit_memory(budget_bytes=...) is now fit_memory(max_bytes=...); budget_bytes= stops working "
-                      "in the next release", FutureWarning, stacklevel=3)
-        return old["budget_bytes"]
+        raise TypeError(f"{fn}() got unexpected keyword argument(s) {unknown}")
+    if old_name not in old:
+        return value
+    if value is not None:
+        raise TypeError(f"pass {new}= only ({old_name}= is its old name)")
+    warnings.warn(f"{fn}({old_name}=...) is now {fn}({new}=...){hint}; {old_name}= stops working in the next release",
+                  FutureWarning, stacklevel=4)
+    return old[old_name]
+
+
+def max_bytes_of(max_bytes: int | None, old: dict[str, Any]) -> int:
+    """`max_bytes`, or the old keyword `budget_bytes=` (FutureWarning); TypeError when neither is given."""
+    max_bytes = renamed("fit_memory", "max_bytes", max_bytes, old, "budget_bytes")
     if max_bytes is None:
         raise TypeError("fit_memory() needs max_bytes: the most memory a trial may use, in bytes (e.g. 2 * 1024**3)")
     return max_bytes

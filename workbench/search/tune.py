@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import html
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,7 @@ from ..core.stepshape import StepShape
 from ..deciding.budget import EXPLAIN_PRIOR, Spend, check_budget_s
 from ..results.protocol import Bench
 from ..results.stats import Comparison
-from .fit import DEFAULT_HEADROOM, FitResult, fit_memory, memory_ceiling  # the memory rescue lives in fit.py
+from .fit import DEFAULT_HEADROOM, FitResult, fit_memory, memory_ceiling, renamed  # the memory rescue lives in fit.py
 from .race import ANSWERS, SAME_MARGIN, Ctx, Entry, admit, answer_of, confirm_winner, near_misses, race, settled
 
 STAGES = ("data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
@@ -307,18 +306,8 @@ def _check(n_trials: int | None, budget_s: float | None, stages: tuple[str, ...]
 
 
 def n_trials_of(n_trials: int | None, old: dict[str, Any]) -> int | None:
-    """`n_trials`, or the old keyword `budget=` (a trial count) with a FutureWarning; TypeError for any
-    other unknown keyword."""
-    unknown = sorted(set(old) - {"budget"})
-    if unknown:
-        raise TypeError(f"tune() got unexpected keyword argument(s) {unknown}")
-    if "budget" in old:
-        if n_trials is not None:
-            raise TypeError("pass n_trials= only (budget= is its old name)")
-        warnings.warn("tune(budget=N) is now tune(n_trials=N) (a cap on trials; seconds are budget_s); "
-                      "budget= stops working in the next release", FutureWarning, stacklevel=3)
-        return old["budget"]
-    return n_trials
+    """`n_trials`, or the old keyword `budget=` (a trial count) with a FutureWarning."""
+    return renamed("tune", "n_trials", n_trials, old, "budget", " (a cap on trials; seconds are budget_s)")
 
 
 def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = None, start: Knobs | None = None,
