@@ -284,7 +284,7 @@ def test_quickstart_panel_in_a_real_browser(lab, browser, tmp_path) -> None:
         # the quickstart's three trials from cells: baseline, cached, two workers
         assert n_marks == n_rows == 3, (n_marks, n_rows)
         assert panel.locator(".wb-knob-pin_memory input").is_disabled()  # a no-op on CPU
-        assert panel.locator(".wb-knob-pin_memory").get_attribute("title").startswith("disabled:")  # says why on hover
+        assert panel.locator(".wb-knob-box-pin_memory").get_attribute("title").startswith("disabled:")  # why, on hover
         # the distributed options are folded away at world_size=1: the accordion is closed
         assert not panel.locator(".wb-distributed .wb-knob-ddp_static_graph").is_visible()
         box = panel.locator(".wb-table-box").evaluate(

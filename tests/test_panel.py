@@ -417,9 +417,10 @@ def test_distributed_options_fold_away_at_one_process(bench: wb.Workbench) -> No
     p = Panel(bench, debounce_s=3600)  # changes queue but never start
     try:
         acc = p.knob_controls.distributed
-        assert acc.selected_index is None and "world_size" not in [getattr(w, "description", "")
-                                                                    for w in acc.children[0].children]
-        assert p.controls["ddp_static_graph"] in acc.children[0].children
+        assert acc.selected_index is None and p.knob_controls.boxes["world_size"] not in acc.children[0].children
+        assert p.knob_controls.boxes["ddp_static_graph"] in acc.children[0].children
+        pin = p.knob_controls.boxes["pin_memory"]  # the page's title attribute: the reason shows on hover
+        assert pin.tooltip.startswith("disabled:") and pin.tooltip == p.controls["pin_memory"].tooltip
         p.controls["world_size"].value = 2
         assert acc.selected_index == 0
         p.controls["world_size"].value = 1

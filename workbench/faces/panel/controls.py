@@ -31,6 +31,11 @@ class KnobControls:
         # Knobs are read in this order, so a knob can depend on the ones before it (workers on data mode).
         self.order = [name for group in self.groups.values() for name in group]
         self.controls: dict[str, Any] = self._make_controls(W, bench.defaults)
+        # ipywidgets shows a described widget's tooltip on its label only (a checkbox's nowhere): each control
+        # sits in a box whose tooltip is the page's title attribute, so hovering anywhere on it says why
+        self.boxes: dict[str, Any] = {name: W.Box([w], tooltip=w.tooltip) for name, w in self.controls.items()}
+        for name, box in self.boxes.items():
+            box.add_class(f"wb-knob-box-{name}")
         self.block_boxes: dict[str, Any] = {
             name: W.Checkbox(value=name in bench.defaults.checkpoint, description=f"{name} · {n:,} params",
                              indent=False, tooltip=f"checkpoint block {name} ({n:,} parameters)")
@@ -101,7 +106,7 @@ class KnobControls:
                     parts = [W.HTML(f"{name} <small>(per block)</small>", tooltip=KNOBS[name].help),
                              W.VBox(boxes, layout=W.Layout(max_height="160px", overflow="auto"))]
                 else:
-                    parts = [self.controls[name]]
+                    parts = [self.boxes[name]]
                 (folded if name in FOLDED else items).extend(parts)
             if folded:
                 items.append(self._accordion(folded))
@@ -133,7 +138,7 @@ class KnobControls:
             w = self.controls[name]
             reason = self.blocked(name, k)
             w.disabled = reason is not None
-            w.tooltip = f"disabled: {reason}" if reason else KNOBS[name].help
+            w.tooltip = self.boxes[name].tooltip = f"disabled: {reason}" if reason else KNOBS[name].help
             if reason is None:
                 k = k.replace(**{name: None if w.value == DEFAULT else w.value})
         return k
