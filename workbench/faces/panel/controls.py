@@ -18,6 +18,18 @@ TORCH_DEFAULTS = {"prefetch_factor": 2}
 FOLDED = frozenset(n for n in GROUPS.get("Distributed", ()) if n != "world_size")  # what torch uses when the knob is None (dropdown label)
 
 
+def titled_box(W: Any) -> Any:
+    """A Box whose tooltip the page shows as its title attribute. The page's tooltip code reads the
+    widget's `description` (a plain Box has none, and its view then fails to render), so this one
+    carries an empty description."""
+    import traitlets
+
+    class TitledBox(W.Box):
+        description = traitlets.Unicode("").tag(sync=True)
+
+    return TitledBox
+
+
 class KnobControls:
     """`controls` (knob name -> widget, description = knob name), `block_boxes` (checkpoint block
     -> checkbox), `layout()` (the grouped grid) and `knobs()` (the Knobs they describe)."""
@@ -33,7 +45,8 @@ class KnobControls:
         self.controls: dict[str, Any] = self._make_controls(W, bench.defaults)
         # ipywidgets shows a described widget's tooltip on its label only (a checkbox's nowhere): each control
         # sits in a box whose tooltip is the page's title attribute, so hovering anywhere on it says why
-        self.boxes: dict[str, Any] = {name: W.Box([w], tooltip=w.tooltip) for name, w in self.controls.items()}
+        titled = titled_box(W)
+        self.boxes: dict[str, Any] = {name: titled([w], tooltip=w.tooltip) for name, w in self.controls.items()}
         for name, box in self.boxes.items():
             box.add_class(f"wb-knob-box-{name}")
         self.block_boxes: dict[str, Any] = {
