@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for cmd, text in (("run", "run one measured trial and print its result"),
                       ("diagnose", "find the bottleneck: short-circuit test, profiler, memory, FLOPs, verdict"),
-                      ("tune", "race candidates (the recommended order, pairs, stacks of near-misses) and keep a win beyond noise"),
+                      ("tune", "race candidates (the recommended order, pairs, stacks of near-misses) and keep a winner only if it is faster than the start"),
                       ("explain", "why B is faster than A (the defaults): traced steps compared by phase and op")):
         p = sub.add_parser(cmd, help=text, description=text, epilog=epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -229,7 +229,7 @@ def _drop_round(ctx: Ctx, ok: list[Entry], leader: Entry, log: ResultLog | None)
             continue
         ans, c = answer_of(leader.trials, e.trials, log=log)
         if ans == "slower":
-            why = f"dropped: {c.speedup:.2f}x of the leader ({leader.label}), beyond noise by trials ({_trials(c)})"
+            why = f"dropped: {c.speedup:.2f}x of the leader ({leader.label}), slower by trials ({_trials(c)})"
         elif e is not start and start is not None and answer_of(start.trials, e.trials, log=log)[0] == "same":
             why = f"parked: the same speed as the start within ±{SAME_MARGIN:.0%} (a near-miss for stacking)"
         else:
@@ -338,7 +338,7 @@ def _interleave_round(ctx: Ctx, alive: list[Entry], leader: Entry) -> bool:
             if fresh:
                 ctx.rows.append({"stage": e.stage, "change": e.label, "trial": None, "samples_per_s": None,
                                  "speedup": c.speedup if e is b else 1 / c.speedup,  # e against the other
-                                 "decision": f"kept: within noise of {_ref(a, b, e, start)}, "
+                                 "decision": f"kept: undecided against {_ref(a, b, e, start)}, "
                                  f"interleaved, {c.turns} pairs in {c.seconds or 0:.1f} s; trials race on"})
             continue
         slower, faster = (a, b) if c.answer == "faster" else (b, a)
@@ -429,7 +429,7 @@ def confirm_winner(ctx: Ctx, leader: Entry, rivals: list[Entry]) -> tuple[str, C
     if ans == "undecided" and ctx.affordable() >= 2:
         ans, c = answer_of(start.trials, other.trials, rounds=min(CONFIRM_ROUNDS, ctx.affordable() // 2), run=ctx.run, log=log)
     if leader is start or ans != "faster":
-        what = {"same": "the same speed", "slower": "slower", "faster": "faster"}.get(ans, "not faster beyond noise")
+        what = {"same": "the same speed", "slower": "slower", "faster": "faster"}.get(ans, "not yet shown faster")
         ctx.rows.append({"stage": "confirm", "change": other.label, "trial": c.b_trials[-1], "samples_per_s": None,
                          "speedup": c.speedup, "decision": f"nothing beats the start: the best rival is {what} "
                          f"({c.verdict}, {_how(c)})"})

@@ -53,7 +53,7 @@ TERMINAL_HELP = """\
 bench.panel() needs a Jupyter notebook with ipywidgets; here, drive the workbench from code:
     r = bench.run(num_workers=2, amp="bf16")   # one measured trial (blocks); returns a TrialResult
     bench.results                                # every trial as a pandas DataFrame
-    bench.compare(1, 2)                          # is trial 2 faster than trial 1 beyond noise?
+    bench.compare(1, 2)                          # trial 2 against 1: faster, slower, same or undecided
     bench.chart().save("runs.html")              # the comparison chart as a web page (needs altair)
 """
 
