@@ -287,7 +287,7 @@ def test_core_imports_and_runs_without_ipywidgets_or_altair() -> None:
         sys.modules["ipywidgets"] = None
         sys.modules["altair"] = None
         import torch, workbench as wb
-        from workbench import panel
+        from workbench.faces import panel
         b = wb.Workbench(torch.nn.Linear(4, 2), torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))),
                          loss_fn=torch.nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
                          log=None, steps=2, warmup_steps=0, knobs=wb.Knobs(batch_size=4))
