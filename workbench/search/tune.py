@@ -33,7 +33,7 @@ from ..deciding.budget import EXPLAIN_PRIOR, Spend, check_budget_s
 from ..diagnose.verdict import ALLOCATOR_SHARE
 from ..results.protocol import Bench
 from ..results.stats import Comparison
-from .fit import DEFAULT_HEADROOM, FitResult, fit_memory, memory_ceiling  # the memory rescue lives in fit.py
+from .fit import DEFAULT_HEADROOM, FitResult, fit_memory, memory_ceiling, renamed  # the memory rescue lives in fit.py
 from .race import ANSWERS, SAME_MARGIN, Ctx, Entry, admit, answer_of, confirm_winner, near_misses, race, settled
 
 STAGES = ("process", "data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
@@ -151,7 +151,7 @@ class TuneResult:
     start: TrialResult
     steps: pd.DataFrame
     trials_used: int
-    budget: int
+    n_trials: int  # the trial cap the search ran under
     answer: str = "undecided"  # the best vs the start: faster | same | undecided (ANSWERS)
     confirmation: Comparison | None = None  # the comparison behind `answer`
     seconds: float = 0.0
@@ -311,11 +311,11 @@ def _lead(ctx: Ctx, start: TrialResult) -> tuple[str, ...]:
     return ("workers",) if wait >= DATA_BOUND else ()
 
 
-def _check(budget: int | None, budget_s: float | None, stages: tuple[str, ...], memory_budget: int | None,
+def _check(n_trials: int | None, budget_s: float | None, stages: tuple[str, ...], memory_budget: int | None,
            headroom: float) -> int:
     """Validate tune()'s arguments; returns the trial cap."""
-    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 2):
-        raise ValueError(f"budget must be an int >= 2 (a cap on trials, the start included), got {budget!r}")
+    if n_trials is not None and (not isinstance(n_trials, int) or isinstance(n_trials, bool) or n_trials < 2):
+        raise ValueError(f"n_trials must be an int >= 2 (a cap on trials, the start included), got {n_trials!r}")
     check_budget_s(budget_s)
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
@@ -324,14 +324,19 @@ def _check(budget: int | None, budget_s: float | None, stages: tuple[str, ...], 
         raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
     if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
         raise ValueError(f"headroom must be a share of memory in [0, 1) (e.g. headroom=0.1), got {headroom!r}")
-    return budget if budget is not None else (DEFAULT_TRIALS if budget_s is None else 10_000)
+    return n_trials if n_trials is not None else (DEFAULT_TRIALS if budget_s is None else 10_000)
 
 
-def tune(bench: Bench, budget: int | None = None, *, budget_s: float | None = None, start: Knobs | None = None,
+def n_trials_of(n_trials: int | None, old: dict[str, Any]) -> int | None:
+    """`n_trials`, or the old keyword `budget=` (a trial count) with a FutureWarning."""
+    return renamed("tune", "n_trials", n_trials, old, "budget", " (a cap on trials; seconds are budget_s)")
+
+
+def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = None, start: Knobs | None = None,
          memory_budget: int | None = None, stages: tuple[str, ...] = STAGES, max_batch_size: int | None = None,
          headroom: float = DEFAULT_HEADROOM, axes: tuple[str, ...] | None = None, confirm: bool = True,
-         explain: bool = True, stop_early: bool = True) -> TuneResult:
-    """Race candidates under noise within `budget_s` seconds (and `budget` trials); returns the best.
+         explain: bool = True, stop_early: bool = True, **old: Any) -> TuneResult:
+    """Race candidates under noise within `budget_s` seconds (and `n_trials` trials); returns the best.
 
     The first race holds the start, each stage's options and cross-stage pairs; later races stack
     the leader with its near-misses. The winner is kept only when it is faster than the start
@@ -345,7 +350,7 @@ def tune(bench: Bench, budget: int | None = None, *, budget_s: float | None = No
     `stop_early=False` runs every trial's whole window (by default a trial far slower than the baseline
     stops after a few steps, earlystop.py).
     """
-    limit = _check(budget, budget_s, stages, memory_budget, headroom)
+    limit = _check(n_trials_of(n_trials, old), budget_s, stages, memory_budget, headroom)
     ceiling = memory_ceiling(bench, memory_budget)
     ctx = Ctx(bench, limit, budget_s, None if ceiling is None else ceiling * (1 - headroom), memory_budget,
                stop_early=stop_early)
