@@ -53,7 +53,7 @@ def test_chart_frame_marks_baseline_failures_and_order(log: ResultLog) -> None:
     df = chart_frame(log.frame())
     assert list(df["trial_id"]) == [1, 2, 3, 4, 5]
     assert list(df["kind"]) == ["baseline", "ok", "nan", "oom", "interrupted"]
-    assert df["trial"].iloc[1] == "#2 num_workers=2"  # labelled by what differs from the baseline
+    assert df["trial"].iloc[1] == "#2 num_workers=2"  # labelled by what differs from the defaults
     assert df.loc[df["kind"] == "oom", "throughput"].item() == 0.0  # a failure still gets a mark, on zero
     assert df["throughput"].iloc[1] > df["throughput"].iloc[0]
 
@@ -112,7 +112,8 @@ def test_bench_chart_is_the_comparison_chart_of_its_results(tmp_path) -> None:
     chart = bench.chart()
     assert isinstance(chart, alt.VConcatChart)
     assert chart.to_dict() == comparison_chart(bench.results).to_dict()
-    assert list(chart_data(chart)["label"]) == ["baseline", "batch_size=16"]
+    assert list(chart_data(chart)["label"]) == ["defaults", "batch_size=16"]
+    assert list(chart_data(chart)["baseline"]) == [True, False]
 
 
 def _click(jchart, trial_id):
@@ -206,7 +207,10 @@ def test_legend_is_titled_for_what_it_shows_and_lists_only_kinds_that_occurred()
     assert scales and all(s["domain"] == ["baseline", "ok", "nan"] for s in scales)  # no error/oom/interrupted
     legends = [e["legend"]["title"] for layer in top for key, e in layer.get("encoding", {}).items()
                if key == "color" and e.get("legend")]
-    assert legends and set(legends) == {"baseline / status"}
+    assert legends and set(legends) == {"trial (baseline or status)"}
+    title = spec["vconcat"][0]["title"]  # the marks colour and shape do not name: the subtitle says what they are
+    assert title["text"] == "Throughput per trial" and any("band" in line and "repeat" in line for line in title["subtitle"])
+    assert any("dashed line: the baseline" in line and "cross on zero" in line for line in title["subtitle"])
 
 
 def test_a_new_kind_of_trial_rebuilds_the_legend_instead_of_swapping_data():

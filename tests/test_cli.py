@@ -27,7 +27,7 @@ def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
 def _document(out: subprocess.CompletedProcess, command: str) -> dict:
     doc = json.loads(out.stdout)  # exactly one JSON document: json.loads rejects anything more
     assert set(doc) == {"schema", "command", "version", "ok", "exit_code", "error", "result"}
-    assert doc["schema"] == 1 and doc["command"] == command and doc["exit_code"] == out.returncode
+    assert doc["schema"] == 2 and doc["command"] == command and doc["exit_code"] == out.returncode
     return doc
 
 
@@ -78,10 +78,10 @@ def test_diagnose_json():
 
 @pytest.mark.slow
 def test_tune_json():
-    out = _cli("tune", "--demo", "mlp-memory", *TINY, "--budget", "2", "--budget-s", "600", "--json")
+    out = _cli("tune", "--demo", "mlp-memory", *TINY, "--n-trials", "2", "--budget-s", "600", "--json")
     doc = _document(out, "tune")
     res = doc["result"]
-    assert doc["ok"] and res["trials_used"] <= 2 and res["budget"] == 2 and res["budget_s"] == 600
+    assert doc["ok"] and res["trials_used"] <= 2 and res["n_trials"] == 2 and res["budget_s"] == 600
     assert res["best_knobs"]["batch_size"] >= 1 and res["start"]["status"] == "ok"
     assert isinstance(res["steps"], list) and res["steps"][0]["stage"] == "start"
 

@@ -193,3 +193,27 @@ def test_the_staleness_check_fails_on_a_stale_page(tmp_path, monkeypatch):
     monkeypatch.setattr(gen, "ROOT", tmp_path)
     assert gen.main(["--check"]) == 1
     assert gen.main([]) == 0 and gen.main(["--check"]) == 0
+
+
+def test_results_page_names_every_column_of_the_results(make_bench):
+    """Issue 40: docs/results.md names every column `bench.results` has (a real trial, a failed one, a
+    logged comparison); a knob's column is named by docs/knobs.md, which the page points to."""
+    import workbench as wb
+    from workbench.knobs import knob_names
+    from workbench.measure import TrialResult
+    from workbench.results.stats import decide
+
+    page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    knobs_page = (ROOT / "docs" / "knobs.md").read_text(encoding="utf-8")
+    bench = make_bench()
+    a = bench.run(progress=False)
+    b = bench.run(progress=False, batch_size=16)
+    bench.log.append(TrialResult(knobs=wb.Knobs(batch_size=4), status="oom", message="out of memory"))
+    bench.log.record_comparison(decide([100.0, 101.0], [120.0, 121.0], bench.noise, a_trials=[1], b_trials=[2]),
+                                a.knobs, b.knobs)
+    df = bench.results
+    assert {"decided_by", "baseline", "verdict"} <= set(df.columns) and "oom" in set(df["status"])
+    knobs = set(knob_names())
+    missing = [c for c in df.columns if (f"`{c}`" not in knobs_page if c in knobs else f"`{c}`" not in page)]
+    assert not missing, f"docs/results.md does not name these columns of bench.results: {missing}"
+    assert "knobs.md" in page and all(f"**{w}**" in page for w in ("faster", "slower", "same", "undecided"))

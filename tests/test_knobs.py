@@ -54,8 +54,8 @@ def test_checkpoint_normalised_to_tuple():
 def test_diff_and_label():
     a, b = Knobs(), Knobs(num_workers=2, pin_memory=True, checkpoint=("x", "y"))
     assert a.diff(b) == {"num_workers": (0, 2), "pin_memory": (False, True), "checkpoint": ([], ["x", "y"])}
-    assert b.label(a) == "num_workers=2 pin_memory ckpt=2"
-    assert a.label(a) == "baseline"
+    assert b.label(a) == "num_workers=2, pin_memory, ckpt=2"
+    assert a.label(a) == "defaults" and a.label() == "defaults"  # what differs: nothing (never "baseline")
     assert str(b).startswith("Knobs(num_workers=2")
 
 

@@ -70,7 +70,7 @@ def search_bars(monkeypatch):
 def test_search_bar_counts_trials_and_note_shows_the_analysis(make_bench, search_bars):
     made = search_bars
     bench = make_bench()
-    bench.tune(budget=2, progress=True, stages=("data",))
+    bench.tune(n_trials=2, progress=True, stages=("data",))
     (bar,) = made
     assert bar.bar.n == len(bench.trials) == len(bar.seen)
     assert bar.bar.total == bar.bar.n  # a search that used less than its budget ends complete, not red
@@ -80,7 +80,7 @@ def test_search_bar_counts_trials_and_note_shows_the_analysis(make_bench, search
 def test_search_off_silences_its_trials(make_bench, monkeypatch, capfd):
     monkeypatch.setattr(P, "_stderr_is_terminal", lambda: True)  # auto would show bars
     bench = make_bench()
-    bench.tune(budget=2, progress=False, stages=("data",))
+    bench.tune(n_trials=2, progress=False, stages=("data",))
     assert capfd.readouterr().err == ""
     assert P._context.off is False
 

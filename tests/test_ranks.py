@@ -345,7 +345,7 @@ def test_panel_distributed_group_enables_ddp_controls_only_above_one_process(tmp
 def test_memory_fit_runs_whole_jobs_so_ranks_agree(tmp_path) -> None:
     FAULT["kind"] = None
     bench = make_bench(tmp_path, steps=3, warmup_steps=1)
-    fit = bench.fit_memory(budget_bytes=1 << 40, effective_batch=16, base=bench.knobs(world_size=2))
+    fit = bench.fit_memory(max_bytes=1 << 40, effective_batch=16, base=bench.knobs(world_size=2))
     assert fit.fits and fit.knobs.world_size == 2
     # one status and one peak (the largest rank's) per job: the search never sees a rank alone
     assert fit.result.extra["distributed"]["world_size"] == 2 and fit.result.peak_memory_bytes > 0

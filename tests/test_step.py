@@ -88,6 +88,8 @@ NOT_HERE = {
     "compile": "one compiled pair, not one per knob (a cold compile costs tens of seconds): "
                "test_a_compiled_trial_and_its_script_give_the_same_losses",
     "world_size": "multi-process: test_codegen.test_ddp_script_runs_under_torchrun_with_two_gloo_ranks",
+    "allocator": "a process knob: its trial runs in a fresh process (test_process.test_an_allocator_trial_runs_in_a_"
+                 "fresh_process_in_its_mode); its script's launch line: test_process.test_the_script_carries_the_launch_line_and_checks_the_mode",
 }
 NEEDS = {"checkpoint_mode": {"checkpoint": ("blocks.1",)}, "prefetch_factor": {"num_workers": 1},
          "persistent_workers": {"num_workers": 1}}

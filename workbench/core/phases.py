@@ -364,13 +364,14 @@ def page_fault_note(share: float, per_step: float, knobs: Knobs) -> str:
         return head + "; with several ranks part of it is the gradient exchange between the processes"
     if keeps_freed_memory():  # what still faults: blocks above glibc's mmap ceiling, mapped fresh each time
         return (head + f" although malloc keeps freed memory here: blocks above {KEEP_MMAP_BYTES >> 20} MiB "
-                "are still mapped afresh every step; a smaller batch, or jemalloc/tcmalloc through LD_PRELOAD, "
+                "are still mapped afresh every step; a smaller batch, or bench.run(allocator='tcmalloc') (a fresh process), "
                 "avoids it (docs/measurement.md 'Page faults')")
     return (head + ": freed memory went back to the OS and each step faulted it in again. Whether that "
             "happens depends on what ran before in this process, so the same knobs can read faster in "
             "another trial or in your own loop; to avoid it from now on in this process, call "
             "wb.keep_freed_memory(), or start Python (or Jupyter) with "
-            f"{MALLOC_ENV} (glibc), see docs/measurement.md 'Page faults'")
+            f"{MALLOC_ENV} (glibc); or measure the allocator modes, each in a fresh process: "
+            "bench.run(allocator='glibc-kept') or 'tcmalloc' (docs/measurement.md 'Page faults')")
 
 
 def check_cancel(cancel: threading.Event | None) -> None:

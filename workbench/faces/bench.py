@@ -52,6 +52,9 @@ class Workbench:
     `log` is a folder (or a .jsonl file) that every trial is appended to. `participant` names who
     runs it (default user@host); with a name, trials go to `<log>/<participant>/<name>.jsonl`, so
     a workshop's learners share one folder and the instructor `wb.gather`s it.
+    `executor` runs every trial in a process of its own: `wb.FreshProcess()` on this machine, or any
+    object with `submit(fn, *args) -> job` (a submitit executor). Without one, a trial runs here,
+    unless its knobs ask for a process this one is not (`allocator`), which gets a fresh one.
 
     >>> bench = Workbench(model, dataset, loss_fn=torch.nn.CrossEntropyLoss(),
     ...                   optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
@@ -76,6 +79,7 @@ class Workbench:
         loader_timeout_s: float = 120.0,
         participant: str | None = None,
         collective_timeout_s: float = 120.0,
+        executor: Any = None,
     ) -> None:
         if participant is not None and not isinstance(participant, str):
             raise TypeError(f"participant must be a name (str) such as 'ana', got {type(participant).__name__}")
@@ -90,6 +94,10 @@ class Workbench:
         self.steps = steps
         self.loader_timeout_s = loader_timeout_s
         self.collective_timeout_s = collective_timeout_s  # world_size > 1: a hung rank fails the trial after this
+        if executor is not None and not callable(getattr(executor, "submit", None)):
+            raise TypeError(f"executor must have submit(fn, *args) -> job (wb.FreshProcess(), a submitit executor), "
+                            f"got {type(executor).__name__}")
+        self.executor = executor  # None: trials run here, unless their knobs ask for another process
         spec = self.workload.spec
         self.defaults = knobs or Knobs(batch_size=min(spec.default_batch_size, len(spec)) if not spec.iterable else spec.default_batch_size,
                                        num_workers=spec.default_num_workers)
@@ -103,6 +111,7 @@ class Workbench:
         """Append trials from now on to `log` (a folder, a .jsonl file, or None for memory only),
         under this workbench's participant folder when it has a participant."""
         self.log = ResultLog(_log_path(log, self.name, self.participant), participant=self.participant)
+        self.log.defaults = self.defaults  # labels name what differs from this workbench's defaults
 
     # ---- validation ----------------------------------------------------------------------
     def _probe(self) -> None:
@@ -191,7 +200,7 @@ class Workbench:
                                   steps=self.steps, progress=state, cancel=stop,
                                   loader_timeout_s=self.loader_timeout_s, trace=trace,
                                   trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s,
-                                  stop=self._stop_rule(k) if stop_early else None)
+                                  stop=self._stop_rule(k) if stop_early else None, executor=self.executor)
             try:
                 result = _wait(future)
                 if not result.ok:  # the bar ends in the trial's status, not the runner's "done"
@@ -255,7 +264,7 @@ class Workbench:
         if isinstance(trial, int) and not isinstance(trial, bool):
             trial = self.log.get(trial)
         if isinstance(trial, TrialResult):
-            trial = trial.knobs
+            trial = trial.pinned_knobs()  # the allocator mode its process ran in, carried into the script
         if not isinstance(trial, Knobs):
             raise TypeError(f"to_code takes a trial id, a TrialResult or a Knobs value, got {type(trial).__name__}")
         kwargs.setdefault("seed", self.workload.seed)
@@ -267,7 +276,9 @@ class Workbench:
 
     @property
     def results(self) -> pd.DataFrame:
-        """One row per trial: knobs, metrics, speedup vs baseline, status."""
+        """One row per trial: knobs, metrics, speedup vs baseline, verdict, status (docs/results.md names
+        every column). `label` says how a trial's knobs differ from this workbench's defaults."""
+        self.log.defaults = self.defaults  # `defaults` may have been replaced since (the CLI does)
         return self.log.frame()
 
     @property
@@ -286,7 +297,7 @@ class Workbench:
 
         `rounds="auto"` decides until it can: when the two differ only in knobs that can share a
         process (compute knobs: amp, compile, channels_last, ...; see workbench/interleave.py), both
-        are built once and take turns in short blocks in this process, and the answer usually comes
+        are built once and take turns of a few steps in this process, and the answer usually comes
         in seconds (`budget_s`, default 30). Otherwise (data-pipeline or distributed knobs, or
         `interleave=False`) it runs alternating trials (B A, A B, ...) until decided, or until
         `max_rounds` (or `budget_s` seconds) run out, and the result's note says why. `.answer` is
@@ -294,7 +305,7 @@ class Workbench:
         rates hold however often it looks. `rounds=N` runs exactly N rounds of each and decides
         once. `interleave=True` refuses (ValueError) a pair that cannot interleave. `run` replaces
         `self.run` for trials (the panel passes its own runner); a set `cancel` event stops the
-        interleaved blocks at the next pair (the panel's Stop button).
+        interleaved turns at the next pair (the panel's Stop button).
         """
         check_budget_s(budget_s)  # the same cap as tune()'s wherever a budget_s is taken
         ra = a if isinstance(a, TrialResult) else self.log.get(a)
@@ -302,9 +313,12 @@ class Workbench:
         if interleave not in (None, True, False):
             raise TypeError(f"interleave takes None (when possible), True or False, got {interleave!r}")
         c, note = None, ""
+        if rounds and ra.ok and rb.ok:  # the allocator compared: both sides in fresh processes, pinned
+            ra, rb, note = self._pinned(ra, rb)
         if rounds == "auto" and interleave is not False and ra.ok and rb.ok:  # a failed trial: compare says why
-            c, note = self._interleaved(ra, rb, margin=margin, budget_s=budget_s, required=interleave is True,
-                                        cancel=cancel)
+            c, why = self._interleaved(ra, rb, margin=margin, budget_s=budget_s, required=interleave is True,
+                                       cancel=cancel)
+            note = f"{note} {why}".strip()
         if c is None:
             c = compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log, max_rounds=max_rounds,
                         margin=margin, budget_s=budget_s)
@@ -313,9 +327,27 @@ class Workbench:
             self.log.record_comparison(c, ra.knobs, rb.knobs)
         return c
 
+    def _pinned(self, ra: TrialResult, rb: TrialResult) -> tuple[TrialResult, TrialResult, str]:
+        """When the allocator is what differs and one side leaves it None (the process as it is), that
+        side is pinned to this process's own mode and measured afresh in a fresh process, so both sides
+        alternate fresh-process trials (one process cannot change its allocator); the note says so."""
+        from ..core.system import process_allocator
+
+        ka, kb = ra.knobs, rb.knobs
+        mode = process_allocator()
+        if ka.allocator == kb.allocator or None not in (ka.allocator, kb.allocator) or not mode:
+            return ra, rb, ""
+        if ka.allocator is None:
+            ra = self.run(ka.replace(allocator=mode), progress=False)
+        else:
+            rb = self.run(kb.replace(allocator=mode), progress=False)
+        side = "A" if ka.allocator is None else "B"
+        return ra, rb, (f"{side} left the allocator as this process runs it ({mode!r}): pinned to {mode!r} so that "
+                        "both sides run in fresh processes.")
+
     def interleave(self, a: TrialResult, b: TrialResult, *, margin: float = MARGIN, budget_s: float | None = None,
                    cancel: threading.Event | None = None) -> Comparison:
-        """B's knobs against A's by interleaved blocks in this process (workbench/interleave.py), on the
+        """B's knobs against A's by interleaved turns in this process (workbench/interleave.py), on the
         trial thread like a trial; `budget_s` seconds at most (default 30), build and warm-up included.
 
         Records nothing (`compare(rounds="auto")` and the tuner log what they use). Raises ValueError
@@ -400,23 +432,29 @@ class Workbench:
 
         return explain(self, a, b, progress=progress)
 
-    def tune(self, budget: int | None = None, *, progress: bool | None = None, **kwargs: Any) -> Any:
-        """Race candidates within `budget_s=` seconds (`budget` caps trials); keep a winner beyond noise."""
-        from ..search.tune import tune
+    def tune(self, n_trials: int | None = None, *, progress: bool | None = None, **kwargs: Any) -> Any:
+        """Race candidates within `budget_s=` seconds (`n_trials` caps trials); keep a winner only when
+        it is faster than the start. (`budget=` is the old name of `n_trials`: FutureWarning.)"""
+        from ..search.tune import n_trials_of, tune
 
-        with search(progress, "tune", log=self.log, total=budget if isinstance(budget, int) else None,
+        old = {k: kwargs.pop(k) for k in ("budget",) if k in kwargs}
+        n_trials = n_trials_of(n_trials, old)
+        with search(progress, "tune", log=self.log, total=n_trials if isinstance(n_trials, int) else None,
                     budget_s=kwargs.get("budget_s")):
-            return tune(self, budget=budget, **kwargs)
+            return tune(self, n_trials=n_trials, **kwargs)
 
-    def fit_memory(self, budget_bytes: int, effective_batch: int, *, progress: bool | None = None,
-                   **kwargs: Any) -> Any:
-        """A configuration within `budget_bytes` at `effective_batch` samples per optimizer step."""
-        from ..search.fit import fit_memory
+    def fit_memory(self, max_bytes: int | None = None, effective_batch: int | None = None, *,
+                   progress: bool | None = None, **kwargs: Any) -> Any:
+        """A configuration whose peak stays within `max_bytes` at `effective_batch` samples per optimizer
+        step. (`budget_bytes=` is the old name of `max_bytes`: FutureWarning.)"""
+        from ..search.fit import fit_memory, max_bytes_of
 
+        old = {k: kwargs.pop(k) for k in ("budget_bytes",) if k in kwargs}
+        max_bytes = max_bytes_of(max_bytes, old)
         total = kwargs.get("max_trials", 12)
         with search(progress, "fit_memory", log=self.log, total=total if isinstance(total, int) else None,
                     budget_s=kwargs.get("budget_s")):
-            return fit_memory(self, budget_bytes=budget_bytes, effective_batch=effective_batch, **kwargs)
+            return fit_memory(self, max_bytes=max_bytes, effective_batch=effective_batch, **kwargs)
 
     def to_tensorboard(self, logdir: str | os.PathLike = "runs") -> list[Path]:
         """One TensorBoard run per trial under `logdir/<name>/` (knobs as hparams, per-step scalars);

@@ -27,6 +27,11 @@ UNSTEADY_COLOR = "#b279a2"  # the "not steady" mark under a throughput point
 KIND_SHAPES = ["diamond", "circle", "triangle-up", "cross", "cross", "cross"]
 FAILED = ("interrupted", "error", "oom")  # no throughput: drawn as a cross on the zero line
 
+# The legend of the marks that colour and shape do not name (docs/results.md, "The chart", explains each).
+MARKS_LEGEND = ["point: one trial's samples/s · band: where a repeat of it would land (95%, this machine's noise)",
+                "dashed line: the baseline · cross on zero: a failed trial, its status above it · "
+                "'not steady': see docs/results.md"]
+
 LAST_N = 30  # the default chart: the baseline, the last LAST_N trials and the best of each configuration
 DATASET = "trials"  # the chart's one dataset, by a fixed name so a data update can replace it
 PICK = "trial_pick"  # the click selection; a JupyterChart reports it as chart.selections.trial_pick
@@ -47,10 +52,11 @@ def chart_frame(results: pd.DataFrame) -> pd.DataFrame:
     if "window" in df.columns:  # a trial stopped early (earlystop.py) says so on its axis label
         window = df["window"].fillna("").astype(str)
         df["trial"] = df["trial"] + window.map(lambda w: f" (stopped early {w})" if w else "")
-    df["kind"] = df["status"].astype(str).where(df["verdict"] != "baseline", "baseline")  # status is categorical
+    is_base = df["baseline"].fillna(False).astype(bool) if "baseline" in df.columns else df["verdict"] == "baseline"
+    df["kind"] = df["status"].astype(str).where(~is_base, "baseline")  # status is categorical
     df["throughput"] = pd.to_numeric(df["samples_per_s"], errors="coerce").fillna(0.0)
     df["speedup_pct"] = (pd.to_numeric(df["speedup"], errors="coerce") - 1.0) * 100.0
-    keep = ["trial_id", "trial", "kind", "throughput", "samples_per_s", "samples_per_s_low",
+    keep = ["trial_id", "trial", "kind", "baseline", "throughput", "samples_per_s", "samples_per_s_low",
             "samples_per_s_high", "speedup", "speedup_pct", "verdict", "steady", "window", "status", "label",
             "step_time_ms", "step_time_iqr_ms", "peak_memory_mb", "data_wait_share", "final_loss",
             "message", "decided_speedup", "decided_by", *knob_names()]
@@ -69,7 +75,7 @@ def chart_view(results: pd.DataFrame, last: int | None = LAST_N) -> pd.DataFrame
             raise ValueError(f"last must be >= 0 trials (or None for all), got {last}")
         keep = pd.Series(False, index=results.index)
         keep.iloc[total - last:] = True
-        keep |= results["verdict"] == "baseline"
+        keep |= results["baseline"] if "baseline" in results.columns else results["verdict"] == "baseline"
         rate = pd.to_numeric(results["samples_per_s"], errors="coerce")
         best = rate.groupby(results["label"].astype(str)).idxmax().dropna()
         keep.loc[best.to_numpy()] = True
@@ -129,7 +135,7 @@ def _chart_shape(columns: tuple[str, ...], width: int, kinds: tuple[str, ...]) -
               axis=alt.Axis(labelAngle=-25, labelLimit=180))
     # The legend names what a mark's colour and shape say, and only the kinds these trials have.
     seen = list(kinds)
-    legend = alt.Legend(title="baseline / status", symbolOpacity=1)  # not faded by the band's or bars' opacity
+    legend = alt.Legend(title="trial (baseline or status)", symbolOpacity=1)  # not faded by the band's or bars' opacity
     color = alt.Color("kind:N", scale=alt.Scale(domain=seen, range=[KIND_COLORS[KINDS.index(k)] for k in seen]),
                       legend=legend)
     shape = alt.Shape("kind:N", scale=alt.Scale(domain=seen, range=[KIND_SHAPES[KINDS.index(k)] for k in seen]),
@@ -157,7 +163,8 @@ def _chart_shape(columns: tuple[str, ...], width: int, kinds: tuple[str, ...]) -
         strokeDash=[5, 4], color=KIND_COLORS[0]
     ).encode(y="samples_per_s:Q", x=alt.value(0), x2=alt.value(width))
     throughput = alt.layer(band, baseline_rule, points, failed_text, unsteady_text).properties(
-        width=width, height=220, title="Throughput per trial (band: middle half of steps; dashed: baseline)"
+        width=width, height=220, title=alt.Title("Throughput per trial", subtitle=MARKS_LEGEND, subtitleFontSize=10,
+                                                 anchor="start")
     )
 
     # ---- linked views: same trials on x, highlighted together ------------------------------

@@ -1,7 +1,7 @@
 """Knobs: every tunable setting of a trial, as one frozen, validated, diff-able value.
 
 Each field is declared once, with its hooks, in a family module (data, precision, memory,
-optimizer, parallel); `Knobs` inherits them all. Validation that needs nothing but the values happens here, so a bad
+optimizer, parallel, process); `Knobs` inherits them all. Validation that needs nothing but the values happens here, so a bad
 combination fails before any work starts; `registry.check_run` adds the checks that need the device.
 """
 
@@ -17,15 +17,16 @@ from .memory import MemoryKnobs
 from .optimizer import OptimizerKnobs
 from .parallel import ParallelKnobs
 from .precision import PrecisionKnobs
+from .process import ProcessKnobs
 from .spec import BLOCK_KNOBS, KNOBS, knob_names
 
 
 @dataclass(frozen=True, init=False)
-class Knobs(ParallelKnobs, OptimizerKnobs, MemoryKnobs, PrecisionKnobs, DataKnobs):
+class Knobs(ProcessKnobs, ParallelKnobs, OptimizerKnobs, MemoryKnobs, PrecisionKnobs, DataKnobs):
     """One configuration of the training step. Build with keywords; `replace()` to vary one.
 
     Each knob is one field, declared once with `declare(...)` in its family module (data,
-    precision, memory, optimizer, parallel: the field order is the families' order), beside its
+    precision, memory, optimizer, parallel, process: the field order is the families' order), beside its
     hooks: its type, default, help, panel group and widget, fuzz range (see KnobSpec). Adding a knob
     = adding a field and its hooks to one family module (+ its tests).
     """
@@ -137,10 +138,11 @@ class Knobs(ParallelKnobs, OptimizerKnobs, MemoryKnobs, PrecisionKnobs, DataKnob
         return {k: (a.get(k), b.get(k)) for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)}
 
     def label(self, base: Knobs | None = None) -> str:
-        """Short label for charts: what differs from `base` (default: the default Knobs)."""
+        """Short label for tables and charts: what differs from `base` (a workbench's defaults; default:
+        the default Knobs), e.g. "num_workers=2, channels_last"; "defaults" when nothing does."""
         changes = (base or Knobs()).diff(self)
         if not changes:
-            return "baseline" if base is not None else "defaults"
+            return "defaults"
         parts = []
         for k, (_, v) in changes.items():
             if k == "checkpoint":
@@ -151,7 +153,7 @@ class Knobs(ParallelKnobs, OptimizerKnobs, MemoryKnobs, PrecisionKnobs, DataKnob
                 parts.append(f"{k}={v}")
             if k in self.unknown:
                 parts[-1] += "(unknown)"
-        return " ".join(parts)
+        return ", ".join(parts)
 
     def to_code(self, **kwargs: Any) -> str:
         """A runnable plain-PyTorch training loop reproducing this configuration (see codegen.py)."""
