@@ -173,7 +173,8 @@ class Workbench:
         k = self.knobs(knobs, **changes)
         check_knobs(self.workload, k)  # a ValueError here, in the caller's thread, records nothing
         if threading.current_thread() is threading.main_thread():  # a cell or a script: warn there, once
-            loud = [n for n in device_notes(k, self.device.type, has_conv=self.workload.has_conv)
+            loud = [n for n in device_notes(k, self.device.type, has_conv=self.workload.has_conv,
+                                             token_data=self.workload.token_data)
                     if n.startswith(LOUD_NOTES)]
             hopeless = self.expect_slow(k)  # a known hopeless trial, with this machine's earlier factor
             if hopeless:  # one warning: the note (if any), then what to expect here
