@@ -40,8 +40,8 @@ from .measure import (
 from .progress import TrialProgress
 from .steady import WarmupRule, cycle_steps, is_steady
 from .step import BatchSource, LossBuffer, Stage, TrainStep
-from .tokens import window_figures
 from .system import KEEP_MMAP_BYTES, MALLOC_ENV, keeps_freed_memory
+from .tokens import window_figures
 from .workload import Workload
 
 NOISY = 0.10  # IQR / median above this gets a "noisy" note

@@ -313,7 +313,7 @@ class Packed:
             y = _as_list(f["labels"]) if "labels" in f else x
             y = y if len(y) == len(x) else x
             ids += x
-            labels += [IGNORE_INDEX] + y[1:]
+            labels += [IGNORE_INDEX, *y[1:]]
             pos += list(range(len(x)))
         if not ids:
             raise ValueError("packing=True received a batch whose samples are all empty (no input_ids)")
