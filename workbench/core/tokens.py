@@ -142,7 +142,7 @@ def lengths_of(dataset: Any, indices: Sequence[int]) -> list[int]:
         item = dataset[i]
         if not is_token_item(item):
             raise ValueError(
-                "group_by_length needs each sample's length: samples that are dicts with 'input_ids' (their "
+                "group_by_length needs each sample's length: use samples that are dicts with 'input_ids' (their "
                 f"length is len(input_ids)), or a dataset with a `lengths` list or a 'length' column; sample {i} "
                 f"is a {type(item).__name__}" + (f" with keys {sorted(item)}" if isinstance(item, Mapping) else ""))
         out.append(len(item["input_ids"]))

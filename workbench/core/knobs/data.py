@@ -142,7 +142,7 @@ def grouped_check(value: bool, ctx: Context) -> None:
         return
     if ctx.spec.iterable:
         raise ValueError("group_by_length=True needs a dataset with a length: an IterableDataset of unknown length "
-                         "cannot be sorted into length groups; pass a map-style dataset, or leave group_by_length off")
+                         "cannot be sorted into length groups; use a map-style dataset, or set group_by_length=False")
     tokens.lengths_of(ctx.spec.dataset, [0])  # raises naming what it needs when samples carry no lengths
 
 
@@ -150,6 +150,8 @@ def grouped_note(value: bool, ctx: Context) -> str | None:
     return NOT_TOKENS.format("group_by_length") if value and not ctx.token_data else None
 
 
+TOKEN_TEST = ("token_data = isinstance(dataset[0], dict) and 'input_ids' in dataset[0]  "
+              "# the length knobs act on token samples only")
 GROUPED_SOURCE = '''def length_grouped(lengths, group, seed=0):
     """Indices grouped by length as transformers' LengthGroupedSampler does: a seeded permutation cut
     into mega-batches of min(n // (4 * group), 50) groups, each sorted longest first."""
@@ -166,8 +168,9 @@ def grouped_code(k: Any) -> dict[str, list[str]]:
     if not k.group_by_length:
         return {}
     return {"functions": [GROUPED_SOURCE],
-            "setup": ["lengths = [len(sample['input_ids']) for sample in dataset]  # group_by_length",
-                      f"length_order = length_grouped(lengths, {k.batch_size * k.accum_steps})"],
+            "setup": [TOKEN_TEST,
+                      f"length_order = (length_grouped([len(s['input_ids']) for s in dataset], {k.batch_size * k.accum_steps})"
+                      "\n                if token_data else None)  # group_by_length: token data only"],
             "loader_args": ["sampler=length_order"]}
 
 
@@ -187,8 +190,12 @@ def pad_note(value: int | None, ctx: Context) -> str | None:
 
 PAD_SOURCE = '''def pad_to_multiple(collate, multiple, pad_id=0):
     """Your collate_fn, then every [batch, seq] tensor padded at the end to a multiple of `multiple`."""
+    collate = collate or torch.utils.data.default_collate
+
     def padded(features):
         batch = collate(features)
+        if not isinstance(batch, dict) or "input_ids" not in batch:
+            return batch
         ids = batch["input_ids"]
         extra = -ids.shape[1] % multiple
         if extra:
@@ -203,7 +210,8 @@ def pad_code(k: Any) -> dict[str, list[str]]:
     if k.pad_to_multiple_of is None or k.packing:
         return {}
     return {"functions": [PAD_SOURCE],
-            "setup": [f"collate_fn = pad_to_multiple(collate_fn, {k.pad_to_multiple_of}, "
+            "setup": ["collate_fn = globals().get('collate_fn')  # yours, or None (torch's default_collate)",
+                      f"collate_fn = pad_to_multiple(collate_fn, {k.pad_to_multiple_of}, "
                       "getattr(getattr(collate_fn, 'tokenizer', None), 'pad_token_id', None) or 0)"],
             "loader_args": ["collate_fn=collate_fn"]}
 
@@ -217,11 +225,11 @@ def packing_check(value: bool, ctx: Context) -> None:
         return
     if ctx.spec is not None and not ctx.spec.iterable and not tokens.is_token_item(tokens.first_item(ctx.spec.dataset)):
         raise ValueError("packing=True concatenates each sample's input_ids, but the samples are not dicts with "
-                         "'input_ids' (your collate_fn makes them): tokenize in the dataset, or leave packing off")
+                         "'input_ids' (your collate_fn makes them): tokenize in the dataset, or set packing=False")
     if ctx.forward_params and "position_ids" not in ctx.forward_params:
         raise ValueError("packing=True needs a model whose forward takes position_ids (they restart at 0 for each "
                          "packed sample); this model's forward takes "
-                         f"({', '.join(sorted(ctx.forward_params))}): leave packing off and try group_by_length")
+                         f"({', '.join(sorted(ctx.forward_params))}): set packing=False (and try group_by_length)")
 
 
 def packing_note(value: bool, ctx: Context) -> str | None:
@@ -244,7 +252,9 @@ PACK_SOURCE = '''def packed(features):
 def packing_code(k: Any) -> dict[str, list[str]]:
     if not k.packing:
         return {}
-    return {"functions": [PACK_SOURCE], "loader_args": ["collate_fn=packed"]}
+    return {"functions": [PACK_SOURCE],
+            "setup": [TOKEN_TEST, "collate_fn = packed if token_data else globals().get('collate_fn')  # packing"],
+            "loader_args": ["collate_fn=collate_fn"]}
 
 
 # ---- the declarations: Knobs (value.py) inherits these fields, in this order ---------------------------
@@ -280,5 +290,6 @@ class DataKnobs:
         fuzz=Fuzz((None, 1, 8, 64), (0,)),
         help="pad token batches to a multiple of this length (fewer distinct shapes: tensor cores, fewer recompiles)")
     packing: bool = declare(False, loader=packing_loader, check_run=packing_check, note=packing_note,
-        code=packing_code, kind="bool", group="Data pipeline", widget="checkbox", probe=True, fuzz=Fuzz((False, True)),
+        code=packing_code, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
+        fuzz=Fuzz((False,)),  # True needs a model that takes position_ids (tests/test_hf.py); the demos do not
         help="padding-free packing: each batch as one row with position_ids (the model must take position_ids)")
