@@ -206,6 +206,7 @@ class Comparison:
     seconds: float | None = None  # wall time the rounds of this comparison took
     max_rounds: int | None = None  # rounds="auto": the most rounds it could run (None: a fixed design)
     method: str = "trials"  # "trials" (separate trials) or "interleaved" (blocks taking turns in one process)
+    rate: str = "samples/s"  # the rate compared: "tokens/s" when the sides pad or pack token batches differently
     blocks: int = 0  # interleaved: pairs of blocks (A B or B A) behind the verdict
     block_steps: int = 0  # interleaved: optimizer steps in each block
 
@@ -238,7 +239,8 @@ class Comparison:
         secs = f", {self.seconds:.0f} s" if self.seconds is not None else ""
         seq = ("; paired back-to-back rounds, an interval valid at every look"
                if self.max_rounds is not None else "")
-        return f"{each}{how}{secs}{seq}"
+        unit = ", compared in tokens/s (the sides pad or pack differently)" if self.rate == "tokens/s" else ""
+        return f"{each}{how}{secs}{seq}{unit}"
 
     def _settle(self) -> str:
         ids = f"{self.a}, {self.b}" if self.a is not None and self.b is not None else "a, b"
