@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,7 +106,7 @@ def knobs_from_args(args: Any, blocks: list[str], impl: str) -> tuple[dict[str, 
         k["compile"] = args.torch_compile_mode or "default"
         if args.torch_compile_backend not in (None, "inductor"):
             left.append(f"torch_compile_backend={args.torch_compile_backend!r} (trials compile with inductor)")
-    if args.gradient_checkpointing:
+    if getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing:
         k["checkpoint"] = tuple(blocks)  # the Trainer checkpoints every layer: here every block
         if args.gradient_checkpointing_kwargs:
             left.append(f"gradient_checkpointing_kwargs={args.gradient_checkpointing_kwargs!r}")
@@ -118,8 +119,9 @@ def knobs_from_args(args: Any, blocks: list[str], impl: str) -> tuple[dict[str, 
         k["group_by_length"] = True
     elif strategy not in ("random",):
         left.append(f"train_sampling_strategy={strategy!r} (trials shuffle, or group by length)")
-    if args.lr_scheduler_type not in ("constant", "linear"):
-        left.append(SCHEDULE_NOTE.format(str(args.lr_scheduler_type)))
+    schedule = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+    if schedule not in ("constant", "linear"):
+        left.append(SCHEDULE_NOTE.format(schedule))
     for name in ("deepspeed", "fsdp", "fsdp_config"):
         if getattr(args, name, None):
             left.append(f"{name}={getattr(args, name)!r} (use the workbench's world_size/strategy knobs: DDP, FSDP2)")
@@ -160,6 +162,7 @@ def from_trainer(cls: type, trainer: Any, **workbench_kwargs: Any) -> Any:
     collator = trainer.data_collator
     remove = getattr(trainer, "_get_collator_with_removed_columns", None)  # what the Trainer itself feeds the model
     collate = remove(collator, description="training") if callable(remove) and args.remove_unused_columns else collator
+    check_token_batches(dataset, collate, iterable)
     factory, impl, left = optimizer_of(trainer, model)
     loader = DataLoader(dataset, batch_size=args.per_device_train_batch_size, shuffle=not iterable, collate_fn=collate,
                         drop_last=args.dataloader_drop_last)
@@ -175,6 +178,22 @@ def from_trainer(cls: type, trainer: Any, **workbench_kwargs: Any) -> Any:
         warnings.warn("from_trainer could not map: " + "; ".join(left) + " (kept in bench._hf.left_out)",
                       UserWarning, stacklevel=3)
     return bench
+
+
+def check_token_batches(dataset: Any, collate: Any, iterable: bool) -> None:
+    """ValueError when the collator's batch has no input_ids: from_trainer measures token batches."""
+    if iterable:
+        return
+    try:
+        batch = collate([dataset[0], dataset[min(1, len(dataset) - 1)]])
+    except Exception as e:  # the trial would fail the same way: say it now
+        raise ValueError(f"the Trainer's data_collator failed on two samples ({type(e).__name__}: {e}): fix it so "
+                         "Trainer.train() can run") from e
+    if not isinstance(batch, Mapping) or "input_ids" not in batch:
+        keys = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+        raise ValueError(f"the Trainer's data_collator returned a batch without input_ids ({keys}): from_trainer "
+                         "measures token batches; for other batches use Workbench(model, DataLoader(dataset, "
+                         "collate_fn=collator))")
 
 
 # ---- back out --------------------------------------------------------------------------------------
@@ -208,7 +227,7 @@ def training_kwargs(knobs: Knobs, *, blocks: list[str], optim: str | None, devic
         out.update(torch_compile=True, torch_compile_mode=k.compile)
     if k.checkpoint:
         if set(k.checkpoint) >= set(blocks) and k.checkpoint_mode == "full":
-            out["gradient_checkpointing"] = True
+            out[checkpointing_name()] = True
         else:
             left.append(f"checkpoint={list(k.checkpoint)} (gradient_checkpointing checkpoints every layer; "
                         "a subset needs torch.utils.checkpoint in the model)"
@@ -245,6 +264,12 @@ def training_kwargs(knobs: Knobs, *, blocks: list[str], optim: str | None, devic
     out.collator = collator_lines(k)
     out.left_out = left
     return out
+
+
+def checkpointing_name() -> str:
+    """`activation_checkpointing` (transformers 5) or `gradient_checkpointing` (before)."""
+    names = {f.name for f in dataclasses.fields(transformers_module().TrainingArguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
 def collator_lines(k: Knobs) -> list[str]:
