@@ -153,14 +153,13 @@ def test_a_collator_without_input_ids_is_said_plainly():
         wb.Workbench.from_trainer(trainer, log=None)
 
 
-@pytest.mark.slow
 def test_packing_refuses_a_model_without_position_ids():
     class NoPositions(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.emb = torch.nn.Embedding(64, 4)
 
-        def forward(self, input_ids, labels=None):
+        def forward(self, input_ids, attention_mask=None, labels=None):
             return self.emb(input_ids).mean()
 
     bench = wb.Workbench(NoPositions(), torch.utils.data.DataLoader(
@@ -207,7 +206,7 @@ def test_to_training_arguments_lists_the_knobs_it_cannot_say():
 
 @pytest.mark.slow
 def test_a_trainer_wraps_counts_tokens_groups_by_length_and_goes_back_out(tmp_path):
-    data = texts(256, seed=3)
+    data = texts(1024, seed=3)  # the Trainer groups within mega-batches of up to 50 batches: enough data to fill them
     bench = wb.Workbench.from_trainer(trainer_of(data), log=None, steps=8, warmup_steps=1)
     plain = bench.run(progress=False)
     grouped = bench.run(group_by_length=True, progress=False)
