@@ -247,3 +247,32 @@ def test_the_trainer_script_runs_as_it_is(change, tmp_path):
     out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "global_step=2" in out.stdout
+
+
+# ---- compile and shapes ----------------------------------------------------------------------------
+def test_recompiles_from_varying_lengths_are_counted_and_named_with_their_fixes():
+    from workbench.core.compat import CompileWatch
+    from workbench.diagnose.compile import explain_compile
+
+    torch._dynamo.reset()
+    emb = torch.nn.Embedding(10, 4)
+    step = torch.compile(lambda ids: emb(ids).sum(), backend="eager")  # dynamo only: no inductor codegen
+    with CompileWatch() as watch:
+        for length in (3, 5, 7):
+            step(torch.zeros(2, length, dtype=torch.long))
+    assert watch.info["recompiles"] >= 1, watch.info
+    lines = explain_compile(watch.info)
+    assert any("recompile" in line and "pad_to_multiple_of=8" in line and "dynamic=True" in line for line in lines)
+
+
+def test_the_verdict_names_recompiles_and_suggests_padding():
+    from types import SimpleNamespace
+
+    from workbench.diagnose.verdict import decide
+
+    base = SimpleNamespace(ok=True, status="ok")
+    data = SimpleNamespace(baseline=base)
+    info = {"recompiles": 4, "dynamo_compile_s": 2.5, "recompile_reasons": ["size mismatch at index 1"]}
+    v = decide(wb.Knobs(compile="default"), data, {"cores": 2}, device=torch.device("cpu"), compile_info=info)
+    assert v.bottleneck == "compile" and v.next_knobs == {"pad_to_multiple_of": 8}
+    assert "4 recompiles" in v.evidence[0] and "2.5 s" in v.evidence[0]

@@ -113,7 +113,7 @@ def _data_fix(knobs: Knobs, threads: dict[str, Any], base: TrialResult, device: 
 def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: torch.device,
            ops: pd.DataFrame | None = None, mfu: float | None = None, has_conv: bool = False,
            compile_info: dict[str, Any] | None = None) -> Verdict:
-    """Walk the decision tree: failure → compile fallback → data → threads → sync → memory → compute."""
+    """Walk the decision tree: failure → compile fallback → recompiles → data → threads → sync → memory → compute."""
     base: TrialResult = data.baseline
     cores = int(threads["cores"])
     if not base.ok and base.status == "oom":
@@ -130,6 +130,14 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
         return Verdict("compile", "torch.compile fell back to eager for part of the model",
                        tuple(compile_info["fallback"][:3]), {"compile": "off"},
                        "a partly compiled model pays the compile time without the speed; run eager or fix the failing op")
+
+    if compile_info and compile_info.get("recompiles"):
+        from .compile import recompile_line
+
+        change = {"pad_to_multiple_of": 8} if knobs.pad_to_multiple_of is None else {"group_by_length": True}
+        return Verdict("compile", "torch.compile recompiles for new input shapes (varying sequence lengths)",
+                       (recompile_line(compile_info), *compile_info.get("recompile_reasons", [])[:2]), change,
+                       "fewer distinct shapes mean fewer compiles; or torch.compile(model, dynamic=True)")
 
     evidence = data_evidence(data)
 
