@@ -276,3 +276,20 @@ def test_the_verdict_names_recompiles_and_suggests_padding():
     v = decide(wb.Knobs(compile="default"), data, {"cores": 2}, device=torch.device("cpu"), compile_info=info)
     assert v.bottleneck == "compile" and v.next_knobs == {"pad_to_multiple_of": 8}
     assert "4 recompiles" in v.evidence[0] and "2.5 s" in v.evidence[0]
+
+
+def test_the_chart_plots_tokens_per_s_when_every_trial_counted_tokens():
+    import pandas as pd
+
+    from workbench.faces.charts import chart_frame, comparison_chart
+
+    rows = pd.DataFrame({"trial_id": [1, 2], "label": ["defaults", "group_by_length"], "status": ["ok", "ok"],
+                         "verdict": ["baseline", "faster"], "speedup": [1.0, 2.0], "samples_per_s": [10.0, 20.0],
+                         "samples_per_s_low": [9.0, 18.0], "samples_per_s_high": [11.0, 22.0],
+                         "tokens_per_s": [300.0, 640.0], "padding_share": [0.7, 0.3]})
+    frame = chart_frame(rows)
+    assert frame["throughput"].tolist() == [300.0, 640.0] and frame["throughput_low"].tolist() == [270.0, 576.0]
+    spec = comparison_chart(rows).to_dict()
+    assert spec["vconcat"][0]["layer"][2]["encoding"]["y"]["title"] == "tokens / s"
+    plain = chart_frame(rows.assign(tokens_per_s=[None, None]))
+    assert plain["throughput"].tolist() == [10.0, 20.0] and "tokens_per_s" not in plain
