@@ -65,7 +65,8 @@ def test_comparison_chart_has_band_baseline_linked_views_and_full_tooltip(log: R
     marks = [layer["mark"]["type"] for layer in throughput]
     assert marks == ["rule", "rule", "point", "text", "text"]  # band, baseline, trials, failure and "not steady" labels
     band = throughput[0]["encoding"]
-    assert band["y"]["field"] == "samples_per_s_low" and band["y2"]["field"] == "samples_per_s_high"
+    # the band is the throughput's (samples/s here; tokens/s for token batches: tests/test_hf.py)
+    assert band["y"]["field"] == "throughput_low" and band["y2"]["field"] == "throughput_high"
     assert "baseline" in json.dumps(throughput[1]["transform"])
     # one click selection, used by all three views (linked)
     (pick,) = spec["params"]  # altair hoists a concat's selection to the top, bound to the points view

@@ -201,7 +201,8 @@ def test_cudnn_benchmark_is_a_noted_no_op_on_cpu_and_restored_after(make_bench):
 def test_results_nullable_int_columns_come_from_the_registry():
     from workbench.results import OPTIONAL_INT_KNOBS
 
-    assert set(OPTIONAL_INT_KNOBS) == {"prefetch_factor", "cpu_threads", "ddp_bucket_cap_mb", "fsdp_prefetch"}
+    assert set(OPTIONAL_INT_KNOBS) == {"prefetch_factor", "cpu_threads", "ddp_bucket_cap_mb", "fsdp_prefetch",
+                                       "pad_to_multiple_of"}
 
 
 # ---- your own knobs (@wb.knob) -------------------------------------------------------------------

@@ -114,8 +114,8 @@ def _data_fix(knobs: Knobs, threads: dict[str, Any], base: TrialResult, device: 
 def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: torch.device,
            ops: pd.DataFrame | None = None, mfu: float | None = None, has_conv: bool = False,
            compile_info: dict[str, Any] | None = None, measured_fix: str | None = None) -> Verdict:
-    """Walk the decision tree: failure → compile fallback → data → threads → allocator → sync → memory →
-    compute. `measured_fix`: what the log measured of the allocator modes on these knobs (`allocator_fix`)."""
+    """Walk the decision tree: failure → compile fallback → recompiles → data → threads → allocator → sync →
+    memory → compute. `measured_fix`: what the log measured of the allocator modes on these knobs (`allocator_fix`)."""
     base: TrialResult = data.baseline
     cores = int(threads["cores"])
     if not base.ok and base.status == "oom":
@@ -123,7 +123,7 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
                        {"amp": "bf16"} if knobs.amp == "off" else {"batch_size": max(1, knobs.batch_size // 2),
                                                                    "accum_steps": knobs.accum_steps * 2},
                        "lower precision activations first, then accumulation and checkpointing "
-                       "(or let bench.fit_memory(budget, effective_batch) search)")
+                       "(or let bench.fit_memory(max_bytes, effective_batch) search)")
     if not base.ok:
         return Verdict("failed", f"the baseline trial ended with status {base.status!r}", (base.message,),
                        why="fix the error first: see result.traceback")
@@ -132,6 +132,14 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
         return Verdict("compile", "torch.compile fell back to eager for part of the model",
                        tuple(compile_info["fallback"][:3]), {"compile": "off"},
                        "a partly compiled model pays the compile time without the speed; run eager or fix the failing op")
+
+    if compile_info and compile_info.get("recompiles"):
+        from .compile import recompile_line
+
+        change = {"pad_to_multiple_of": 8} if knobs.pad_to_multiple_of is None else {"group_by_length": True}
+        return Verdict("compile", "torch.compile recompiles for new input shapes (varying sequence lengths)",
+                       (recompile_line(compile_info), *compile_info.get("recompile_reasons", [])[:2]), change,
+                       "fewer distinct shapes mean fewer compiles; or torch.compile(model, dynamic=True)")
 
     evidence = data_evidence(data)
 

@@ -183,7 +183,8 @@ class Workbench:
         k = self.knobs(knobs, **changes)
         check_knobs(self.workload, k)  # a ValueError here, in the caller's thread, records nothing
         if threading.current_thread() is threading.main_thread():  # a cell or a script: warn there, once
-            loud = [n for n in device_notes(k, self.device.type, has_conv=self.workload.has_conv)
+            loud = [n for n in device_notes(k, self.device.type, has_conv=self.workload.has_conv,
+                                             token_data=self.workload.token_data)
                     if n.startswith(LOUD_NOTES)]
             hopeless = self.expect_slow(k)  # a known hopeless trial, with this machine's earlier factor
             if hopeless:  # one warning: the note (if any), then what to expect here
@@ -258,6 +259,9 @@ class Workbench:
         seeded like the trials. None takes the fastest finished trial. Keywords go to `knobs_to_code` (steps, warmup, model=..., setup=...)."""
         from ..core.codegen import knobs_to_code
 
+        style = kwargs.pop("style", "loop")
+        if style not in ("loop", "trainer"):
+            raise ValueError(f"to_code(style={style!r}): use 'loop' (a plain PyTorch loop) or 'trainer' (a Trainer script)")
         if trial is None:  # the fastest trial that finished, else the defaults
             done = [t for t in self.log.trials if t.ok and t.samples_per_s]
             trial = max(done, key=lambda t: t.samples_per_s) if done else self.defaults
@@ -267,8 +271,34 @@ class Workbench:
             trial = trial.pinned_knobs()  # the allocator mode its process ran in, carried into the script
         if not isinstance(trial, Knobs):
             raise TypeError(f"to_code takes a trial id, a TrialResult or a Knobs value, got {type(trial).__name__}")
+        if style == "trainer":
+            from .hf import trainer_script
+
+            return trainer_script(self, trial, **kwargs)
         kwargs.setdefault("seed", self.workload.seed)
         return knobs_to_code(trial, shape=self.step_shape, **kwargs)
+
+    @classmethod
+    def from_trainer(cls, trainer: Any, **workbench_kwargs: Any) -> Workbench:
+        """A Workbench on a Hugging Face Trainer: its model, train dataset, collator and optimizer, its
+        TrainingArguments as the starting knobs; one warning lists what cannot be mapped (workbench/hf.py)."""
+        from .hf import from_trainer
+
+        return from_trainer(cls, trainer, **workbench_kwargs)
+
+    def to_training_arguments(self, trial: int | TrialResult | Knobs | None = None) -> dict[str, Any]:
+        """Keyword arguments for transformers.TrainingArguments with a trial's knobs (default: the
+        fastest); `.left_out` and a warning list what they cannot say (workbench/hf.py)."""
+        from .hf import to_training_arguments
+
+        if trial is None:
+            done = [t for t in self.log.trials if t.ok and t.samples_per_s]
+            trial = max(done, key=lambda t: t.samples_per_s) if done else self.defaults
+        knobs = self.log.get(trial).knobs if isinstance(trial, int) and not isinstance(trial, bool) else trial
+        knobs = knobs.knobs if isinstance(knobs, TrialResult) else knobs
+        if not isinstance(knobs, Knobs):
+            raise TypeError(f"to_training_arguments takes a trial id, a TrialResult or Knobs, got {type(trial).__name__}")
+        return to_training_arguments(self, knobs)
 
     @property
     def trials(self) -> list[TrialResult]:

@@ -43,7 +43,9 @@ def chart_frame(results: pd.DataFrame) -> pd.DataFrame:
     """The rows the chart draws: one per trial, with plot-ready columns added.
 
     `trial` is the x label ("#3 num_workers=2"), `kind` is baseline/ok/<failure status> and
-    `throughput` is samples/s with failed trials at 0 so they still get a mark.
+    `throughput` is samples/s with failed trials at 0 so they still get a mark; tokens/s when every
+    finished trial counted tokens (token batches: padding and packing make samples/s lie), and then
+    the frame has a `tokens_per_s` column (the chart's axis says which).
     """
     if results.empty:
         return pd.DataFrame(columns=["trial_id", "trial", "kind", "throughput"])
@@ -54,10 +56,23 @@ def chart_frame(results: pd.DataFrame) -> pd.DataFrame:
         df["trial"] = df["trial"] + window.map(lambda w: f" (stopped early {w})" if w else "")
     is_base = df["baseline"].fillna(False).astype(bool) if "baseline" in df.columns else df["verdict"] == "baseline"
     df["kind"] = df["status"].astype(str).where(~is_base, "baseline")  # status is categorical
-    df["throughput"] = pd.to_numeric(df["samples_per_s"], errors="coerce").fillna(0.0)
+    samples = pd.to_numeric(df["samples_per_s"], errors="coerce")
+    df["throughput"] = samples.fillna(0.0)
+    ratio = pd.Series(1.0, index=df.index)
+    ok = df["status"].astype(str) == "ok"
+    if "tokens_per_s" in df.columns and ok.any() and df.loc[ok, "tokens_per_s"].notna().all():
+        tokens = pd.to_numeric(df["tokens_per_s"], errors="coerce")
+        df["throughput"] = tokens.fillna(0.0)
+        ratio = (tokens / samples).fillna(1.0)
+    else:
+        df = df.drop(columns=[c for c in ("tokens_per_s", "padding_share") if c in df.columns])
+    for end in ("low", "high"):
+        if f"samples_per_s_{end}" in df.columns:
+            df[f"throughput_{end}"] = pd.to_numeric(df[f"samples_per_s_{end}"], errors="coerce") * ratio
     df["speedup_pct"] = (pd.to_numeric(df["speedup"], errors="coerce") - 1.0) * 100.0
     keep = ["trial_id", "trial", "kind", "baseline", "throughput", "samples_per_s", "samples_per_s_low",
-            "samples_per_s_high", "speedup", "speedup_pct", "verdict", "steady", "window", "status", "label",
+            "samples_per_s_high", "throughput_low", "throughput_high", "tokens_per_s", "padding_share", "speedup",
+            "speedup_pct", "verdict", "steady", "window", "status", "label",
             "step_time_ms", "step_time_iqr_ms", "peak_memory_mb", "data_wait_share", "final_loss",
             "message", "decided_speedup", "decided_by", *knob_names()]
     return df[[c for c in keep if c in df.columns]]
@@ -146,11 +161,12 @@ def _chart_shape(columns: tuple[str, ...], width: int, kinds: tuple[str, ...]) -
     tooltip = _tooltip(data)
 
     # ---- throughput: interquartile band (from step-time quartiles), median point, baseline line
-    band = base.transform_filter("isValid(datum.samples_per_s_low)").mark_rule(
+    band = base.transform_filter("isValid(datum.throughput_low)").mark_rule(
         strokeWidth=7, opacity=0.35
-    ).encode(y=alt.Y("samples_per_s_low:Q"), y2="samples_per_s_high:Q", color=color)
+    ).encode(y=alt.Y("throughput_low:Q"), y2="throughput_high:Q", color=color)
+    unit = "tokens / s" if "tokens_per_s" in columns else "samples / s"  # chart_frame's choice
     points = base.mark_point(filled=True, size=110).encode(
-        y=alt.Y("throughput:Q", title="samples / s"), color=color, shape=shape, opacity=highlight,
+        y=alt.Y("throughput:Q", title=unit), color=color, shape=shape, opacity=highlight,
         tooltip=tooltip,
     ).add_params(picked)
     failed_text = base.transform_filter(alt.FieldOneOfPredicate("kind", list(FAILED))).mark_text(
@@ -161,7 +177,7 @@ def _chart_shape(columns: tuple[str, ...], width: int, kinds: tuple[str, ...]) -
     ).encode(y="throughput:Q", text=alt.value("not steady"))
     baseline_rule = base.transform_filter(alt.datum.kind == "baseline").mark_rule(
         strokeDash=[5, 4], color=KIND_COLORS[0]
-    ).encode(y="samples_per_s:Q", x=alt.value(0), x2=alt.value(width))
+    ).encode(y="throughput:Q", x=alt.value(0), x2=alt.value(width))
     throughput = alt.layer(band, baseline_rule, points, failed_text, unsteady_text).properties(
         width=width, height=220, title=alt.Title("Throughput per trial", subtitle=MARKS_LEGEND, subtitleFontSize=10,
                                                  anchor="start")
@@ -215,6 +231,8 @@ def _tooltip(data: pd.DataFrame) -> list[alt.Tooltip]:
         alt.Tooltip("trial_id:O", title="trial"),
         alt.Tooltip("status:N"),
         alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.1f"),
+        *([alt.Tooltip("tokens_per_s:Q", title="tokens/s", format=",.0f"),
+           alt.Tooltip("padding_share:Q", title="padding", format=".0%")] if "tokens_per_s" in data.columns else []),
         alt.Tooltip("speedup:Q", title="speedup vs baseline", format=".2f"),
         alt.Tooltip("verdict:N"),
         *([alt.Tooltip("steady:N", title="steady state")] if "steady" in data.columns else []),

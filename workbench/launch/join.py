@@ -48,7 +48,7 @@ def run_joined(workload: Workload, knobs: Knobs, *, warmup_steps: int, steps: in
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=collective_timeout_s))
     device = rank_device(workload, local_rank)
-    notes = device_notes(knobs, device.type, has_conv=workload.has_conv)
+    notes = device_notes(knobs, device.type, has_conv=workload.has_conv, token_data=workload.token_data)
     env = {**environment(device), "world_size": ws, "backend": backend,
            "nodes": int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1)}
     report = rank_trial(workload, knobs, rank=rank, world_size=ws, local_rank=local_rank, warmup_steps=warmup_steps,

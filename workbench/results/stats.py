@@ -243,6 +243,7 @@ class Comparison:
     seconds: float | None = None  # wall time the rounds of this comparison took
     max_rounds: int | None = None  # rounds="auto": the most rounds it could run (None: a fixed design)
     method: str = "trials"  # "trials" (separate trials) or "interleaved" (turns of a few steps in one process)
+    rate: str = "samples/s"  # the rate compared: "tokens/s" when the sides pad or pack token batches differently
     turns: int = 0  # interleaved: pairs of turns (A B or B A) behind the verdict
     turn_steps: int = 0  # interleaved: optimizer steps in each turn
 
@@ -274,7 +275,8 @@ class Comparison:
         secs = f", {self.seconds:.0f} s" if self.seconds is not None else ""
         seq = ("; paired back-to-back rounds, an interval valid at every look"
                if self.max_rounds is not None else "")
-        return f"{each}{how}{secs}{seq}"
+        unit = ", compared in tokens/s (the sides pad or pack differently)" if self.rate == "tokens/s" else ""
+        return f"{each}{how}{secs}{seq}{unit}"
 
     def _settle(self) -> str:
         ids = f"{self.a}, {self.b}" if self.a is not None and self.b is not None else "a, b"

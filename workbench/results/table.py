@@ -26,7 +26,8 @@ from .stats import Noise, adjacent_noise, critical, estimate_noise, one_look
 
 # The columns a reader wants first; knobs and details follow.
 SUMMARY_COLUMNS = [
-    "trial_id", "label", "baseline", "status", "samples_per_s", "speedup", "verdict", "steady", "window", "step_time_ms",
+    "trial_id", "label", "baseline", "status", "samples_per_s", "tokens_per_s", "padding_share", "speedup", "verdict",
+    "steady", "window", "step_time_ms",
     "step_time_iqr_ms", "data_wait_share", "peak_memory_mb", "model_state_mb", "startup_s", "compile_s",
     "final_loss", "message",
 ]
@@ -60,6 +61,7 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
     for r in trials:
         row = {
             "trial_id": r.trial_id, "label": "", "baseline": False, "status": r.status, "samples_per_s": r.samples_per_s,
+            "tokens_per_s": r.tokens_per_s, "padding_share": r.padding_share,  # token batches only (else empty)
             "speedup": None, "verdict": "", "steady": r.steady, "window": _window(r),
             "step_time_ms": _ms(r.step_time_s),
             "step_time_iqr_ms": _ms(r.step_time_iqr_s), "data_wait_share": r.data_wait_share,

@@ -38,6 +38,7 @@ from .race import ANSWERS, SAME_MARGIN, Ctx, Entry, admit, answer_of, confirm_wi
 
 STAGES = ("process", "data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
 DEFAULT_TRIALS = 24  # the trial cap when neither budget nor budget_s is given
+PADDED = 0.3  # a start whose token batches are this much padding gets the length knobs first
 MAX_GENERATIONS = 3  # races: singles and pairs, then stacks on the leader (twice)
 BUCKET_SIZES_MB = (1, 5, 50, 100)  # DDP bucket sizes raced against torch's 25 MB default
 
@@ -94,6 +95,11 @@ def stage_axes(bench: Bench, stage: str, knobs: Knobs, max_batch_size: int | Non
         axes += [("workers", workers), ("prefetch", [{"prefetch_factor": 4}])]
         if dev.type == "cuda":
             axes.append(("pin", [{"pin_memory": True}]))
+        if getattr(bench.workload, "token_data", False):  # how token batches are padded: the length knobs
+            length = [{"group_by_length": True}]
+            if "position_ids" in getattr(bench.workload, "forward_params", ()):
+                length.append({"packing": True})
+            axes += [("length", length), ("pad", [{"pad_to_multiple_of": 8}])]
     elif stage == "precision":
         if dev.type == "cuda" and not _bf16_worth_trying(dev):
             axes.append(("amp", [{"amp": "fp16"}]))
@@ -167,6 +173,8 @@ class TuneResult:
             return 1.0
         if self.confirmation is not None:
             return self.confirmation.speedup
+        if self.start.tokens_per_s and self.best.tokens_per_s:  # token batches: tokens/s (padding, packing)
+            return self.best.tokens_per_s / self.start.tokens_per_s
         if not self.start.samples_per_s or not self.best.samples_per_s:
             return None
         return self.best.samples_per_s / self.start.samples_per_s
@@ -295,7 +303,8 @@ def faulting(bench: Bench, knobs: Knobs) -> float | None:
 
 def _lead(ctx: Ctx, start: TrialResult) -> tuple[str, ...]:
     """The axes the start's bottleneck names, entered first, and a row saying why (data-bound: workers;
-    page faults over ALLOCATOR_SHARE of the CPU time: the allocator modes, before the compute knobs)."""
+    page faults over ALLOCATOR_SHARE of the CPU time: the allocator modes, before the compute knobs; token
+    batches mostly padding: the length knobs)."""
     share = faulting(ctx.bench, start.knobs)
     if share is not None:
         ctx.rows.append({"stage": "process", "change": "every allocator mode", "trial": None, "samples_per_s": None,
@@ -303,6 +312,12 @@ def _lead(ctx: Ctx, start: TrialResult) -> tuple[str, ...]:
                          "CPU time; each allocator mode runs in a fresh process, alternating, before the compute "
                          "knobs"})
         return ("allocator",)
+    padding = start.padding_share or 0.0
+    if padding >= PADDED:
+        ctx.rows.append({"stage": "data", "change": "length grouping and packing", "trial": None, "samples_per_s": None,
+                         "speedup": None, "decision": f"entered first: {padding:.0%} of the start's token slots are "
+                         "padding: group_by_length and packing before workers, precision or kernels"})
+        return ("length",)
     wait = start.data_wait_share or 0.0
     if wait >= DATA_BOUND:
         ctx.rows.append({"stage": "data", "change": "every worker count", "trial": None, "samples_per_s": None,
