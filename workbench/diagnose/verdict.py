@@ -111,6 +111,16 @@ def _data_fix(knobs: Knobs, threads: dict[str, Any], base: TrialResult, device: 
             "samples in RAM, pack small files into one array and np.load(mmap_mode='r'))")
 
 
+def _recompile_verdict(knobs: Knobs, compile_info: dict[str, Any]) -> Verdict:
+    """torch.compile recompiled for new shapes: fewer distinct lengths, or a dynamic graph."""
+    from .compile import recompile_line
+
+    change = {"pad_to_multiple_of": 8} if knobs.pad_to_multiple_of is None else {"group_by_length": True}
+    return Verdict("compile", "torch.compile recompiles for new input shapes (varying sequence lengths)",
+                   (recompile_line(compile_info), *compile_info.get("recompile_reasons", [])[:2]), change,
+                   "fewer distinct shapes mean fewer compiles; or torch.compile(model, dynamic=True)")
+
+
 def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: torch.device,
            ops: pd.DataFrame | None = None, mfu: float | None = None, has_conv: bool = False,
            compile_info: dict[str, Any] | None = None, measured_fix: str | None = None) -> Verdict:
@@ -134,12 +144,7 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
                        "a partly compiled model pays the compile time without the speed; run eager or fix the failing op")
 
     if compile_info and compile_info.get("recompiles"):
-        from .compile import recompile_line
-
-        change = {"pad_to_multiple_of": 8} if knobs.pad_to_multiple_of is None else {"group_by_length": True}
-        return Verdict("compile", "torch.compile recompiles for new input shapes (varying sequence lengths)",
-                       (recompile_line(compile_info), *compile_info.get("recompile_reasons", [])[:2]), change,
-                       "fewer distinct shapes mean fewer compiles; or torch.compile(model, dynamic=True)")
+        return _recompile_verdict(knobs, compile_info)
 
     evidence = data_evidence(data)
 
