@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .budget import check_budget_s
+from .cluster import where_note
 from .earlystop import StopRule
 from .knobs import Knobs, device_notes
 from .measure import TrialResult
@@ -75,13 +76,22 @@ class Workbench:
         loader_timeout_s: float = 120.0,
         participant: str | None = None,
         collective_timeout_s: float = 120.0,
+        executor: Any = None,
+        budget_counts_queue: bool = False,
     ) -> None:
         if participant is not None and not isinstance(participant, str):
             raise TypeError(f"participant must be a name (str) such as 'ana', got {type(participant).__name__}")
         if participant is not None and not participant.strip():
             raise ValueError("participant is empty: pass your name, e.g. participant='ana'")
+        from .cluster import check_executor, local_device
+
+        self._executor = check_executor(executor)
+        if not isinstance(budget_counts_queue, bool):
+            raise TypeError(f"budget_counts_queue must be True or False, got {budget_counts_queue!r}")
+        # On an executor the trials run on the job's node: "auto" (or "cuda" asked from a login node
+        # without a GPU) is resolved there; here the one-step check runs on what this machine has.
         self.workload = Workload(model, data, loss_fn=loss_fn, optimizer=optimizer, step_fn=step_fn,
-                                 device=device, seed=seed)
+                                 device=local_device(device) if executor is not None else device, seed=seed)
         self.name = name or type(model).__name__
         if steps < 2 or warmup_steps < 0:
             raise ValueError(f"steps must be >= 2 (for a median and IQR) and warmup_steps >= 0; got {steps}, {warmup_steps}")
@@ -97,6 +107,14 @@ class Workbench:
         self.participant = participant
         self.log_to(log)
         self._lock = threading.Lock()  # one trial at a time, whoever asks (cell or panel thread)
+        self._jobs = None
+        if executor is not None:  # every trial a job (cluster.py); what cannot travel is said now
+            from .jobs import Jobs
+
+            self._jobs = Jobs(executor, self.log.path, device=str(device), counts_queue=budget_counts_queue)
+            self._jobs.travels(self.workload)
+            for line in self._jobs.reattach(self._record, self._lock):
+                warn_at_caller(f"a job from an earlier kernel: {line}")
 
     def log_to(self, log: str | os.PathLike | None) -> None:
         """Append trials from now on to `log` (a folder, a .jsonl file, or None for memory only),
@@ -186,7 +204,7 @@ class Workbench:
             # A trial runs where the user's own loop would: inline when called from the main thread
             # (a cell, a script, the CLI), else (the panel) on the one trial thread. The thread
             # decides the OpenMP pool and the malloc arena, and so the figure (issue 23).
-            future = submit_trial(run_trial, self.workload, k, warmup_steps=self.warmup_steps,
+            future = submit_trial(self._jobs.run_trial if self._jobs else run_trial, self.workload, k, warmup_steps=self.warmup_steps,
                                   steps=self.steps, progress=state, cancel=stop,
                                   loader_timeout_s=self.loader_timeout_s, trace=trace,
                                   trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s,
@@ -308,6 +326,7 @@ class Workbench:
             c = compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log, max_rounds=max_rounds,
                         margin=margin, budget_s=budget_s)
             c = replace(c, note=f"{note} {c.note}".strip()) if note else c
+        c = where_note(c, ra, rb)
         if rounds:  # new evidence was measured: the log keeps the comparison (the table's verdict uses it)
             self.log.record_comparison(c, ra.knobs, rb.knobs)
         return c
@@ -327,7 +346,7 @@ class Workbench:
         if reason is not None:
             raise ValueError(f"these two cannot interleave: {reason}")
         with self._lock:
-            future = submit_trial(interleaved, self.workload, a.knobs, b.knobs, a_id=a.trial_id, b_id=b.trial_id,
+            future = submit_trial(self._jobs.interleaved if self._jobs else interleaved, self.workload, a.knobs, b.knobs, a_id=a.trial_id, b_id=b.trial_id,
                                   margin=margin, budget_s=budget_s or BUDGET_S,
                                   warmup_steps=min(self.warmup_steps, INTERLEAVE_WARMUP), cancel=cancel)
             return _wait(future)

@@ -22,12 +22,11 @@ Every decision goes through `answer_of`, one adapter over `compare` (the same fu
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .budget import DEADLINE, Spend, cost_class, estimate
+from .budget import DEADLINE, Spend, cost_class, estimate, work_clock
 from .comparison import Trials
 from .interleave import INTERLEAVE_WARMUP, MIN_PAIRS, WARMUP_S, InterleaveFailed, why_not
 from .knobs import Knobs
@@ -89,7 +88,7 @@ class Ctx:
                  memory_budget: int | None, stop_early: bool = True) -> None:
         self.bench, self.limit, self.budget_s = bench, limit, budget_s
         self.memory_cap, self.memory_budget = memory_cap, memory_budget
-        self.t0, self.used, self.durations = time.perf_counter(), 0, []
+        self.t0, self.used, self.durations = work_clock(), 0, []
         self.rows: list[dict[str, Any]] = []
         self.start: Entry | None = None
         self.stop_early = stop_early
@@ -99,7 +98,7 @@ class Ctx:
         self.interleaved: dict[tuple[Knobs, Knobs], tuple[Comparison | None, Entry | None, str]] = {}
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
+        return work_clock() - self.t0
 
     def fits(self, knobs: Knobs, factor: float = 1.0) -> bool:
         """Whether a trial of `knobs` (its estimate x `factor`) fits the seconds left."""
@@ -136,7 +135,7 @@ class Ctx:
             return None
         at = self.budget_s * DEADLINE - self.elapsed() if self.budget_s is not None and self.used else None
         r = self.spent.run(self.bench.run, knobs, purpose=self.purpose, deadline_in_s=at,  # the start runs whole
-                           stop_early=self.stop_early, clock=time.perf_counter)
+                           stop_early=self.stop_early, clock=work_clock)
         self.used += 1
         if r.trial_id not in self.spent.stopped:
             self.durations.append(self.spent.measured[-1][1])
@@ -290,7 +289,7 @@ def interleaved_answer(ctx: Ctx, a: Entry, b: Entry, purpose: str) -> tuple[Comp
     if seconds is None:
         return None, None, ""
     out: tuple[Comparison | None, Entry | None, str] = (None, None, "")
-    t = time.perf_counter()
+    t = work_clock()
     try:
         c = run(a.trials[-1], b.trials[-1], margin=SAME_MARGIN, budget_s=seconds)
         ctx.bench.log.record_comparison(c, a.knobs, b.knobs)
@@ -302,7 +301,7 @@ def interleaved_answer(ctx: Ctx, a: Entry, b: Entry, purpose: str) -> tuple[Comp
     except ValueError:  # the memory check: both trials' peaks do not fit in free memory together
         pass
     finally:
-        ctx.spent.add(purpose, time.perf_counter() - t)
+        ctx.spent.add(purpose, work_clock() - t)
     ctx.interleaved[key] = out
     return out
 

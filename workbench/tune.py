@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import html
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from .budget import EXPLAIN_PRIOR, Spend, check_budget_s
+from .budget import EXPLAIN_PRIOR, Spend, check_budget_s, work_clock
 from .fit import DEFAULT_HEADROOM, FitResult, fit_memory, memory_ceiling  # the memory rescue lives in fit.py
 from .knobs import Knobs, tunable_knobs
 from .measure import TrialResult
@@ -269,10 +268,10 @@ def _explain(ctx: Ctx, start: TrialResult, best: TrialResult) -> Any:
                          "decision": f"not explained: its {need} traced repeat(s) would pass the budget "
                                     "(bench.explain(start, best) runs them)"})
         return None
-    before, t = len(ctx.bench.trials), time.perf_counter()
+    before, t = len(ctx.bench.trials), work_clock()
     why = explain_winner(ctx.bench, start, best)
     ctx.used += len(ctx.bench.trials) - before  # the traced repeats are trials of this tune() call
-    ctx.spent.add("explain", time.perf_counter() - t)
+    ctx.spent.add("explain", work_clock() - t)
     return why
 
 
