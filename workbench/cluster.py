@@ -468,7 +468,8 @@ class Watch:
         RESULT_GRACE_S: its state and reason become the trial's status and message."""
         if sched is None or (sched.known and sched.state not in TERMINAL):
             return
-        self.ended_at = self.ended_at or now
+        if self.ended_at is None:
+            self.ended_at = now
         if now - self.ended_at < (RESULT_GRACE_S if sched.state in ("COMPLETED", "") else 2.0):
             return
         if not sched.known:
