@@ -38,6 +38,17 @@ def slurm_reason() -> str | None:
 needs_slurm = pytest.mark.skipif(slurm_reason() is not None, reason=str(slurm_reason()))
 
 
+@pytest.fixture
+def node_path(monkeypatch):
+    """A job's node imports TinyNet from tests/conftest.py by reference: it must see that folder (as a
+    cluster's nodes see the user's modules on a shared filesystem)."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, here, os.environ.get("PYTHONPATH", "")]))
+
+
 def bench_on(executor, tmp_path, **kw):
     kw.setdefault("steps", 4)
     kw.setdefault("warmup_steps", 1)
@@ -215,7 +226,7 @@ def test_jobs_left_behind_are_recorded_or_marked_lost(tmp_path):
 
 # ---- submitit's local executor (a fresh process per job) ----------------------------------------
 @pytest.mark.slow
-def test_submitit_local_executor_runs_a_trial_and_a_new_workbench_reads_it_back(tmp_path):
+def test_submitit_local_executor_runs_a_trial_and_a_new_workbench_reads_it_back(tmp_path, node_path):
     submitit = pytest.importorskip("submitit")
     ex = submitit.AutoExecutor(tmp_path / "jobs", cluster="local")
     ex.update_parameters(timeout_min=5)
@@ -230,7 +241,7 @@ def test_submitit_local_executor_runs_a_trial_and_a_new_workbench_reads_it_back(
 
 # ---- a real one-node SLURM ------------------------------------------------------------------
 @pytest.fixture
-def slurm(tmp_path):
+def slurm(tmp_path, node_path):
     submitit = pytest.importorskip("submitit")
     ex = submitit.AutoExecutor(tmp_path / "jobs", cluster="slurm")
     ex.update_parameters(timeout_min=5, slurm_cpus_per_task=1)
