@@ -60,7 +60,8 @@ def test_core_install_leaves_the_notebook_stack_to_extras():
     assert {_norm(r)[0] for r in extras["notebook"]} == {"ipywidgets", "anywidget", "altair", "vl-convert-python",
                                                        "jupyterlab"}
     assert {_norm(r)[0] for r in extras["tensorboard"]} == {"tensorboard"}
-    assert f"{SELF}[notebook,tensorboard]" in extras["test"]  # notebooks are tests; so is the export
+    assert f"{SELF}[notebook,tensorboard,cluster]" in extras["test"]  # notebooks are tests; so are the export and jobs
+    assert {_norm(r)[0] for r in extras["cluster"]} == {"submitit", "cloudpickle"}
     # make lab / make test install everything
     assert "'.[notebook,tensorboard,test]'" in (ROOT / "Makefile").read_text()
 
