@@ -113,6 +113,9 @@ class Workbench:
 
             self._jobs = Jobs(executor, self.log.path, device=str(device), counts_queue=budget_counts_queue)
             self._jobs.travels(self.workload)
+            from .runner import ROUTES
+
+            ROUTES[self.workload] = self._jobs  # diagnose's analyses of this workload run as jobs too
             for line in self._jobs.reattach(self._record, self._lock):
                 warn_at_caller(f"a job from an earlier kernel: {line}")
 

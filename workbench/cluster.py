@@ -318,6 +318,19 @@ def job_trial(workload: Workload, knobs: Any, device: str | None, run_kwargs: di
     return r
 
 
+def job_call(fn: Callable[..., Any], workload: Workload, device: str | None, args: tuple, kwargs: dict[str, Any],
+             progress_file: str) -> tuple[Any, dict[str, Any]]:
+    """A job's body for an analysis (`fn(workload, *args, **kwargs)`, e.g. diagnose's profile): its
+    value and the node's environment."""
+    wl = on_node(workload, device)
+    state = TrialProgress()
+    state.set(getattr(fn, "__name__", "analysis").replace("_", " "), 0, 1)
+    with ProgressFile(state, progress_file):
+        value = fn(wl, *args, **kwargs)
+        state.set("done", 1, 1)
+    return value, node_environment(wl.device)
+
+
 def job_interleave(workload: Workload, a: Any, b: Any, device: str | None, kwargs: dict[str, Any],
                    progress_file: str) -> tuple[str, Any, dict[str, Any]]:
     """A job's body: both sides of an interleaved comparison in turns inside this one process on one

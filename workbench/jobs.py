@@ -26,6 +26,7 @@ from .cluster import (
     check_travels,
     failed_trial,
     is_slurm,
+    job_call,
     job_id_of,
     job_interleave,
     job_trial,
@@ -125,6 +126,23 @@ class Jobs:
                                    comparison=value["comparison"])
         note = f"Both sides took turns {where}, so node differences cancel."
         return replace(value, note=f"{value.note} {note}".strip())
+
+    def call(self, fn: Callable[..., Any], workload: Workload, *args: Any, **kwargs: Any) -> Any:
+        """`fn(workload, *args, **kwargs)` (an analysis, runner.trial_threaded) inside a job on the node;
+        RuntimeError with the scheduler's reason when the job ends without a value."""
+        self.travels(workload)
+        pf = new_progress_file(self.dir)
+        w = Watch(None, pf, time.monotonic())
+        w.job = self.executor.submit(job_call, fn, workload, self.device, args, kwargs, str(pf))
+        entry = self._register(w, "analysis", Knobs(), now_iso())
+        try:
+            value, _env = watch(w.job, w, TrialProgress(), None, on_queue=lambda q: self._queued(q, None),
+                                queue_counts=self.counts_queue)
+        except JobFailed as e:
+            raise RuntimeError(f"{getattr(fn, '__name__', 'analysis')}: {e.message}") from None
+        finally:
+            self._forget(entry, pf)
+        return value
 
     def _queued(self, seconds: float, cancel: threading.Event | None) -> None:
         """A job left the queue after `seconds`: counted apart; a budget's deadline moves on by as much

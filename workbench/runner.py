@@ -22,6 +22,7 @@ import gc
 import os
 import threading
 import traceback
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -285,11 +286,20 @@ def on_trial_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             continue
 
 
+# Workloads whose trials run as jobs (Workbench(executor=...)): workload -> its jobs.Jobs. An analysis
+# (diagnose's profile, loader rate, memory, FLOPs) of such a workload runs inside a job too.
+ROUTES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
 def trial_threaded(fn: Callable[..., T]) -> Callable[..., T]:
-    """Decorator: the function always runs on the trial thread (see `on_trial_thread`)."""
+    """Decorator: the function always runs on the trial thread (see `on_trial_thread`), or, for a
+    workload (first argument) whose trials run as jobs, inside a job on the executor's node."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T:
+        jobs = ROUTES.get(args[0]) if args else None
+        if jobs is not None:
+            return jobs.call(wrapper, *args, **kwargs)
         return on_trial_thread(fn, *args, **kwargs)
 
     return wrapper
