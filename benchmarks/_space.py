@@ -1,7 +1,7 @@
 """exhaustive_space: every combination of the tuner's axes, to benchmark the tuner against a full
 sweep (bench_tune.py). A benchmark helper, not part of the package.
 
-The axes come from `workbench.tune.stage_axes`, the tuner's own candidate source, so the sweep and
+The axes come from `workbench.search.tune.stage_axes`, the tuner's own candidate source, so the sweep and
 the tuner search the same space: one option (or none) per axis, every combination that is valid.
 Options that only become valid on another change (prefetch needs workers) are taken from the
 axes of the start with every worker option applied.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from workbench.knobs import Knobs
-from workbench.tune import stage_axes
+from workbench.core.knobs import Knobs
+from workbench.search.tune import stage_axes
 
 
 def space_axes(bench: Any, start: Knobs, stages: tuple[str, ...], max_batch_size: int | None = None,

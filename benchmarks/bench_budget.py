@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 import workbench as wb
-from workbench.measure import environment
+from workbench.core.measure import environment
 
 
 class _Repeat(nn.Module):

@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_stats import A, B, SimBench  # the synthetic trials the tests use
 
-from workbench.results import compare
+from workbench.deciding.rounds import compare
 
 
 def rate(hits: int, n: int) -> str:

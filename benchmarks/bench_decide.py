@@ -112,7 +112,7 @@ def simulate(sims: int = 1000, every: int = 8, looks: int = 20, sd: float = 0.10
     """The interleaved rule on simulated pair log-ratios: error rates with peeking and pairs to an answer."""
     import numpy as np
 
-    from workbench.stats import decide_interleaved
+    from workbench.results.stats import decide_interleaved
 
     rng = np.random.default_rng(34)
     print(f"simulated: {sims} comparisons per row, {sd:.0%} sd per pair, a look every {every} pairs, at most {looks}")
@@ -144,7 +144,7 @@ def truth(rounds: int = 4, seconds: float = 20.0) -> None:
     sys.path.insert(0, os.path.dirname(__file__))
     from bench_referee import KNOB_SETS
 
-    from workbench.interleave import interleaved, why_not
+    from workbench.deciding.interleave import interleaved, why_not
 
     benches: dict[str, wb.Workbench] = {}
     print("| demo | change | interleaved B/A (interval; pairs, s) | trials B/A (interval; rounds) | "
@@ -171,7 +171,7 @@ def cache(demo: str = "cnn", change: dict | None = None, seconds: float = 10.0) 
     ratio, and A's block samples/s against A's own trial (which also pays for its loader)."""
     import statistics
 
-    from workbench.interleave import interleaved
+    from workbench.deciding.interleave import interleaved
 
     change = change or {"channels_last": True}
     bench = wb.demo(demo, log=None)

@@ -49,10 +49,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import workbench as wb
-from workbench.codegen import script_warmup  # the trial's steady warm-up (issue 30)
-from workbench.measure import KernelTime, environment
-from workbench.runner import run_trial, trial_thread
-from workbench.system import MALLOC_ENV, malloc_policy
+from workbench.core.codegen import script_warmup  # the trial's steady warm-up (issue 30)
+from workbench.core.measure import KernelTime, environment
+from workbench.core.system import MALLOC_ENV, malloc_policy
+from workbench.launch.runner import run_trial, trial_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_referee import agreement, allocator_env, run_script

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import workbench as wb
-from workbench.resultlog import ResultLog, _clean
+from workbench.results.log import ResultLog, _clean
 
 VARIANTS = [{}, {"data": "cached"}, {"num_workers": 2, "cpu_threads": 1}, {"amp": "bf16"}, {"batch_size": 16}]
 

@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 
 import workbench as wb
-from workbench.codegen import script_warmup  # the trial's steady warm-up (issue 30)
-from workbench.measure import environment
-from workbench.runner import run_trial
-from workbench.system import malloc_policy
+from workbench.core.codegen import script_warmup  # the trial's steady warm-up (issue 30)
+from workbench.core.measure import environment
+from workbench.core.system import malloc_policy
+from workbench.launch.runner import run_trial
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_referee import PREAMBLE, STEPS, WARMUP, run_script

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import workbench as wb
-from workbench.charts import comparison_chart
-from workbench.resultlog import ResultLog, _clean
+from workbench.faces.charts import comparison_chart
+from workbench.results.log import ResultLog, _clean
 
 VARIANTS = [{}, {"batch_size": 16}, {"batch_size": 64}, {"num_workers": 1}, {"amp": "bf16"}, {"cpu_threads": 1},
             {"batch_size": 16, "cpu_threads": 1}, {"checkpoint": []}]
@@ -50,7 +50,7 @@ def timed(fn):
 
 
 def measure(n: int, template: wb.TrialResult, folder: Path) -> dict[str, float]:
-    from workbench.panel import Panel
+    from workbench.faces.panel import Panel
 
     path = folder / f"long-{n}.jsonl"
     make_log(path, n, template)

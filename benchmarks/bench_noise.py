@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 import workbench as wb
-from workbench.measure import environment
+from workbench.core.measure import environment
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from _workload import BATCH, make, optimizer
 from torch.utils.data import DataLoader
 
 import workbench as wb
-from workbench.runner import trial_thread
+from workbench.launch.runner import trial_thread
 
 WARMUP, STEPS = 5, 30
 

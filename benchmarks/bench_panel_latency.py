@@ -23,8 +23,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import workbench as wb
-import workbench.bench as bench_module
-from workbench.panel import Panel
+import workbench.faces.bench as bench_module
+from workbench.faces.panel import Panel
 
 
 def main(repeats: int = 6) -> None:

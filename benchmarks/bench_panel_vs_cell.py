@@ -18,7 +18,7 @@ import torch
 from _workload import BATCH, make, optimizer
 
 import workbench as wb
-from workbench.panel import Panel
+from workbench.faces.panel import Panel
 
 
 def main(pairs: int = 10, steps: int = 20) -> None:

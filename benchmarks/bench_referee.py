@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 import workbench as wb
-from workbench.codegen import script_warmup  # the trial's steady warm-up (issue 30)
-from workbench.measure import environment
-from workbench.stats import t_quantile
+from workbench.core.codegen import script_warmup  # the trial's steady warm-up (issue 30)
+from workbench.core.measure import environment
+from workbench.results.stats import t_quantile
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP, STEPS = 5, 30

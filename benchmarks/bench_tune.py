@@ -26,8 +26,8 @@ import pandas as pd
 from _space import exhaustive_space
 
 import workbench as wb
-from workbench.measure import environment
-from workbench.tune import STAGES, tune
+from workbench.core.measure import environment
+from workbench.search.tune import STAGES, tune
 
 
 def make(name: str, args: argparse.Namespace) -> Any:

@@ -20,7 +20,7 @@ def render() -> str:
     user knobs), so the page and the function cannot say different things. How to read it and how to
     add your own knob: docs/architecture.md#add-a-knob, linked from the README."""
     sys.path.insert(0, str(ROOT))
-    from workbench.knobs import knob_table
+    from workbench.core.knobs import knob_table
 
     return knob_table()
 

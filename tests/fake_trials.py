@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import workbench as wb
-from workbench.measure import TrialResult
+from workbench.core.measure import TrialResult
 
 
 def fake(times, status: str = "ok", batch: int = 10, **knobs) -> TrialResult:

@@ -10,9 +10,9 @@ import pytest
 from conftest import SleepNet
 
 import workbench as wb
-from workbench.budget import Allowance, Deadline, Spend, check_budget_s, estimate, takes_cancel
-from workbench.measure import TrialResult
-from workbench.tune import tune
+from workbench.core.measure import TrialResult
+from workbench.deciding.budget import Allowance, Deadline, Spend, check_budget_s, estimate, takes_cancel
+from workbench.search.tune import tune
 
 STEP_S = 0.02  # the sleep model's forward
 
@@ -175,7 +175,7 @@ def test_compare_rounds_stop_at_the_budget_and_a_stopped_round_is_not_evidence()
     """A round's trial runs under the deadline: one that would take 10 s ends at budget_s x 1.05."""
     from fake_trials import fake
 
-    from workbench.rounds import compare
+    from workbench.deciding.rounds import compare
 
     a, b = fake([0.1] * 5, batch_size=8), fake([0.1] * 5, batch_size=16)
     ran = []

@@ -10,8 +10,16 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.charts import EMPTY_TEXT, PICK, chart_data, chart_frame, comparison_chart, on_trial_pick, picked_trial
-from workbench.knobs import knob_names
+from workbench.core.knobs import knob_names
+from workbench.faces.charts import (
+    EMPTY_TEXT,
+    PICK,
+    chart_data,
+    chart_frame,
+    comparison_chart,
+    on_trial_pick,
+    picked_trial,
+)
 from workbench.results import ResultLog
 
 
@@ -141,7 +149,7 @@ def long_results(n: int = 120) -> ResultLog:
 
 
 def test_the_default_view_is_baseline_recent_and_best_of_each_configuration():
-    from workbench.charts import LAST_N, chart_view
+    from workbench.faces.charts import LAST_N, chart_view
 
     df = long_results().frame()
     view = chart_view(df)
@@ -168,7 +176,7 @@ def test_the_chart_states_the_total_and_draws_all_on_request():
 
 
 def test_update_chart_replaces_only_the_data_and_the_title():
-    from workbench.charts import update_chart
+    from workbench.faces.charts import update_chart
 
     log = long_results(10)
     jc = alt.JupyterChart(comparison_chart(ResultLog(None).frame()))
@@ -202,7 +210,7 @@ def test_legend_is_titled_for_what_it_shows_and_lists_only_kinds_that_occurred()
 
 
 def test_a_new_kind_of_trial_rebuilds_the_legend_instead_of_swapping_data():
-    from workbench.charts import update_chart
+    from workbench.faces.charts import update_chart
 
     log = long_results(5)
     jc = alt.JupyterChart(comparison_chart(log.frame()))

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from workbench.cli import main
+from workbench.faces.cli import main
 
 
 def test_help_lists_demos_and_knobs():
@@ -126,7 +126,7 @@ def test_jsonable_turns_tables_and_nan_into_plain_json():
 
     import pandas as pd
 
-    from workbench.cli import jsonable
+    from workbench.faces.cli import jsonable
 
     got = jsonable({"t": pd.DataFrame({"a": [1.0, math.nan]}), "s": pd.Series({"x": 2}), "k": (math.inf,)})
     assert got == {"t": [{"a": 1.0}, {"a": None}], "s": {"x": 2}, "k": [None]}
@@ -149,7 +149,7 @@ def test_bad_flag_value_is_rejected_by_argparse():
 
 
 def test_every_verb_offers_json():
-    from workbench.cli import VERBS, build_parser
+    from workbench.faces.cli import VERBS, build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert set(sub.choices) == set(VERBS)
@@ -170,7 +170,7 @@ def test_model_factory_works_for_a_single_process_verb(tmp_path, monkeypatch, ca
         "def wrong():\n    return 42\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    from workbench.cli import main
+    from workbench.faces.cli import main
 
     assert main(["run", "--model", "clifactory:as_dict", "--device", "cpu", "--steps", "2", "--warmup-steps", "0",
                  "--batch-size", "8", "--json", "--quiet", "--log-path", str(tmp_path / "runs")]) == 0

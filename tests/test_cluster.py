@@ -4,6 +4,7 @@ executor, and a real one-node SLURM (scripts/slurm_up.sh; those tests skip, sayi
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import platform
 import shutil
 import subprocess
@@ -15,9 +16,10 @@ import torch
 from conftest import TinyNet, tiny_data
 
 import workbench as wb
-from workbench import cluster
-from workbench.budget import QUEUED, Deadline, work_clock
-from workbench.measure import TrialResult
+from workbench.core.measure import TrialResult
+from workbench.deciding.budget import Deadline
+from workbench.launch import cluster
+from workbench.launch.cluster import QUEUED, work_clock
 
 HOST = platform.node().split(".")[0]
 
@@ -189,7 +191,7 @@ def test_queue_time_is_left_out_of_budgets_and_moves_the_deadline():
 
 
 def test_trials_on_different_nodes_say_so():
-    from workbench.stats import Comparison
+    from workbench.results.stats import Comparison
 
     k = wb.Knobs()
     a = TrialResult(knobs=k, status="ok", env={"host": "n1", "device_name": "A100"})
@@ -213,8 +215,8 @@ def test_jobs_left_behind_are_recorded_or_marked_lost(tmp_path):
     utils.cloudpickle_dump(("success", done), submitit.LocalJob(folder=folder, job_id="111").paths.result_pickle)
     for jid in ("111", "222"):
         (jobs_dir / f"job-{jid}.json").write_text(
-            '{"kind": "trial", "job_id": "%s", "executor": "LocalJob", "folder": "%s", "knobs": {"batch_size": 16}, '
-            '"started_at": "", "progress_file": null}' % (jid, folder))
+            json.dumps({"kind": "trial", "job_id": jid, "executor": "LocalJob", "folder": str(folder),
+                        "knobs": {"batch_size": 16}, "started_at": "", "progress_file": None}))
     with pytest.warns(UserWarning, match="earlier kernel"):
         again = bench_on(concurrent.futures.ThreadPoolExecutor(1), tmp_path)
     by_job = {t.extra["job"]["id"]: t for t in again.trials}

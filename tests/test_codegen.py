@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import workbench as wb
-from workbench.codegen import knobs_to_code
+from workbench.core.codegen import knobs_to_code
 
 
 def namespace(conv: bool = False) -> dict:
@@ -207,7 +207,7 @@ def test_fsdp2_script_runs_under_torchrun_and_trains_like_the_trial(tmp_path) ->
 
 def test_the_script_warms_up_as_a_steady_trial_does(monkeypatch):
     """The exported loop drains the loader's buffer before its timed window (issue 30)."""
-    from workbench.codegen import script_warmup
+    from workbench.core.codegen import script_warmup
 
     monkeypatch.delenv("WORKBENCH_FIXED_WARMUP", raising=False)
     k = wb.Knobs(num_workers=2, prefetch_factor=8)

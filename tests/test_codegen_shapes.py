@@ -19,8 +19,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import workbench as wb
+from workbench.core.step import seeded
 from workbench.results import ResultLog
-from workbench.step import seeded
 
 
 class Blocks(TinyNet):

@@ -6,9 +6,9 @@ import pytest
 from fake_trials import fake, noisy
 
 import workbench as wb
-from workbench.comparison import judge
-from workbench.measure import TrialResult
+from workbench.core.measure import TrialResult
 from workbench.results import ResultLog
+from workbench.results.comparison import judge
 
 
 def test_compare_a_large_gap_is_beyond_noise_even_on_the_prior():

@@ -12,7 +12,7 @@ import torch
 from conftest import SquareDataset
 
 import workbench as wb
-from workbench import compat
+from workbench.core import compat
 
 
 @pytest.mark.parametrize("name", sorted(compat.PRIVATE))

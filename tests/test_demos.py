@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.demos import DEMOS, SIZES, Demo, demo
+from workbench.demos import DEMOS, SIZES, Demo
+from workbench.faces.rebuild import demo
 
 NAMES = ["jpeg", "cnn", "mlp-memory", "transformer"]
 TINY = dict(size="tiny", log=None, steps=3, warmup_steps=1)

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 import workbench as wb
+from workbench.core.measure import TrialResult
 from workbench.diagnose import CompileWatch, Diagnosis, explain_compile
 from workbench.diagnose.data import DataCheck, check_data, loader_rate, short_circuit_knobs
 from workbench.diagnose.flops import compute_dtype, flops_per_step, gpu_peak_flops
@@ -18,7 +19,6 @@ from workbench.diagnose.memory import block_activation_bytes, memory_breakdown
 from workbench.diagnose.profile import profile_step
 from workbench.diagnose.threads import thread_check
 from workbench.diagnose.verdict import decide
-from workbench.measure import TrialResult
 
 
 class SlowData(Dataset):
@@ -161,9 +161,9 @@ def test_memory_breakdown_and_block_ranking():
 
 def test_memory_breakdown_without_a_peak_meter_says_not_measured(monkeypatch):
     # the MPS path, exercised on CPU: with no meter the activations are <NA> with a note, never 0
-    import workbench.measure
+    import workbench.core.measure
 
-    monkeypatch.setattr(workbench.measure, "memory_meter", lambda device_type: None)
+    monkeypatch.setattr(workbench.core.measure, "memory_meter", lambda device_type: None)
     bench = make_bench()
     df = memory_breakdown(bench.workload, bench.defaults)
     mem = df.set_index("kind")["bytes"]
@@ -254,7 +254,7 @@ def test_verdict_cites_the_phase_split():
 def test_data_bound_needs_wait_or_a_cached_speedup_confirmed_in_rounds():
     import dataclasses
 
-    from workbench.results import compare
+    from workbench.deciding.rounds import compare
 
     cpu = torch.device("cpu")
     base = fake_result(1, 0.0137, wait=0.04)

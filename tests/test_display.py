@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.display import tidy
+from workbench.faces.display import tidy
 
 
 def cells(styler) -> list[str]:

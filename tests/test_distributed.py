@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import workbench as wb
-from workbench.knobs import Knobs, device_notes
+from workbench.core.knobs import Knobs, device_notes
 
 # What a rank should do wrong, read by the model's forward in the forked ranks (fork copies it).
 FAULT: dict = {"kind": None, "rank": 1, "at": 4}
@@ -246,7 +246,7 @@ def test_cli_joins_a_torchrun_job_of_two_simulated_nodes(tmp_path) -> None:
     import subprocess
     import sys
 
-    from workbench.distributed.launch import free_port
+    from workbench.launch.ranks import free_port
 
     (tmp_path / "nodefactory.py").write_text(FACTORY)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.path.dirname(os.path.dirname(wb.__file__))])}
@@ -299,7 +299,7 @@ def test_ctrl_c_stops_every_rank_records_and_reraises(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_every_rank_hung_outside_a_collective_is_ended_by_the_watchdog(tmp_path, monkeypatch) -> None:
-    from workbench.distributed import launch
+    from workbench.launch import ranks as launch
 
     monkeypatch.setattr(launch, "HANG_GRACE_S", 1.0)  # the watchdog fires after timeout + 1 s of no progress
     FAULT.update(kind="hang", rank="all", at=3)
@@ -315,7 +315,7 @@ def test_every_rank_hung_outside_a_collective_is_ended_by_the_watchdog(tmp_path,
 
 def test_panel_distributed_group_enables_ddp_controls_only_above_one_process(tmp_path) -> None:
     W = pytest.importorskip("ipywidgets")
-    from workbench.panel.controls import GROUPS, KnobControls
+    from workbench.faces.panel.controls import GROUPS, KnobControls
 
     assert GROUPS["Distributed"][:2] == ["world_size", "strategy"]
     assert all(n.startswith(("ddp_", "fsdp_")) for n in GROUPS["Distributed"][2:])

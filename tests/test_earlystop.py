@@ -11,7 +11,7 @@ import pytest
 from conftest import SleepNet
 
 import workbench as wb
-from workbench.earlystop import ALPHA, MIN_STEPS, StopRule, binomial_tail
+from workbench.core.earlystop import ALPHA, MIN_STEPS, StopRule, binomial_tail
 
 BASE_S = 0.02  # the sleep model's forward, per step
 SLOW = 8  # the user knob makes the forward this many times slower

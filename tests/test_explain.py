@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from workbench.core.measure import TrialResult
 from workbench.diagnose import explain as ex
-from workbench.measure import TrialResult
-from workbench.stats import Noise, decide
+from workbench.results.stats import Noise, decide
 
 QUIET = Noise(sigma=0.01, df=50, repeats=46, configs=4)  # a quiet machine: 18% is beyond noise
 
@@ -114,7 +114,7 @@ def test_sentences_say_the_saving_the_share_and_where(tmp_path):
     assert "100% of the traced change is in forward, mostly aten::conv2d (-0.2 ms)" in text
     assert "data wait is unchanged" in text
     assert "<table" in e._repr_html_() and e.to_dict()["phases"][0]["phase"] == "data wait"
-    from workbench.cli import jsonable
+    from workbench.faces.cli import jsonable
 
     doc = jsonable(e)  # e.g. inside a TuneResult's --json document
     assert doc["text"] == e.sentences() and doc["phases"][0]["phase"] == "data wait" and doc["ops"]
@@ -188,7 +188,7 @@ def test_explain_chart_draws_phases_and_ops(tmp_path):
 
 
 def test_b_flags_parse_with_the_knob_types():
-    from workbench.cli import b_changes
+    from workbench.faces.cli import b_changes
 
     assert b_changes(["channels_last", "amp=bf16", "num_workers=2"], []) == {
         "channels_last": True, "amp": "bf16", "num_workers": 2}
@@ -200,7 +200,7 @@ def test_b_flags_parse_with_the_knob_types():
 
 
 def test_cli_explain_json_prints_one_document_with_phases_and_ops(capsys):
-    from workbench.cli import main
+    from workbench.faces.cli import main
 
     code = main(["explain", "--demo", "cnn", "--size", "tiny", "--log", "none", "--steps", "3", "--warmup-steps", "1",
                  "--b", "channels_last", "--json", "--quiet"])

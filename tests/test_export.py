@@ -8,7 +8,7 @@ pytest.importorskip("tensorboard", reason="the tensorboard extra is not installe
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from workbench.export import hparams_of
+from workbench.faces.export import hparams_of
 
 
 def _load(run_dir):
@@ -73,7 +73,7 @@ def test_failed_trials_export_without_metrics(make_bench, tmp_path):
 
 def test_hparams_keep_one_type_per_knob():
     import workbench as wb
-    from workbench.measure import TrialResult
+    from workbench.core.measure import TrialResult
 
     rs = [TrialResult(knobs=wb.Knobs(cpu_threads=None), status="ok"), TrialResult(knobs=wb.Knobs(cpu_threads=2), status="ok")]
     hp = hparams_of(rs)
@@ -83,7 +83,7 @@ def test_hparams_keep_one_type_per_knob():
 
 
 def test_wrong_input_names_the_fix(tmp_path):
-    from workbench.export import to_tensorboard
+    from workbench.faces.export import to_tensorboard
 
     with pytest.raises(TypeError, match=r"bench\.trials"):
         to_tensorboard([object()], tmp_path)

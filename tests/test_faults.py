@@ -27,7 +27,7 @@ from conftest import ROOT, SquareDataset, TinyNet
 from torch.utils.data import get_worker_info
 
 import workbench as wb
-from workbench.knobs import KNOBS
+from workbench.core.knobs import KNOBS
 from workbench.results import ResultLog
 
 # Resident memory a failed trial may leave behind once collected. Measured here: at most ~2 MB
@@ -334,7 +334,7 @@ def test_trace_write_fault_keeps_the_trial(tmp_path, monkeypatch):
 
 def test_tensorboard_write_fault_warns_once_and_keeps_the_trials(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
-    from workbench import export
+    from workbench.faces import export
 
     bench = wb.Workbench(TinyNet(), SquareDataset(), loss_fn=torch.nn.CrossEntropyLoss(), steps=2, warmup_steps=0,
                          log=tmp_path, knobs=wb.Knobs(batch_size=8))

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import workbench as wb
-from workbench.knobs import KNOBS, Fuzz
+from workbench.core.knobs import KNOBS, Fuzz
 
 DEMO_NAMES = ("jpeg", "cnn", "mlp-memory", "transformer")
 

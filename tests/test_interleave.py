@@ -13,9 +13,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 import workbench as wb
-from workbench.interleave import InterleaveFailed, interleaved, why_not
-from workbench.knobs import INTERLEAVE_KNOBS, KNOBS, Knobs
-from workbench.stats import decide_interleaved, interleave_alpha, trimmed
+from workbench.core.knobs import INTERLEAVE_KNOBS, KNOBS, Knobs
+from workbench.deciding.interleave import InterleaveFailed, interleaved, why_not
+from workbench.results.stats import decide_interleaved, interleave_alpha, trimmed
 
 DELAY_S = 0.01  # the sleepy model's step: long against scheduling jitter on a busy 2-core machine
 
@@ -223,7 +223,7 @@ def test_bad_arguments_are_refused(sleepy):
 # ---- the comparison is a record ----------------------------------------------------------------
 def test_comparisons_go_into_the_log_and_survive_a_restart(tmp_path):
     from workbench.results import LoggedComparison, ResultLog, parse_record
-    from workbench.stats import decide_interleaved
+    from workbench.results.stats import decide_interleaved
 
     log = ResultLog(tmp_path / "log.jsonl")
     a, b = Knobs(batch_size=8), Knobs(batch_size=8, channels_last=True)

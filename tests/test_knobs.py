@@ -7,7 +7,7 @@ import torch
 
 import workbench as wb
 from workbench import Knobs, knob_names
-from workbench.knobs import device_notes
+from workbench.core.knobs import device_notes
 
 
 def test_defaults_are_valid_and_hashable():
@@ -81,7 +81,7 @@ def test_pin_memory_on_mps_says_it_is_dropped():
     assert any("pin_memory is a no-op on MPS" in n for n in notes)
     assert not any("pin_memory" in n for n in device_notes(Knobs(pin_memory=False), "mps"))
 def test_knob_table_has_one_row_per_knob_from_its_declaration():
-    from workbench.knobs import KNOBS, knob_table
+    from workbench.core.knobs import KNOBS, knob_table
 
     rows = knob_table().splitlines()[2:]
     assert [r.split("`")[1] for r in rows] == list(KNOBS)
@@ -89,7 +89,7 @@ def test_knob_table_has_one_row_per_knob_from_its_declaration():
 
 
 def test_every_declaration_is_complete_and_its_fuzz_ranges_hold():
-    from workbench.knobs import GROUPS, KNOBS, STRUCTURAL
+    from workbench.core.knobs import GROUPS, KNOBS, STRUCTURAL
 
     for name, spec in KNOBS.items():
         assert spec.name == name and spec.help and spec.group in GROUPS, name
@@ -112,7 +112,7 @@ def test_every_declaration_is_complete_and_its_fuzz_ranges_hold():
 def test_optimizer_impl_rebuilds_with_the_flag_keeping_groups_and_hyperparameters():
     import torch
 
-    from workbench.knobs import adjust_optimizer
+    from workbench.core.knobs import adjust_optimizer
 
     a, b = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2))
     opt = torch.optim.AdamW([{"params": [a], "lr": 0.1}, {"params": [b], "weight_decay": 0.5}],
@@ -132,7 +132,7 @@ def test_optimizer_impl_rebuilds_with_the_flag_keeping_groups_and_hyperparameter
 def test_optimizer_impl_notes_a_class_without_the_argument():
     import torch
 
-    from workbench.knobs import adjust_optimizer
+    from workbench.core.knobs import adjust_optimizer
 
     class Plain(torch.optim.Optimizer):
         def __init__(self, params, lr=0.1):
@@ -166,7 +166,7 @@ def test_optimizer_impl_runs_in_a_trial_and_in_generated_code(make_bench):
 # ---- checkpoint_mode -----------------------------------------------------------------------------
 @pytest.mark.fixed_warmup
 def test_selective_checkpointing_saves_matmuls_and_matches_full(make_bench):
-    from workbench.knobs import checkpoint_options
+    from workbench.core.knobs import checkpoint_options
 
     assert checkpoint_options(Knobs()) == {}
     assert "context_fn" in checkpoint_options(Knobs(checkpoint_mode="selective"))
@@ -331,7 +331,7 @@ def test_grad_clip_norm_validates_runs_and_is_in_the_code(make_bench):
 
 
 def test_a_knob_that_is_off_adds_no_work_to_the_measured_step():
-    from workbench.knobs import step_hooks
+    from workbench.core.knobs import step_hooks
 
     assert step_hooks(wb.Knobs()) == []  # grad_clip_norm=None: no per-step call, no fp16 unscale
     assert len(step_hooks(wb.Knobs(grad_clip_norm=1.0))) == 1
@@ -339,7 +339,7 @@ def test_a_knob_that_is_off_adds_no_work_to_the_measured_step():
 
 def test_the_completeness_rule_fails_a_knob_with_no_hook():
     """The rule above is not vacuous: a declaration without hooks, outside STRUCTURAL, is caught."""
-    from workbench.knobs import STRUCTURAL, Fuzz, KnobSpec
+    from workbench.core.knobs import STRUCTURAL, Fuzz, KnobSpec
 
     bare = KnobSpec(default=False, kind="bool", help="does nothing", group="Memory", widget="checkbox",
                     fuzz=Fuzz((False, True)), name="bare")
@@ -352,14 +352,14 @@ def test_the_running_core_reads_only_structural_knobs():
     import ast
     from pathlib import Path
 
-    from workbench.knobs import BUILTIN_KNOBS, STRUCTURAL
+    from workbench.core.knobs import BUILTIN_KNOBS, STRUCTURAL
 
     package = Path(wb.__file__).parent
-    files = [package / f"{m}.py" for m in ("step", "runner", "codegen", "measure", "trace")]
-    files += sorted((package / "distributed").glob("*.py"))
+    files = [package / "core" / f"{m}.py" for m in ("step", "codegen", "measure", "trace")]
+    files += sorted((package / "launch").glob("*.py"))  # run_trial and the ranks
     # DataLoader.num_workers and move_to's channels_last keyword share a knob's name: not knob reads
     allowed = {("workload.py", "num_workers"), ("workload.py", "channels_last")}
     reads = [f"{p.name}:{node.lineno} .{node.attr}" for p in files for node in ast.walk(ast.parse(p.read_text()))
              if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
              and node.attr in BUILTIN_KNOBS - STRUCTURAL and (p.name, node.attr) not in allowed]
-    assert not reads, f"read these through the knobs' hooks (workbench/knobs/registry.py): {reads}"
+    assert not reads, f"read these through the knobs' hooks (workbench/core/knobs/registry.py): {reads}"

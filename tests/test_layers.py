@@ -10,14 +10,11 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
-# codegen renders the core's step as text (Knobs.to_code): it sits with the core and imports nothing above it
-# resultlog/records/table/comparison hold the log and decide; rounds (which runs trials) and the results
-# facade that re-exports it sit above
-CORE = ("knobs", "workload", "step", "runner", "measure", "resultlog", "records", "table", "comparison", "progress",
-        "compat", "stats", "system", "trace", "codegen", "protocol", "stepshape", "steady", "loadmeter", "phases",
-        "earlystop")
-ABOVE_CORE = ("diagnose", "tune", "race", "fit", "scaling", "panel", "charts", "cli", "demos", "bench", "workshop", "export",
-              "display", "rebuild", "results", "rounds", "learners", "interleave", "budget", "hopeless")
+# The folders, bottom to top: a folder imports only folders before it in this list (lazy imports counted).
+LAYERS = ("core", "launch", "results", "deciding", "diagnose", "search", "demos", "faces")
+# The package's own face and the re-exports kept for old imports: nothing inside a folder imports them.
+TOP = ("workbench", "workbench.__main__", "workbench.knobs", "workbench.measure")
+MAX_TOP_MODULES = 8
 MAX_FUNCTION_LINES = 80  # a function a newcomer reads in one screen
 
 
@@ -55,15 +52,41 @@ def core_files(name: str) -> list[Path]:
     return sorted(folder.glob("*.py")) if folder.is_dir() else [PACKAGE / f"{name}.py"]
 
 
-@pytest.mark.parametrize("name", CORE)
-def test_core_imports_nothing_above_it(name):
+def folder_of(module: str) -> str | None:
+    """The layer folder a `workbench.x...` module lives in (None for a top-level module)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) >= 2 and parts[1] in LAYERS else None
+
+
+def layer_violations(paths: list[Path]) -> list[str]:
+    """Every import, lazy ones included, from a folder into the same level or above (or into a top-level module)."""
     bad = []
-    for path, (mod, names, line) in [(p, i) for p in core_files(name) for i in imports(p)]:
-        targets = [mod] + [f"{mod}.{n}" for n in names] if mod == "workbench" else [mod]
-        for t in targets:
-            if any(t == f"workbench.{a}" or t.startswith(f"workbench.{a}.") for a in ABOVE_CORE):
-                bad.append(f"{path.name}:{line} imports {t}")
-    assert not bad, bad
+    for path in paths:
+        here = folder_of(module_name(path))
+        if here is None:
+            continue
+        for mod, names, line in imports(path):
+            for t in [mod] + [f"{mod}.{n}" for n in names]:
+                there = folder_of(t)
+                if t in TOP[1:] or (mod == "workbench" and t == mod):
+                    bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports the top-level {t}")
+                elif there is not None and LAYERS.index(there) > LAYERS.index(here):
+                    bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({here}/) imports {t} ({there}/ is above)")
+    return sorted(set(bad))
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_each_folder_imports_only_folders_below_it(layer):
+    assert not layer_violations(sorted((PACKAGE / layer).rglob("*.py"))), layer_violations(sorted((PACKAGE / layer).rglob("*.py")))
+
+
+def test_the_tree_reads_as_the_layers():
+    """Every module sits in a layer folder, except the package's face and the old-import re-exports."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, top
+    assert {f"workbench.{p[:-3]}" if p != "__init__.py" else "workbench" for p in top} <= set(TOP), top
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(LAYERS), f"place {sorted(folders ^ set(LAYERS))} in LAYERS"
 
 
 def test_no_private_name_crosses_a_module():
@@ -88,22 +111,21 @@ def test_no_private_name_crosses_a_module():
 
 
 def test_the_layer_check_catches_a_violation(tmp_path, monkeypatch):
-    """The parser resolves relative imports, so a lazy `from .panel import Panel` in the core is seen,
-    and the layer check itself fails on it (run on a copy of the package with the import injected)."""
-    fake = PACKAGE / "stats.py"
-    text = fake.read_text() + "\n\ndef _leak():\n    from .panel import Panel\n    return Panel\n"
-    target = tmp_path / "workbench" / "stats.py"
-    target.parent.mkdir()
-    target.write_text(text)
+    """The parser resolves relative imports, so a lazy `from ..faces.panel import Panel` in the core is seen,
+    and the layer check itself fails on it (run on a copy of the module with the import injected)."""
+    real = PACKAGE / "results" / "stats.py"
+    target = tmp_path / "workbench" / "results" / "stats.py"
+    target.parent.mkdir(parents=True)
+    target.write_text(real.read_text() + "\n\ndef _leak():\n    from ..faces.panel import Panel\n    return Panel\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "workbench")
-    assert ("workbench.panel", ["Panel"]) in [(m, n) for m, n, _ in imports(target)]
-    with pytest.raises(AssertionError, match=r"stats\.py:\d+ imports workbench\.panel"):
-        test_core_imports_nothing_above_it("stats")
-    target.write_text(fake.read_text())  # the same file without the injected import passes
-    test_core_imports_nothing_above_it("stats")
+    assert ("workbench.faces.panel", ["Panel"]) in [(m, n) for m, n, _ in imports(target)]
+    assert [v.split(" ", 1)[1] for v in layer_violations([target])] == [
+        "(results/) imports workbench.faces.panel (faces/ is above)", "(results/) imports workbench.faces.panel.Panel (faces/ is above)"]
+    target.write_text(real.read_text())  # the same file without the injected import passes
+    assert layer_violations([target]) == []
 
 
-FACES = ("scaling", "fit", "tune", "race", "panel", "diagnose")  # every face that takes a workbench
+FACES = ("search/scaling", "search/fit", "search/tune", "search/race", "faces/panel", "diagnose")  # every face that takes a workbench
 
 
 def face_files(name: str) -> list[Path]:
@@ -128,8 +150,8 @@ def test_faces_type_the_workbench_as_the_protocol(name):
     """A face that takes a workbench types it `protocol.Bench`, and never imports `bench.Workbench`."""
     paths = face_files(name)
     found = [(mod, names) for p in paths for mod, names, _ in imports(p)]
-    assert ("workbench.protocol", ["Bench"]) in found
-    assert not any(mod == "workbench.bench" for mod, _ in found)
+    assert ("workbench.results.protocol", ["Bench"]) in found
+    assert not any(mod == "workbench.faces.bench" for mod, _ in found)
     bad = [b for p in paths for b in untyped_benches(p)]
     assert not bad, bad
 
@@ -143,16 +165,9 @@ def test_the_face_check_catches_an_untyped_workbench(tmp_path):
 
 
 def test_the_workbench_satisfies_the_protocol(make_bench):
-    from workbench.protocol import Bench
+    from workbench.results.protocol import Bench
 
     assert isinstance(make_bench(), Bench)
-
-
-def test_every_module_is_placed_in_a_layer():
-    top = {p.stem if p.name != "__init__.py" else p.parent.name for p in PACKAGE.glob("*.py")} | \
-        {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    unplaced = top - set(CORE) - set(ABOVE_CORE) - {"workbench", "__main__", "distributed"}
-    assert not unplaced, f"place {sorted(unplaced)} in CORE or ABOVE_CORE"
 
 
 def test_no_function_is_longer_than_one_screen():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.learners import TRIALS, SimulatedLearners, learner_session, simulate_learners
-from workbench.workshop import gather
+from workbench.faces.learners import TRIALS, SimulatedLearners, learner_session, simulate_learners
+from workbench.faces.workshop import gather
 
 
 def test_learner_session_runs_the_prescribed_trials_into_the_shared_folder(tmp_path):
@@ -17,7 +17,7 @@ def test_learner_session_runs_the_prescribed_trials_into_the_shared_folder(tmp_p
 
 
 def test_the_workshop_module_still_exports_the_learner_names():
-    import workbench.workshop as workshop
+    import workbench.faces.workshop as workshop
 
     assert (workshop.TRIALS, workshop.learner_session, workshop.simulate_learners, workshop.SimulatedLearners) == \
         (TRIALS, learner_session, simulate_learners, SimulatedLearners)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.measure import (
+from workbench.core.measure import (
     CpuLoad,
     KernelTime,
     StepClock,

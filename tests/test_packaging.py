@@ -112,8 +112,8 @@ def test_core_imports_and_runs_a_trial_without_the_notebook_stack(tmp_path):
     assert "needs altair" in got["errors"]["chart"]
 
 
-@pytest.mark.parametrize("module", ["workbench.cli", "workbench.tune", "workbench.diagnose", "workbench.export",
-                                    "workbench.trace"])
+@pytest.mark.parametrize("module", ["workbench.faces.cli", "workbench.search.tune", "workbench.diagnose", "workbench.faces.export",
+                                    "workbench.core.trace"])
 def test_core_modules_import_without_the_notebook_stack(module):
     blocked = "; ".join(f"sys.modules[{m!r}] = None" for m in NOTEBOOK_STACK)
     out = subprocess.run([sys.executable, "-c", f"import sys; {blocked}; import {module}"], capture_output=True,

@@ -21,11 +21,11 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 import workbench as wb
-from workbench import panel as panel_module
-from workbench.charts import chart_data
-from workbench.knobs import knob_names
-from workbench.panel import GROUPS, Panel
-from workbench.stats import ANSWER_WORDS, MIN_EFFECT
+from workbench.core.knobs import knob_names
+from workbench.faces import panel as panel_module
+from workbench.faces.charts import chart_data
+from workbench.faces.panel import GROUPS, Panel
+from workbench.results.stats import ANSWER_WORDS, MIN_EFFECT
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 120  # generous: other work shares the 2 cores; only a hang fails
@@ -335,7 +335,7 @@ def test_a_chart_click_explains_the_trial_against_the_baseline(panel: Panel, ben
 def test_a_long_log_updates_the_chart_data_and_shows_the_default_view(bench):
     """200 trials: each new one reaches the chart as new data in the same chart; the chart, table
     and picker hold the baseline, the recent trials and the best of each configuration."""
-    from workbench.charts import LAST_N
+    from workbench.faces.charts import LAST_N
 
     first = bench.trials[0] if bench.trials else bench.run()
     for i in range(200):
@@ -397,8 +397,8 @@ def test_a_trial_stopping_early_says_so_with_the_seconds_left(panel: Panel) -> N
 def test_a_tune_trial_stops_at_the_deadline_or_at_stop() -> None:
     import threading
 
-    from workbench.budget import Deadline
-    from workbench.panel.tuning import Either
+    from workbench.deciding.budget import Deadline
+    from workbench.faces.panel.tuning import Either
 
     stop = threading.Event()
     deadline = Deadline(60.0, "stopped by the budget")

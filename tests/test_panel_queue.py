@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from workbench.panel.queue import TrialQueue
+from workbench.faces.panel.queue import TrialQueue
 
 
 def test_a_burst_of_jobs_runs_once_with_the_latest():

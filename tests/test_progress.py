@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from workbench import progress as P
+from workbench.core import progress as P
 
 
 def test_auto_means_a_terminal_or_a_notebook(monkeypatch):
@@ -112,7 +112,7 @@ def test_a_notebook_without_ipywidgets_gets_a_text_bar(monkeypatch):
 
 
 def test_trial_bar_ends_full_when_ok_and_where_it_stopped_when_failed():
-    from workbench.progress import TrialBar
+    from workbench.core.progress import TrialBar
 
     ok, failed = TrialBar("ok"), TrialBar("failed")
     for bar, end in ((ok, None), (failed, "error")):

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import workbench as wb
-from workbench.measure import STATUSES, TrialResult
-from workbench.records import BadRecord, parse_record, read_records
-from workbench.resultlog import ResultLog
+from workbench.core.measure import STATUSES, TrialResult
+from workbench.results.log import ResultLog
+from workbench.results.records import BadRecord, parse_record, read_records
 
 # ---- untrusted content: every bad line skipped with one warning, never its content ---------------
 SECRET = "TOPSECRET-do-not-echo"

@@ -7,8 +7,8 @@ import pytest
 from fake_trials import fake, noisy
 
 import workbench as wb
-from workbench.measure import TrialResult
-from workbench.resultlog import ResultLog
+from workbench.core.measure import TrialResult
+from workbench.results.log import ResultLog
 
 
 def test_steps_frame_is_long_per_step():

@@ -7,10 +7,10 @@ the driver does: which trials it runs in which order, when it stops, and what it
 import pytest
 from fake_trials import fake, noisy
 
-from workbench.comparison import judge
-from workbench.knobs import Knobs
-from workbench.resultlog import ResultLog
-from workbench.rounds import compare
+from workbench.core.knobs import Knobs
+from workbench.deciding.rounds import compare
+from workbench.results.comparison import judge
+from workbench.results.log import ResultLog
 
 FAST = Knobs(num_workers=1)
 

@@ -12,7 +12,7 @@ import torch
 from conftest import SquareDataset, TinyNet, tiny_data
 
 import workbench as wb
-from workbench.runner import TrialInterrupted
+from workbench.launch.runner import TrialInterrupted
 
 
 @pytest.mark.fixed_warmup
@@ -346,7 +346,7 @@ def test_trials_from_other_threads_run_on_one_dedicated_thread(make_bench):
 
 def test_an_inline_trial_failure_is_a_result_and_interrupts_propagate(make_bench):
     """submit_trial on the main thread: a failing trial is a done Future; Ctrl-C outside a trial propagates."""
-    from workbench.runner import submit_trial
+    from workbench.launch.runner import submit_trial
 
     def boom():
         raise RuntimeError("user code")
@@ -362,7 +362,7 @@ def test_an_inline_trial_failure_is_a_result_and_interrupts_propagate(make_bench
 
 
 def test_derive_is_a_pure_function_of_the_raw_samples():
-    from workbench.runner import RawTrial, derive
+    from workbench.core.phases import RawTrial, derive
 
     raw = RawTrial(warmup_steps=2, steps=4, startup_s=0.5, warm_times_s=[1.0, 0.2], warmup_wall_s=1.2, probe_s=0.0,
                    step_times_s=[0.1, 0.1, 0.1, 0.3], waits_s=[0.05, 0.0, 0.0, 0.0], losses=[2.0, 1.5, float("nan"), 1.0],
@@ -384,8 +384,8 @@ def test_derive_notes_page_faults_only_when_the_kernel_took_a_real_share(monkeyp
     """Kernel time above 5% of the window's CPU time, with page faults, is named with the fix
     (wb.keep_freed_memory() or glibc's environment variables; once malloc keeps freed memory, what
     is left: blocks above 32 MiB); with workers the note names shared memory instead; quiet windows get none."""
-    from workbench import phases
-    from workbench.phases import MALLOC_ENV, RawTrial, derive
+    from workbench.core import phases
+    from workbench.core.phases import MALLOC_ENV, RawTrial, derive
 
     monkeypatch.setattr(phases, "keeps_freed_memory", lambda: False)
 
@@ -437,8 +437,8 @@ def test_a_trial_counts_the_page_faults_of_its_window(make_bench):
     (RuntimeError("expected scalar type Float but found Half"), True),
 ])
 def test_shape_hint_only_for_shape_and_dtype_errors(exc, hinted):
-    from workbench.runner import failure_message
-    from workbench.step import Stage
+    from workbench.core.phases import failure_message
+    from workbench.core.step import Stage
 
     stage = Stage()
     stage.name, stage.phase, stage.step = "model", "measured", 2

@@ -19,9 +19,10 @@ import pytest
 from fake_trials import fake
 
 import workbench as wb
-from workbench.measure import TrialResult
-from workbench.results import ResultLog, compare
-from workbench.stats import (
+from workbench.core.measure import TrialResult
+from workbench.deciding.rounds import compare
+from workbench.results import ResultLog
+from workbench.results.stats import (
     PAIRED_PRIOR_DF,
     PAIRED_PRIOR_MAX_DF,
     PAIRED_PRIOR_SD,
@@ -342,7 +343,7 @@ def test_same_speed_is_an_equivalence_test_with_its_own_interval():
 # ---- one_look: the one verdict rule, which decide() and the results table both call ---------------
 def test_one_look_by_hand():
     """Four comparisons at once, each worked out by hand from the rule's definition."""
-    from workbench.stats import one_look
+    from workbench.results.stats import one_look
 
     quiet = Noise(sigma=0.01, df=100.0, repeats=96, configs=4)
     ln = math.log
@@ -361,8 +362,8 @@ def test_one_look_by_hand():
 
 def test_decide_and_the_table_call_one_look(monkeypatch):
     """No second copy of the rule: decide and the table both go through stats.one_look (a spy sees each)."""
-    import workbench.stats as stats
-    import workbench.table as table
+    import workbench.results.stats as stats
+    import workbench.results.table as table
 
     calls = []
 
@@ -383,7 +384,7 @@ def test_decide_and_the_table_call_one_look(monkeypatch):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_decide_answers_what_one_look_says(seed):
-    from workbench.stats import one_look
+    from workbench.results.stats import one_look
 
     rng = np.random.default_rng(seed)
     for _ in range(40):

@@ -19,10 +19,10 @@ from conftest import ROOT, SLEEP_S, SleepData, TinyNet, workers_limit
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset, get_worker_info
 
 import workbench as wb
-from workbench.loadmeter import LoaderMeter
-from workbench.steady import CAP_STEPS, FIXED_ENV, WarmupRule, cycle_steps, is_steady, loader_buffer
-from workbench.step import build_loader
-from workbench.workload import loader_spec
+from workbench.core.loadmeter import LoaderMeter
+from workbench.core.steady import CAP_STEPS, FIXED_ENV, WarmupRule, cycle_steps, is_steady, loader_buffer
+from workbench.core.step import build_loader
+from workbench.core.workload import loader_spec
 
 
 def ceiling(workers: int, steps: int = 30) -> float:
@@ -131,7 +131,7 @@ def test_the_cap_in_seconds_ends_warm_up():
 
 @pytest.mark.parametrize("workers, prefetch, accum, probe", [(0, None, 1, True), (2, 8, 1, True), (4, None, 2, False)])
 def test_planned_warmup_is_what_a_quiet_trial_takes(workers, prefetch, accum, probe):
-    from workbench.steady import planned_warmup
+    from workbench.core.steady import planned_warmup
 
     buffer = workers * (prefetch or 2)
     rule = WarmupRule(min_steps=5, buffer_batches=buffer, num_workers=workers, accum_steps=accum)
@@ -333,8 +333,8 @@ def test_a_window_that_drains_the_buffer_is_flagged_and_the_rule_avoids_it(monke
 
 # ---- decisions read steady figures ----------------------------------------------------------------
 def test_the_tuner_repeats_a_trial_that_was_not_steady():
-    from workbench.measure import TrialResult
-    from workbench.race import Ctx
+    from workbench.core.measure import TrialResult
+    from workbench.search.race import Ctx
 
     class Stub:
         calls = 0
@@ -367,7 +367,7 @@ def test_compile_on_top_of_data_bound_workers_is_never_a_win():
 def test_a_window_that_was_not_steady_is_measured_again(make_bench, monkeypatch):
     """A window faster than its loader: its steps become warm-up; the result says why; at most
     MAX_REMEASURE more windows. A trend alone is flagged, not measured again."""
-    from workbench import phases as runner  # the re-measure loop lives in phases.py
+    from workbench.core import phases as runner  # the re-measure loop lives in phases.py
 
     real = runner.window_problems
     seen = []

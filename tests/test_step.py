@@ -12,8 +12,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import workbench as wb
-from workbench.step import BatchSource, LossBuffer, Stage, TrainStep, built, check_loss, seeded
-from workbench.workload import Workload
+from workbench.core.step import BatchSource, LossBuffer, Stage, TrainStep, built, check_loss, seeded
+from workbench.core.workload import Workload
 
 
 class ConvNet(nn.Module):
@@ -95,7 +95,7 @@ NEEDS = {"checkpoint_mode": {"checkpoint": ("blocks.1",)}, "prefetch_factor": {"
 
 def switched_on(name: str) -> dict:
     """The knob at its first non-default valid value (from its declaration), plus what it needs."""
-    from workbench.knobs import KNOBS
+    from workbench.core.knobs import KNOBS
 
     spec = KNOBS[name]
     valid = ("blocks.0",) if spec.fuzz.valid == "blocks" else spec.fuzz.valid
@@ -139,7 +139,7 @@ def test_every_knob_gives_the_same_losses_in_generated_code_and_run_trial(name, 
 
 @pytest.mark.parametrize("name", sorted(NOOP_ON_CPU))
 def test_a_knob_that_does_nothing_on_a_cpu_says_so(name):
-    from workbench.knobs import device_notes
+    from workbench.core.knobs import device_notes
 
     knobs = wb.Knobs(**{"batch_size": 8, **switched_on(name)})
     assert any(name in note and "no-op" in note for note in device_notes(knobs, "cpu")), device_notes(knobs, "cpu")

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, SequentialSampler, TensorDataset
 
-from workbench.stepshape import StepShape, function_path, shape_of
-from workbench.workload import loader_spec
+from workbench.core.stepshape import StepShape, function_path, shape_of
+from workbench.core.workload import loader_spec
 
 
 def module_level_step(model, batch):

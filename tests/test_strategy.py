@@ -14,7 +14,7 @@ import torch
 from test_distributed import FAULT, make_bench, no_children
 
 import workbench as wb
-from workbench.knobs import Knobs, device_notes
+from workbench.core.knobs import Knobs, device_notes
 
 FSDP = dict(world_size=2, strategy="fsdp2")
 

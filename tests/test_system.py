@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from workbench import system
+from workbench.core import system
 
 
 def _cgroup(tmp_path, v2: str | None = None, v1: tuple[int, int] | None = None, path: str = "/job"):
@@ -62,8 +62,8 @@ def test_bf16_falls_back_to_cpu_flags_when_torch_has_no_check(monkeypatch):
 
 
 def test_the_thread_check_and_environment_use_the_helper(monkeypatch):
+    from workbench.core.measure import environment
     from workbench.diagnose import threads
-    from workbench.measure import environment
 
     assert threads.usable_cores is system.usable_cores
     assert environment(torch.device("cpu"))["usable_cores"] == system.usable_cores()
@@ -91,7 +91,7 @@ before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(8):
     step()
 faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 8
-from workbench.measure import environment
+from workbench.core.measure import environment
 print(json.dumps({"kept": kept, "faults": faults, "malloc": environment(torch.device("cpu"))["malloc"]}))
 """
 

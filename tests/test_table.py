@@ -7,9 +7,10 @@ import pytest
 from fake_trials import fake, noisy
 
 import workbench as wb
-from workbench.measure import TrialResult
-from workbench.results import ResultLog, compare
-from workbench.table import _sides
+from workbench.core.measure import TrialResult
+from workbench.deciding.rounds import compare
+from workbench.results import ResultLog
+from workbench.results.table import _sides
 
 
 def test_frame_types_verdicts_and_noise():

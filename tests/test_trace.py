@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import TinyNet, tiny_data
 
-from workbench import trace as tracing
-from workbench.runner import TRACE_STEPS
+from workbench.core import trace as tracing
+from workbench.launch.runner import TRACE_STEPS
 
 PHASES = {"data", "forward", "backward", "optimizer"}
 

@@ -14,13 +14,13 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import workbench as wb
-from workbench import race as race_mod
-from workbench import tune as tune_mod
-from workbench.fit import FitResult, fit_memory
-from workbench.measure import TrialResult
+from workbench.core.measure import TrialResult
+from workbench.core.workload import Workload
 from workbench.results import ResultLog
-from workbench.tune import TuneResult, stage_options, tune
-from workbench.workload import Workload
+from workbench.search import race as race_mod
+from workbench.search import tune as tune_mod
+from workbench.search.fit import FitResult, fit_memory
+from workbench.search.tune import TuneResult, stage_options, tune
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from _space import exhaustive_space

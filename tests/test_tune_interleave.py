@@ -14,11 +14,11 @@ from conftest import SleepNet
 from test_tune import FakeBench, speed_model
 
 import workbench as wb
-from workbench import race as race_mod
-from workbench.budget import OVERRUN
-from workbench.interleave import InterleaveFailed, why_not
-from workbench.stats import decide_interleaved
-from workbench.tune import tune
+from workbench.deciding.budget import OVERRUN
+from workbench.deciding.interleave import InterleaveFailed, why_not
+from workbench.results.stats import decide_interleaved
+from workbench.search import race as race_mod
+from workbench.search.tune import tune
 
 PAIRS = 40  # pairs of blocks in a fake interleaved comparison
 
@@ -86,7 +86,7 @@ def test_a_slower_compute_candidate_is_dropped_by_an_interleaved_comparison(kern
 def test_data_pipeline_candidates_race_by_trials(monkeypatch):
     """Workers and prefetch never interleave (their pairs with the start or leader differ in loader knobs);
     they run trials, and their drops say "by trials"; a compute-only candidate (fewer threads) may interleave."""
-    monkeypatch.setattr("workbench.tune._cores", lambda: 2)
+    monkeypatch.setattr("workbench.search.tune._cores", lambda: 2)
     bench = InterleavingBench(speed_model, lambda k: 1000.0, noise=0.02)
     res = tune(bench, budget=30, stages=("data",), explain=False)
     assert all(why_not(a, b) is None for a, b, *_ in bench.calls), bench.calls

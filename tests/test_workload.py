@@ -8,7 +8,7 @@ from conftest import TinyNet, tiny_data
 from torch.utils.data import DataLoader, SequentialSampler
 
 import workbench as wb
-from workbench.workload import Workload, batch_size_of, blocks_of, loader_spec, move_to, optimizer_factory
+from workbench.core.workload import Workload, batch_size_of, blocks_of, loader_spec, move_to, optimizer_factory
 
 Pair = namedtuple("Pair", "x y")
 

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import workbench as wb
-from workbench.measure import TrialResult
+from workbench.core.measure import TrialResult
+from workbench.faces.workshop import RESULT_COLUMNS, SUMMARY_COLUMNS, Workshop, gather
 from workbench.results import ResultLog, default_participant
-from workbench.workshop import RESULT_COLUMNS, SUMMARY_COLUMNS, Workshop, gather
 
 
 def fake(mean: float, *, rel: float = 0.01, seed: int = 0, cpu: str = "Test CPU", cores: int = 2,
@@ -86,7 +86,7 @@ def test_two_logs_on_one_file_number_after_each_other(tmp_path):
 
 def test_without_os_locks_a_partial_line_is_skipped_not_cut(tmp_path, monkeypatch):
     """Off POSIX (no fcntl) an unterminated last line may be another process mid-write: leave it."""
-    import workbench.resultlog as resultlog
+    import workbench.results.log as resultlog
 
     monkeypatch.setattr(resultlog, "_LOCKS", False)
     path = tmp_path / "shared.jsonl"
@@ -392,7 +392,7 @@ def test_long_and_odd_participant_names_get_a_short_stable_file_name(tmp_path):
 
 
 def test_watch_view_updates_one_summary_and_one_chart_in_place(tmp_path):
-    from workbench.workshop import WatchView
+    from workbench.faces.workshop import WatchView
 
     learner_log(tmp_path, "ana", [fake(0.010), fake(0.008, seed=1, num_workers=2)])
     ws = gather(tmp_path)

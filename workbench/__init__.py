@@ -17,32 +17,29 @@ The measurement core (knobs, workload, runner, results) imports without ipywidge
 from __future__ import annotations
 
 import os
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from .bench import Workbench
-from .knobs import Knobs, forget_knob, knob, knob_names, knob_table, tunable_knobs
-from .measure import TrialResult
-from .results import Comparison, ResultLog, compare
-from .runner import TrialInterrupted, run_trial
-from .system import keep_freed_memory
+from .core.knobs import Knobs, forget_knob, knob, knob_names, knob_table, tunable_knobs
+from .core.measure import TrialResult
+from .core.system import keep_freed_memory, package_version
+from .deciding.rounds import compare
+from .faces.bench import Workbench
+from .launch.runner import TrialInterrupted, run_trial
+from .results import Comparison, ResultLog
 
-try:
-    __version__ = version("tuning-workbench")
-except PackageNotFoundError:  # run from a source tree that was never pip-installed
-    __version__ = "0+unknown"
+__version__ = package_version()
 
 
 def demo(name: str, **kwargs):
     """A Workbench on a built-in demo workload (generated data, no downloads); see `demos.DEMOS`."""
-    from .demos import demo as _demo
+    from .faces.rebuild import demo as _demo
 
     return _demo(name, **kwargs)
 
 
 def gather(folder: str | os.PathLike, **kwargs: Any) -> Any:
     """The instructor's view of a workshop folder: every learner's trials (see `workshop.Workshop`)."""
-    from .workshop import gather as _gather
+    from .faces.workshop import gather as _gather
 
     return _gather(folder, **kwargs)
 

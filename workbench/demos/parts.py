@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..knobs import Knobs
+from ..core.knobs import Knobs
 
 
 def workbench_parts(make_model: Callable[[], nn.Module], data: Any, *, loss_fn: Any, lr: float, batch_size: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..compat import CompileWatch
+from ..core.compat import CompileWatch
 
 __all__ = ["CompileWatch", "break_lines", "explain_compile"]
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..knobs import Knobs
-from ..measure import TrialResult
-from ..rounds import compare
-from ..runner import trial_threaded
-from ..stats import Comparison
-from ..step import BatchSource
-from ..workload import Workload, batch_size_of
+from ..core.knobs import Knobs
+from ..core.measure import TrialResult
+from ..core.step import BatchSource
+from ..core.workload import Workload, batch_size_of
+from ..deciding.rounds import compare
+from ..launch.runner import trial_threaded
+from ..results.stats import Comparison
 
 DATA_WAIT_LIMIT = 0.20  # the seeds' checklist: data loading under 20% of iteration time
 DATA_BOUND_SPEEDUP = 1.10  # cached batch this much faster (beyond noise, confirmed in rounds) => data-bound

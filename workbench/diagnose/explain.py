@@ -28,10 +28,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..measure import TrialResult
-from ..protocol import Bench
-from ..stats import Comparison
-from ..trace import PHASES, STEP_LABEL
+from ..core.measure import TrialResult
+from ..core.trace import PHASES, STEP_LABEL
+from ..results.protocol import Bench
+from ..results.stats import Comparison
 
 PHASE_ROWS = ("data wait", "forward", "backward", "optimizer", "other")
 _PHASE_OF = {"data": "data wait", "forward": "forward", "backward": "backward", "optimizer": "optimizer"}
@@ -314,8 +314,6 @@ class Explanation:
 
     def chart(self, top: int = 8) -> Any:
         """An altair chart of the phase deltas and the top op deltas (needs the notebook extra)."""
-        from ..charts import explanation_chart
-
         return explanation_chart(self.phases, self.ops.head(top))
 
     def to_dict(self) -> dict[str, Any]:
@@ -390,7 +388,7 @@ def explain(bench: Bench, a: Any = None, b: Any = None, *, progress: Any = None)
 
 def traced_side(bench: Bench, x: Any, progress: Any = None) -> list[TrialResult]:
     """[the trial] when it has a trace, else [the trial, a traced repeat of its knobs]."""
-    from ..knobs import Knobs
+    from ..core.knobs import Knobs
 
     if isinstance(x, Knobs):
         first = bench.run(x, trace=True, progress=progress)
@@ -413,7 +411,7 @@ def traced_side(bench: Bench, x: Any, progress: Any = None) -> list[TrialResult]
 
 def compare_sides(bench: Bench, runs_a: list[TrialResult], runs_b: list[TrialResult]) -> Comparison:
     """The one call into the comparison: the lead switches it to rounds="auto" when issue 16 lands."""
-    from ..rounds import compare
+    from ..deciding.rounds import compare
 
     return compare(runs_a, runs_b, log=bench.log)
 
@@ -428,3 +426,20 @@ def explain_winner(bench: Bench, start: TrialResult, best: TrialResult, *, progr
         return explain(bench, start, best, progress=progress)
     except ValueError:  # a traced repeat failed: the tuning result stands without its explanation
         return None
+
+
+def explanation_chart(phases: pd.DataFrame, ops: pd.DataFrame, *, width: int = 420) -> Any:
+    """Why B differs from A: the phase deltas beside the top op deltas (ms per traced step; < 0 = B saves).
+    Needs altair (the notebook extra)."""
+    import altair as alt
+
+    def bars(df: pd.DataFrame, y: str, title: str) -> Any:
+        data = df.assign(direction=df["delta_ms"].map(lambda d: "B saves" if d < 0 else "B costs"))
+        return alt.Chart(data, title=title).mark_bar().encode(
+            x=alt.X("delta_ms:Q", title="B − A, ms per step"),
+            y=alt.Y(f"{y}:N", sort=None, title=None),
+            color=alt.Color("direction:N", scale=alt.Scale(domain=["B saves", "B costs"], range=["#2e7d32", "#c62828"])),
+            tooltip=[c for c in (y, "a_ms", "b_ms", "delta_ms", "phase", "change") if c in df.columns],
+        ).properties(width=width)
+
+    return alt.vconcat(bars(phases, "phase", "by phase"), bars(ops, "op", "top ops"))

@@ -14,11 +14,11 @@ import pandas as pd
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..knobs import Knobs
-from ..measure import TrialResult, sync
-from ..runner import trial_threaded
-from ..step import built
-from ..workload import Workload
+from ..core.knobs import Knobs
+from ..core.measure import TrialResult, sync
+from ..core.step import built
+from ..core.workload import Workload
+from ..launch.runner import trial_threaded
 
 # Dense peak TFLOP/s from vendor data sheets (SXM variants unless named): fp32, tf32, bf16, fp16.
 # None = no tensor-core path for that dtype. Matched by substring of the device name, longest first.
@@ -92,7 +92,7 @@ def peak_flops(workload: Workload, knobs: Knobs) -> tuple[float | None, str]:
             return peak, f"{name} data sheet, dense {dtype}"
         return measured_matmul_flops(device, dtype, n=4096), f"measured {dtype} 4096^2 matmul on {name}"
     if device.type == "cpu":
-        from ..knobs import settings as process_settings
+        from ..core.knobs import settings as process_settings
 
         with process_settings(knobs):  # the trial's thread count decides the CPU peak
             n_threads = torch.get_num_threads()

@@ -9,12 +9,12 @@ from typing import Any
 import pandas as pd
 import torch
 
-from .. import measure
-from ..knobs import Knobs
-from ..measure import live_tensor_bytes, profile_peak_bytes, sync
-from ..runner import trial_threaded
-from ..step import built
-from ..workload import Workload
+from ..core import measure
+from ..core.knobs import Knobs
+from ..core.measure import live_tensor_bytes, profile_peak_bytes, sync
+from ..core.step import built
+from ..core.workload import Workload
+from ..launch.runner import trial_threaded
 
 
 def _peak_extra(fn: Callable[[], Any], device: torch.device) -> int | None:

@@ -11,12 +11,12 @@ import os
 
 import pandas as pd
 
-from .. import trace as tracing
-from ..knobs import Knobs
-from ..measure import sync
-from ..runner import trial_threaded
-from ..step import built
-from ..workload import Workload
+from ..core import trace as tracing
+from ..core.knobs import Knobs
+from ..core.measure import sync
+from ..core.step import built
+from ..core.workload import Workload
+from ..launch.runner import trial_threaded
 
 STAGES = ("data", "forward", "backward", "optimizer")
 

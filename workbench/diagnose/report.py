@@ -13,12 +13,12 @@ from typing import Any
 
 import pandas as pd
 
-from .. import progress
-from ..budget import Allowance, Spend
-from ..knobs import Knobs
-from ..measure import TrialResult, fmt_bytes
-from ..protocol import Bench
-from ..trace import trace_file
+from ..core import progress
+from ..core.knobs import Knobs
+from ..core.measure import TrialResult, fmt_bytes
+from ..core.trace import trace_file
+from ..deciding.budget import Allowance, Spend
+from ..results.protocol import Bench
 from .compile import explain_compile
 from .data import (
     CONFIRM_ROUNDS,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from ..knobs import Knobs
-from ..system import cpu_has_bf16, usable_cores
+from ..core.knobs import Knobs
+from ..core.system import cpu_has_bf16, usable_cores
 
 __all__ = ["cpu_has_bf16", "thread_check", "thread_frame", "usable_cores"]
 

@@ -9,10 +9,10 @@ from typing import Any
 import pandas as pd
 import torch
 
-from ..knobs import Knobs
-from ..measure import TrialResult
-from ..phases import KERNEL_SHARE
-from ..system import keeps_freed_memory
+from ..core.knobs import Knobs
+from ..core.measure import TrialResult
+from ..core.phases import KERNEL_SHARE
+from ..core.system import keeps_freed_memory
 from .data import DATA_WAIT_LIMIT, DataCheck
 
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
@@ -75,7 +75,7 @@ def data_evidence(data: DataCheck) -> list[str]:
 
 def page_fault_evidence(base: TrialResult) -> str | None:
     """A line when the baseline's window spent a real share of its CPU time in the kernel faulting
-    memory in (runner.KERNEL_SHARE): a cost on top of whichever bottleneck the tree finds."""
+    memory in (phases.KERNEL_SHARE): a cost on top of whichever bottleneck the tree finds."""
     share, per_step = base.extra.get("kernel_share"), base.extra.get("page_faults_per_step")
     if share is None or per_step is None or share <= KERNEL_SHARE or not per_step:
         return None

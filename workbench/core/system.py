@@ -1,0 +1,175 @@
+"""What this machine lets us use: cores (affinity and container quota), native bf16 on the CPU, and
+glibc's malloc told to keep the memory a step frees (page faults, docs/measurement.md 'Page faults').
+
+One helper per question, used everywhere the answer matters (thread checks, the tuner's worker
+counts, knob notes, the environment record), so a container limited to 2 of 64 cores is treated
+as the 2-core machine it is.
+
+Core module: imports only torch and the standard library.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from . import compat
+
+
+def usable_cores(cgroup_root: str | os.PathLike = "/sys/fs/cgroup",
+                 proc_cgroup: str | os.PathLike = "/proc/self/cgroup") -> int:
+    """Cores this process can keep busy: its CPU affinity, capped by a cgroup CPU quota (rounded up)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_limit(cgroup_root, proc_cgroup)
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota)))
+    return max(1, cores)
+
+
+def cgroup_cpu_limit(cgroup_root: str | os.PathLike = "/sys/fs/cgroup",
+                     proc_cgroup: str | os.PathLike = "/proc/self/cgroup") -> float | None:
+    """The container's CPU quota in cores (quota / period), or None when unlimited or not Linux.
+
+    cgroup v2: `cpu.max` ("max 100000" or "200000 100000") in our cgroup and each parent, the
+    tightest wins. cgroup v1: `cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1 = unlimited).
+    """
+    root = Path(cgroup_root)
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[float] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
+        rel = rel.lstrip("/")
+        if controllers == "":  # v2 unified hierarchy: walk up from our cgroup to the root
+            here = root / rel if rel else root
+            while True:
+                limits += _v2_limit(here / "cpu.max")
+                if here == root or root not in here.parents:
+                    break
+                here = here.parent
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own mount
+            for mount in (root / "cpu", root / "cpu,cpuacct", root / controllers):
+                limits += _v1_limit(mount / rel)
+                limits += _v1_limit(mount) if rel else []
+    return min(limits) if limits else None
+
+
+def _v2_limit(path: Path) -> list[float]:
+    try:
+        quota, period = path.read_text().split()[:2]
+    except (OSError, ValueError):
+        return []
+    if quota == "max":
+        return []
+    return [int(quota) / int(period)] if int(period) > 0 else []
+
+
+def _v1_limit(folder: Path) -> list[float]:
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text())
+        period = int((folder / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return []
+    return [quota / period] if quota > 0 and period > 0 else []
+
+
+def cpu_has_bf16() -> bool:
+    """Native bf16 arithmetic on this CPU (AVX512-BF16, AMX, or Arm's BF16 extension).
+
+    Asks torch first (the checks its own kernels dispatch on), then the kernel's CPU flags.
+    Without native units bf16 is emulated: measured 0.09x of fp32 on an AVX2-only CPU.
+    """
+    native = compat.cpu_native_bf16()  # torch's private checks, guarded in compat
+    if native:
+        return True
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = {w for line in f if line.startswith(("flags", "Features")) for w in line.split()}
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+# glibc's malloc, told to keep what a step frees. By default memory freed at the end of a step can
+# go back to the OS (heap trimmed, large blocks unmapped) and the next step faults it in again, one
+# zeroed 4 KiB page at a time: 5-21% of the CPU time on a 2-core EPYC (docs/measurement.md 'Page faults').
+KEEP_MMAP_BYTES = 32 * 2**20  # blocks up to this come from the heap (glibc's ceiling on 64-bit)
+KEEP_TRIM_BYTES = 2**30  # free memory at the heap's top kept before any goes back to the OS
+MALLOC_ENV = f"MALLOC_MMAP_THRESHOLD_={KEEP_MMAP_BYTES} MALLOC_TRIM_THRESHOLD_={KEEP_TRIM_BYTES}"
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+_MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "MALLOC_TOP_PAD_")
+_kept = False  # keep_freed_memory() succeeded in this process
+
+
+@functools.cache
+def _glibc() -> Any:
+    """This process's glibc as a ctypes library, or None (macOS, Windows, musl)."""
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):  # e.g. "glibc 2.36"
+            return None
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        return libc if hasattr(libc, "mallopt") else None
+    except (AttributeError, ValueError, OSError):  # no confstr (Windows), no such name, no symbols
+        return None
+
+
+def keep_freed_memory() -> bool:
+    """Tell glibc's malloc, in this running process, to keep the memory a step frees; True if it took.
+
+    The same as starting Python with `MALLOC_ENV` (glibc reads those variables at start-up, so a
+    running kernel cannot set them): later steps reuse the memory instead of faulting it in again,
+    in every trial and in your own loop in this process. RSS then stays near its peak. Blocks above
+    32 MiB are still mapped fresh each time (glibc's ceiling). It cannot be undone in this process:
+    compare trials run before the call with trials run after only as different set-ups (the
+    environment column `malloc` says which). Elsewhere than glibc it warns and returns False.
+    """
+    global _kept
+    libc = _glibc()
+    if libc is None:
+        import warnings
+
+        warnings.warn("keep_freed_memory() needs glibc's malloc (Linux); this process has another allocator, "
+                      "which it leaves as it is", RuntimeWarning, stacklevel=2)
+        return False
+    ok = libc.mallopt(_M_MMAP_THRESHOLD, KEEP_MMAP_BYTES) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, KEEP_TRIM_BYTES) == 1
+    _kept = _kept or ok
+    return ok
+
+
+def malloc_policy() -> str:
+    """How this process's malloc treats freed memory, for the environment record: 'kept
+    (keep_freed_memory)', the MALLOC_* variables it started with, 'glibc default', or '' (not glibc)."""
+    if _kept:
+        return "kept (keep_freed_memory)"
+    named = [f"{k}={os.environ[k]}" for k in _MALLOC_VARS if k in os.environ]
+    if named:
+        return " ".join(named)
+    return "glibc default" if _glibc() is not None else ""
+
+
+def keeps_freed_memory() -> bool:
+    """Whether glibc was told (by call or by its start-up variables) to keep a step's freed memory."""
+    return _kept or ("MALLOC_TRIM_THRESHOLD_" in os.environ and "MALLOC_MMAP_THRESHOLD_" in os.environ)
+
+
+def package_version() -> str:
+    """This package's installed version ("0+unknown" in a source tree that was never pip-installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tuning-workbench")
+    except PackageNotFoundError:
+        return "0+unknown"

@@ -1,0 +1,1 @@
+"""What a person uses: the Workbench, the notebook panel and charts, tables, the CLI, exports, the workshop."""

@@ -1,0 +1,522 @@
+"""Workbench: the one object a user holds. Wraps a Workload, runs trials, keeps the ResultLog."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from ..core.earlystop import StopRule
+from ..core.knobs import Knobs, device_notes
+from ..core.measure import TrialResult
+from ..core.progress import TrialProgress, search, shown
+from ..core.stepshape import StepShape, is_demo_source, is_import_path, shape_of
+from ..core.workload import StepFn, Workload, move_to
+from ..deciding.budget import check_budget_s
+from ..deciding.rounds import compare
+from ..launch.cluster import where_note
+from ..launch.runner import Progress, TrialInterrupted, check_knobs, run_trial, submit_trial
+from ..results import Comparison, ResultLog, safe_file_name
+from ..results.stats import MARGIN, Noise
+
+DEFAULT_LOG_DIR = "workbench-runs"
+
+
+
+LOUD_NOTES = ("amp='fp16' on CPU",)  # notes worth a warning in the caller's cell, not only in `notes`
+
+
+def warn_at_caller(message: str) -> None:
+    """A UserWarning attributed to the first frame outside this package (the user's cell or script),
+    so the notebook shows the user's call, not the trial thread's internals."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # workbench/
+    frame, level = sys._getframe(1), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level)
+
+
+class Workbench:
+    """Measure your model's training step under different knobs; every trial lands in `results`.
+
+    `log` is a folder (or a .jsonl file) that every trial is appended to. `participant` names who
+    runs it (default user@host); with a name, trials go to `<log>/<participant>/<name>.jsonl`, so
+    a workshop's learners share one folder and the instructor `wb.gather`s it.
+
+    >>> bench = Workbench(model, dataset, loss_fn=torch.nn.CrossEntropyLoss(),
+    ...                   optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
+    >>> bench.run(num_workers=2, amp="bf16")
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data: Any,
+        *,
+        loss_fn: Any = None,
+        optimizer: Any = None,
+        step_fn: StepFn | None = None,
+        device: str | torch.device = "auto",
+        seed: int = 0,
+        log: str | os.PathLike | None = DEFAULT_LOG_DIR,
+        name: str | None = None,
+        warmup_steps: int = 5,
+        steps: int = 30,
+        knobs: Knobs | None = None,
+        loader_timeout_s: float = 120.0,
+        participant: str | None = None,
+        collective_timeout_s: float = 120.0,
+        executor: Any = None,
+        budget_counts_queue: bool = False,
+    ) -> None:
+        if participant is not None and not isinstance(participant, str):
+            raise TypeError(f"participant must be a name (str) such as 'ana', got {type(participant).__name__}")
+        if participant is not None and not participant.strip():
+            raise ValueError("participant is empty: pass your name, e.g. participant='ana'")
+        from ..launch.cluster import check_executor, local_device
+
+        self._executor = check_executor(executor)
+        if not isinstance(budget_counts_queue, bool):
+            raise TypeError(f"budget_counts_queue must be True or False, got {budget_counts_queue!r}")
+        # On an executor the trials run on the job's node: "auto" (or "cuda" asked from a login node
+        # without a GPU) is resolved there; here the one-step check runs on what this machine has.
+        self.workload = Workload(model, data, loss_fn=loss_fn, optimizer=optimizer, step_fn=step_fn,
+                                 device=local_device(device) if executor is not None else device, seed=seed)
+        self.name = name or type(model).__name__
+        if steps < 2 or warmup_steps < 0:
+            raise ValueError(f"steps must be >= 2 (for a median and IQR) and warmup_steps >= 0; got {steps}, {warmup_steps}")
+        self.warmup_steps = warmup_steps
+        self.steps = steps
+        self.loader_timeout_s = loader_timeout_s
+        self.collective_timeout_s = collective_timeout_s  # world_size > 1: a hung rank fails the trial after this
+        spec = self.workload.spec
+        self.defaults = knobs or Knobs(batch_size=min(spec.default_batch_size, len(spec)) if not spec.iterable else spec.default_batch_size,
+                                       num_workers=spec.default_num_workers)
+        self._probe()
+        # A workshop: each participant appends to a file of their own under the shared folder.
+        self.participant = participant
+        self.log_to(log)
+        self._lock = threading.Lock()  # one trial at a time, whoever asks (cell or panel thread)
+        self._jobs = None
+        if executor is not None:  # every trial a job (cluster.py); what cannot travel is said now
+            from ..launch.jobs import Jobs
+
+            self._jobs = Jobs(executor, self.log.path, device=str(device), counts_queue=budget_counts_queue)
+            self._jobs.travels(self.workload)
+            from ..launch.runner import ROUTES
+
+            ROUTES[self.workload] = self._jobs  # diagnose's analyses of this workload run as jobs too
+            for line in self._jobs.reattach(self._record, self._lock):
+                warn_at_caller(f"a job from an earlier kernel: {line}")
+
+    def log_to(self, log: str | os.PathLike | None) -> None:
+        """Append trials from now on to `log` (a folder, a .jsonl file, or None for memory only),
+        under this workbench's participant folder when it has a participant."""
+        self.log = ResultLog(_log_path(log, self.name, self.participant), participant=self.participant)
+
+    # ---- validation ----------------------------------------------------------------------
+    def _probe(self) -> None:
+        """Run the step's forward once on a throw-away copy so mistakes surface now, with a fix."""
+        from ..core.step import Stage, build_loader, check_loss
+
+        wl = self.workload
+        if not wl.spec.iterable and len(wl.spec) == 0:
+            raise ValueError("the dataset is empty: pass a dataset with at least one batch of samples")
+        probe_knobs = self.defaults.replace(num_workers=0, persistent_workers=False, prefetch_factor=None)
+        loader = build_loader(wl.spec, probe_knobs, seed=wl.seed, device=wl.device)
+        stage = Stage()
+        try:
+            batch = next(iter(loader))
+        except StopIteration:
+            raise ValueError("the data yields no batch: the dataset is shorter than one batch") from None
+        batch = move_to(batch, wl.device)
+        model = wl.fresh_model().train()
+        try:
+            loss = wl.compute_loss(model, batch, stage)
+            check_loss(loss, stage)
+        except TypeError as e:
+            raise TypeError(f"checking one step: {e}") from e
+        except Exception as e:
+            raise ValueError(
+                f"checking one step: {type(e).__name__} in {stage.name}: {e}. Fix the model, loss_fn "
+                "or step_fn so that one batch gives a scalar loss"
+            ) from e
+        wl.check_optimizer(model)
+        self.step_shape: StepShape = shape_of(batch, has_loss_fn=wl.loss_fn is not None, step_fn=wl.step_fn, spec=wl.spec)
+
+    # ---- the public surface ----------------------------------------------------------------
+    @property
+    def blocks(self) -> list[str]:
+        """Candidate block names for `checkpoint=[...]` (see `block_params` for their sizes)."""
+        return list(self.workload.blocks)
+
+    @property
+    def block_params(self) -> dict[str, int]:
+        """{block name: parameter count}."""
+        return dict(self.workload.blocks)
+
+    @property
+    def device(self) -> torch.device:
+        return self.workload.device
+
+    def knobs(self, base: Knobs | None = None, **changes: Any) -> Knobs:
+        """The workbench's default Knobs (or `base`) with `changes` applied and validated."""
+        return (base or self.defaults).replace(**changes)
+
+    def run(self, knobs: Knobs | None = None, /, *, progress: TrialProgress | Progress | bool | None = None,
+            cancel: threading.Event | None = None, trace: bool = False, stop_early: bool = True,
+            **changes: Any) -> TrialResult:
+        """Run one measured trial (blocking) and append it to `results`.
+
+        `bench.run(num_workers=2, amp="bf16")` changes the defaults; `bench.run(knobs)` runs a
+        Knobs value as is. A failing trial returns with its status; Ctrl-C is recorded, then
+        re-raised. `progress`: None shows a tqdm bar in Jupyter or a terminal, True/False force
+        it; a callable `(phase, steps done, steps total)` is called from its own thread at most 4
+        times a second (never from inside the measured loop); a TrialProgress is stored into.
+        `trace=True` profiles a few steps after the measured window into a Chrome-trace JSON next
+        to the log (`result.trace_path`; open it in Perfetto or chrome://tracing).
+        `stop_early=True` ends the measured window after a few steps when they already show the trial
+        far slower than the baseline (earlystop.py: ≥ 2× per sample, ≤ 1% chance of stopping one that is
+        not slower); it keeps status ok, its steps and a note. `stop_early=False` runs the whole window.
+        """
+        if not isinstance(stop_early, bool):
+            raise TypeError(f"stop_early must be True or False, got {stop_early!r}")
+        k = self.knobs(knobs, **changes)
+        check_knobs(self.workload, k)  # a ValueError here, in the caller's thread, records nothing
+        if threading.current_thread() is threading.main_thread():  # a cell or a script: warn there, once
+            loud = [n for n in device_notes(k, self.device.type, has_conv=self.workload.has_conv)
+                    if n.startswith(LOUD_NOTES)]
+            hopeless = self.expect_slow(k)  # a known hopeless trial, with this machine's earlier factor
+            if hopeless:  # one warning: the note (if any), then what to expect here
+                loud = [f"{loud[0]}. {hopeless}" if loud else hopeless]
+            for note in loud:
+                warn_at_caller(note)
+        trace_dir = (self.log.path.parent if self.log.path is not None else None) if trace else None
+        with self._lock, shown(progress, desc=self.name) as state:  # bars and callbacks poll it, off the trial thread
+            stop = cancel or threading.Event()
+            # A trial runs where the user's own loop would: inline when called from the main thread
+            # (a cell, a script, the CLI), else (the panel) on the one trial thread. The thread
+            # decides the OpenMP pool and the malloc arena, and so the figure (issue 23).
+            future = submit_trial(self._jobs.run_trial if self._jobs else run_trial, self.workload, k, warmup_steps=self.warmup_steps,
+                                  steps=self.steps, progress=state, cancel=stop,
+                                  loader_timeout_s=self.loader_timeout_s, trace=trace,
+                                  trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s,
+                                  stop=self._stop_rule(k) if stop_early else None)
+            try:
+                result = _wait(future)
+                if not result.ok:  # the bar ends in the trial's status, not the runner's "done"
+                    state.set(result.status, state.done, state.total)
+                return self._record(result)
+            except TrialInterrupted as e:  # KeyboardInterrupt raised inside the trial (a callback)
+                state.set("interrupted", state.done, state.total)
+                e.result = self._record(e.result)
+                raise
+            except KeyboardInterrupt:  # Ctrl-C in this thread: stop at the next step boundary
+                stop.set()
+                try:
+                    result = _wait(future)
+                except TrialInterrupted as e:
+                    result = e.result
+                except KeyboardInterrupt:  # a second Ctrl-C: record the trial whenever it ends
+                    future.add_done_callback(lambda f: self._record(_outcome(f)))
+                    raise
+                raise TrialInterrupted(self._record(result)) from None
+
+    def expect_slow(self, knobs: Knobs) -> str | None:
+        """The warning before a trial known to be far slower here (bf16 without native units, fp16 on a
+        CPU, CUDA-graph compile without CUDA), with the factor this machine's earlier trials measured
+        (hopeless.py); None for any other trial."""
+        from ..deciding.hopeless import warning
+
+        return warning(knobs, self.log.trials, str(self.device))
+
+    def _stop_rule(self, knobs: Knobs) -> StopRule | None:
+        """The early-stop rule for a trial of `knobs` against the baseline: None without an ok baseline
+        measured here (this device), for the baseline's own knobs (a repeat is noise evidence), and for
+        several ranks."""
+        base = self.log.baseline
+        if (base is None or not base.ok or base.knobs == knobs or max(knobs.world_size, base.knobs.world_size) > 1
+                or base.env.get("device", str(self.device)) != str(self.device)):
+            return None
+        return StopRule.against(base.step_times_s, base.samples_per_step, steps=self.steps,
+                                baseline_id=base.trial_id)
+
+    def came_from(self, source: str) -> None:
+        """Record where this workbench's objects can be rebuilt: "pkg.module:factory" (the CLI's
+        --model) or "demo:NAME:SIZE". Its `to_code()` scripts then rebuild them and run as they are."""
+        if not (is_import_path(source) or is_demo_source(source)):
+            raise ValueError(f"source must be 'pkg.module:factory' or 'demo:NAME:SIZE', got {source!r}")
+        self.step_shape = dataclasses.replace(self.step_shape, factory=source)
+
+    def _record(self, result: TrialResult) -> TrialResult:
+        """Append a finished trial to the log, stamped with the step it ran (for its `to_code()`)."""
+        result.extra.setdefault("step", self.step_shape.to_record())
+        return self.log.append(result)
+
+    def to_code(self, trial: int | TrialResult | Knobs | None = None, **kwargs: Any) -> str:
+        """The training script of a trial (id or result), a Knobs value, or (None) the best trial so
+        far: the step this workbench measured (its batch format, loss and sampling), the knobs' code,
+        seeded like the trials. None takes the fastest finished trial. Keywords go to `knobs_to_code` (steps, warmup, model=..., setup=...)."""
+        from ..core.codegen import knobs_to_code
+
+        if trial is None:  # the fastest trial that finished, else the defaults
+            done = [t for t in self.log.trials if t.ok and t.samples_per_s]
+            trial = max(done, key=lambda t: t.samples_per_s) if done else self.defaults
+        if isinstance(trial, int) and not isinstance(trial, bool):
+            trial = self.log.get(trial)
+        if isinstance(trial, TrialResult):
+            trial = trial.knobs
+        if not isinstance(trial, Knobs):
+            raise TypeError(f"to_code takes a trial id, a TrialResult or a Knobs value, got {type(trial).__name__}")
+        kwargs.setdefault("seed", self.workload.seed)
+        return knobs_to_code(trial, shape=self.step_shape, **kwargs)
+
+    @property
+    def trials(self) -> list[TrialResult]:
+        return list(self.log.trials)
+
+    @property
+    def results(self) -> pd.DataFrame:
+        """One row per trial: knobs, metrics, speedup vs baseline, status."""
+        return self.log.frame()
+
+    @property
+    def baseline(self) -> TrialResult | None:
+        return self.log.baseline
+
+    def set_baseline(self, trial: int | TrialResult) -> None:
+        """Make a trial (id or result) the reference for speedups and verdicts."""
+        self.log.set_baseline(trial.trial_id if isinstance(trial, TrialResult) else trial)
+
+    def compare(self, a: int | TrialResult, b: int | TrialResult, rounds: int | str = 0, *,
+                max_rounds: int = 8, margin: float = MARGIN, budget_s: float | None = None,
+                run: Callable[[Knobs], TrialResult | None] | None = None,
+                interleave: bool | None = None, cancel: threading.Event | None = None) -> Comparison:
+        """Is B faster than A, slower, the same speed (within ±margin), or undecided? (trial ids or results)
+
+        `rounds="auto"` decides until it can: when the two differ only in knobs that can share a
+        process (compute knobs: amp, compile, channels_last, ...; see workbench/interleave.py), both
+        are built once and take turns in short blocks in this process, and the answer usually comes
+        in seconds (`budget_s`, default 30). Otherwise (data-pipeline or distributed knobs, or
+        `interleave=False`) it runs alternating trials (B A, A B, ...) until decided, or until
+        `max_rounds` (or `budget_s` seconds) run out, and the result's note says why. `.answer` is
+        "faster", "slower", "same" or "undecided"; `.method` says "interleaved" or "trials". The error
+        rates hold however often it looks. `rounds=N` runs exactly N rounds of each and decides
+        once. `interleave=True` refuses (ValueError) a pair that cannot interleave. `run` replaces
+        `self.run` for trials (the panel passes its own runner); a set `cancel` event stops the
+        interleaved blocks at the next pair (the panel's Stop button).
+        """
+        check_budget_s(budget_s)  # the same cap as tune()'s wherever a budget_s is taken
+        ra = a if isinstance(a, TrialResult) else self.log.get(a)
+        rb = b if isinstance(b, TrialResult) else self.log.get(b)
+        if interleave not in (None, True, False):
+            raise TypeError(f"interleave takes None (when possible), True or False, got {interleave!r}")
+        c, note = None, ""
+        if rounds == "auto" and interleave is not False and ra.ok and rb.ok:  # a failed trial: compare says why
+            c, note = self._interleaved(ra, rb, margin=margin, budget_s=budget_s, required=interleave is True,
+                                        cancel=cancel)
+        if c is None:
+            c = compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log, max_rounds=max_rounds,
+                        margin=margin, budget_s=budget_s)
+            c = replace(c, note=f"{note} {c.note}".strip()) if note else c
+        c = where_note(c, ra, rb)
+        if rounds:  # new evidence was measured: the log keeps the comparison (the table's verdict uses it)
+            self.log.record_comparison(c, ra.knobs, rb.knobs)
+        return c
+
+    def interleave(self, a: TrialResult, b: TrialResult, *, margin: float = MARGIN, budget_s: float | None = None,
+                   cancel: threading.Event | None = None) -> Comparison:
+        """B's knobs against A's by interleaved blocks in this process (workbench/interleave.py), on the
+        trial thread like a trial; `budget_s` seconds at most (default 30), build and warm-up included.
+
+        Records nothing (`compare(rounds="auto")` and the tuner log what they use). Raises ValueError
+        naming why when the pair cannot interleave (its knobs; on CUDA both trials' peaks against free
+        memory), and interleave.InterleaveFailed when a side fails (its side, status and pairs so far).
+        """
+        from ..deciding.interleave import BUDGET_S, INTERLEAVE_WARMUP, in_one_job, interleaved, memory_reason, why_not
+
+        reason = why_not(a.knobs, b.knobs) or memory_reason(self.device, a.peak_memory_bytes, b.peak_memory_bytes)
+        if reason is not None:
+            raise ValueError(f"these two cannot interleave: {reason}")
+        with self._lock:
+            run = functools.partial(in_one_job, self._jobs) if self._jobs else interleaved  # both sides in ONE job
+            future = submit_trial(run, self.workload, a.knobs, b.knobs, a_id=a.trial_id, b_id=b.trial_id,
+                                  margin=margin, budget_s=budget_s or BUDGET_S,
+                                  warmup_steps=min(self.warmup_steps, INTERLEAVE_WARMUP), cancel=cancel)
+            return _wait(future)
+
+    def _interleaved(self, ra: TrialResult, rb: TrialResult, *, margin: float, budget_s: float | None,
+                     required: bool, cancel: threading.Event | None = None) -> tuple[Comparison | None, str]:
+        """The interleaved comparison of two trials' knobs, or (None, why trials must decide instead)."""
+        from ..deciding.interleave import InterleaveFailed, memory_reason, why_not
+
+        reason = why_not(ra.knobs, rb.knobs) or memory_reason(self.device, ra.peak_memory_bytes,
+                                                               rb.peak_memory_bytes)
+        if reason is not None:
+            if required:
+                raise ValueError(f"interleave=True, but these two cannot interleave: {reason}")
+            return None, f"By alternating trials: {reason}."
+        try:
+            return self.interleave(ra, rb, margin=margin, budget_s=budget_s, cancel=cancel), ""
+        except InterleaveFailed as e:
+            if e.status == "interrupted":  # stopped before two pairs: the trials path sees the stop too
+                return None, "Stopped by the user while interleaving."
+            if e.comparison is not None and e.status != "oom":  # keep the evidence, say which side failed
+                return replace(e.comparison, note=f"{e.comparison.note} Interleaving ended: {e}.".strip()), ""
+            if required:
+                raise
+            return None, f"By alternating trials: interleaving failed ({e})."
+
+    @property
+    def noise(self) -> Noise:
+        """This machine's noise, learnt from repeats in the log: `str()` says in words how far apart
+        back-to-back identical trials land, and how far apart identical trials minutes apart land."""
+        return self.log.noise
+
+    @property
+    def steps_frame(self) -> pd.DataFrame:
+        """Every measured step of every trial, long form: trial_id, step, step_time_s, data_wait_s, loss."""
+        return self.log.steps_frame()
+
+    # ---- notebook layer and analyses (lazy imports: the core never needs widgets or altair) ----
+    def panel(self, **kwargs: Any) -> Any:
+        """Knob widgets + progress + live chart + results table in one output (see workbench/panel/).
+
+        Outside a notebook it prints how to drive the workbench from code and returns None.
+        """
+        require_notebook("bench.panel()")
+        from .panel import panel
+
+        return panel(self, **kwargs)
+
+    def chart(self, last: int | None = 30) -> Any:
+        """The comparison chart as a plain altair Chart (save to HTML/PNG): the baseline, the last
+        `last` trials and the best of each configuration; `last=None` draws every trial."""
+        require_notebook("bench.chart()", ("altair",))
+        from .charts import comparison_chart
+
+        return comparison_chart(self.results, last=last)
+
+    def diagnose(self, *, progress: bool | None = None, **kwargs: Any) -> Any:
+        """Why is the step slow, and what to try next (see diagnose/)."""
+        from ..diagnose import diagnose
+
+        with search(progress, "diagnose", log=self.log, budget_s=kwargs.get("budget_s")):
+            return diagnose(self, **kwargs)
+
+    def explain(self, a: int | TrialResult | Knobs | None = None, b: int | TrialResult | Knobs | None = None, *,
+                progress: bool | None = None) -> Any:
+        """Why B is faster or slower than A (default A: the baseline), phase by phase and op by op,
+        from traced steps (see diagnose/explain.py); a trial without a trace gets a traced repeat."""
+        from ..diagnose.explain import explain
+
+        return explain(self, a, b, progress=progress)
+
+    def tune(self, budget: int | None = None, *, progress: bool | None = None, **kwargs: Any) -> Any:
+        """Race candidates within `budget_s=` seconds (`budget` caps trials); keep a winner beyond noise."""
+        from ..search.tune import tune
+
+        with search(progress, "tune", log=self.log, total=budget if isinstance(budget, int) else None,
+                    budget_s=kwargs.get("budget_s")):
+            return tune(self, budget=budget, **kwargs)
+
+    def fit_memory(self, budget_bytes: int, effective_batch: int, *, progress: bool | None = None,
+                   **kwargs: Any) -> Any:
+        """A configuration within `budget_bytes` at `effective_batch` samples per optimizer step."""
+        from ..search.fit import fit_memory
+
+        total = kwargs.get("max_trials", 12)
+        with search(progress, "fit_memory", log=self.log, total=total if isinstance(total, int) else None,
+                    budget_s=kwargs.get("budget_s")):
+            return fit_memory(self, budget_bytes=budget_bytes, effective_batch=effective_batch, **kwargs)
+
+    def to_tensorboard(self, logdir: str | os.PathLike = "runs") -> list[Path]:
+        """One TensorBoard run per trial under `logdir/<name>/` (knobs as hparams, per-step scalars);
+        re-running rewrites the runs instead of duplicating them. Needs the tensorboard extra."""
+        from .export import to_tensorboard
+
+        return to_tensorboard(self.trials, logdir, name=self.name)
+
+    def scaling(self, world_sizes: tuple[int, ...] = (1, 2), *, strategies: tuple[str, ...] | None = None,
+                progress: bool | None = None, budget_s: float | None = None, **knobs: Any) -> pd.DataFrame:
+        """One trial per world size (and per strategy: `strategies=("ddp", "fsdp2")`) with the same other
+        knobs: samples/s, efficiency, peak memory and model state per rank (see scaling.py); `budget_s`
+        caps the seconds (budget.py)."""
+        from ..search.scaling import plan, scaling
+
+        check_budget_s(budget_s)
+        total = len(plan(self, world_sizes, strategies, knobs))
+        with search(progress, "scaling", log=self.log, total=total, budget_s=budget_s):
+            return scaling(self, world_sizes, strategies, budget_s=budget_s, **knobs)
+
+    def scaling_chart(self, frame: pd.DataFrame) -> Any:
+        """The chart of a `scaling()` frame: measured bars vs linear scaling, efficiency labels."""
+        from .charts import scaling_chart
+
+        return scaling_chart(frame)
+
+    def __repr__(self) -> str:
+        wl = self.workload
+        return (f"<Workbench {self.name!r} on {wl.device} | {wl.num_parameters:,} parameters | "
+                f"{len(self.log.trials)} trials | log: {self.log.path}>")
+
+
+NOTEBOOK_INSTALL = 'pip install "tuning-workbench[notebook]"'
+NOTEBOOK_MODULES = ("ipywidgets", "anywidget", "altair", "vl_convert")
+
+
+def require_notebook(what: str, modules: tuple[str, ...] = NOTEBOOK_MODULES) -> None:
+    """Raise ModuleNotFoundError naming the install command when the notebook extra is missing."""
+    import importlib.util
+
+    for name in modules:
+        try:
+            missing = importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):  # a None entry in sys.modules, or a broken install
+            missing = True
+        if missing:
+            raise ModuleNotFoundError(f"{what} needs {name}, part of the notebook extra: {NOTEBOOK_INSTALL}",
+                                      name=name)
+
+
+def _wait(future: concurrent.futures.Future) -> Any:
+    """future.result(), waking every 0.1 s: a Ctrl-C (SIGINT) that the kernel delivered to another
+    thread only raises in the main thread when it runs Python code, not while it blocks on a lock."""
+    while True:
+        try:
+            return future.result(timeout=0.1)
+        except concurrent.futures.TimeoutError:
+            continue
+
+
+def _outcome(future: Any) -> TrialResult:
+    """The TrialResult a finished trial future holds, interrupted or not."""
+    try:
+        return future.result()
+    except TrialInterrupted as e:
+        return e.result
+
+
+def _log_path(log: str | os.PathLike | None, name: str, participant: str | None = None) -> Path | None:
+    """A directory gets one `<name>.jsonl` per workbench name, inside `<participant>/` when a
+    participant is named (a workshop's shared folder); a path ending in .jsonl is used as is."""
+    if log is None:
+        return None
+    p = Path(log)
+    if p.suffix == ".jsonl":
+        return p
+    if participant is not None:
+        p = p / safe_file_name(participant)
+    return p / (safe_file_name(name, what="workbench") + ".jsonl")

@@ -1,0 +1,83 @@
+"""The results side of the panel: status line, result sentence, results table, repeat verdicts.
+
+Pure functions of TrialResults and DataFrames (no widgets), so they are tested without a browser.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import pandas as pd
+
+from ...core.measure import TrialResult
+from ...results.protocol import Bench
+from ..display import tidy
+
+STATUS_COLORS = {"ok": "#2e7d32", "nan": "#ef6c00", "interrupted": "#6d4c41", "error": "#c62828", "oom": "#b71c1c"}
+TABLE_COLUMNS = ["trial_id", "label", "status", "samples_per_s", "speedup", "verdict", "step_time_ms",
+                 "data_wait_share", "peak_memory_mb", "model_state_mb", "final_loss", "message"]
+
+
+def status_html(phase: str, text: str) -> str:
+    """The status line; `data-phase` lets browser tests see what the panel is doing."""
+    color = STATUS_COLORS.get(phase, "#455a64")
+    safe = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return f'<span class="wb-status" data-phase="{phase}" style="color:{color}">{safe}</span>'
+
+
+def result_line(r: TrialResult, bench: Bench) -> str:
+    """One line about a finished trial: throughput and verdict, or the failure's message."""
+    head = f"#{r.trial_id} {r.knobs.label(bench.baseline.knobs if bench.baseline else None)}"
+    if not r.ok:
+        return f"{head}: {r.status.upper()}: {r.message}"
+    line = f"{head}: {r.samples_per_s:,.1f} samples/s"
+    base = bench.baseline
+    if base is not None and base.trial_id != r.trial_id and len(r.step_times_s) >= 2:
+        c = bench.compare(base, r)  # against the log's run-to-run noise, like the table's verdict
+        line += f", {c.speedup:.2f}× baseline ({c.verdict})"
+    if r.notes:
+        line += " · " + "; ".join(r.notes)
+    return line
+
+
+def table_html(df: pd.DataFrame) -> str:
+    """The results table, newest first, status coloured, figures as `display.tidy` shows them; a box
+    that scrolls both ways, so every column stays reachable in a narrow notebook."""
+    if df.empty:
+        return "<i>No trials yet.</i>"
+    styler = (tidy(df.iloc[::-1], [c for c in TABLE_COLUMNS if c in df.columns])
+              .map(lambda s: f"color:{STATUS_COLORS.get(s, '#000')};font-weight:bold", subset=["status"])
+              .set_table_styles([{"selector": "th, td", "props": "white-space: nowrap; padding: 1px 8px; font-size: 12px"}])
+              .set_table_attributes('class="wb-results"'))
+    if "message" in df.columns:  # a long failure message wraps instead of widening every row
+        styler = styler.set_properties(subset=["message"], **{"white-space": "normal", "min-width": "16em"})
+    # The widget's content box is a flex item that would grow to the table's width; let it shrink, so the box scrolls.
+    shrink = ("<style>.wb-table{min-width:0;max-width:100%}"
+              ".wb-table .widget-html-content{min-width:0;flex:1 1 auto}</style>")
+    return (f'{shrink}<div class="wb-table-box" style="max-height:320px;max-width:100%;overflow:auto">'
+            f"{styler.to_html()}</div>")
+
+
+def noise_html(noise: Any) -> str:
+    """The workbench's current belief about run-to-run noise, under the table (bench.noise)."""
+    if noise is None:
+        return ""
+    return f'<p class="wb-noise" style="font-size:12px;color:#455a64">{html.escape(str(noise))}</p>'
+
+
+def trace_html(trials: list[TrialResult]) -> str:
+    """Where the latest trace is (bench.run(trace=True)), and what opens it."""
+    r = next((t for t in reversed(trials) if t.trace_path), None)
+    if r is None:
+        return ""
+    return (f'<span class="wb-trace" style="font-size:12px">trace of #{r.trial_id}: '
+            f"<code>{html.escape(str(r.trace_path))}</code> (open in ui.perfetto.dev or chrome://tracing)</span>")
+
+
+def explanation_html(explanation: Any, message: str = "") -> str:
+    """The picked trial explained against the baseline (bench.explain), or why it is not."""
+    if explanation is None:
+        return f'<p class="wb-explanation" style="font-size:12px;color:#455a64">{html.escape(message)}</p>'
+    return (f"<details open><summary><b>#{explanation.b} explained against baseline #{explanation.a}</b>"
+            f"</summary>{explanation._repr_html_()}</details>")

@@ -1,0 +1,9 @@
+"""Where a trial runs: in this process, or in torch.distributed ranks it forks.
+
+    runner.py    run_trial: routes a trial (this process, or ranks), the one trial thread
+    ranks.py     fork N ranks from this process (a notebook kernel), watch them, end them all
+    worker.py    one rank: the same BatchSource + TrainStep + phases, the model wrapped by a strategy
+    strategy.py  the data-parallel strategies: DDP and FSDP2 (`fully_shard`)
+    result.py    per-rank reports -> one TrialResult, assembled by the parent (global samples/s, per-rank times)
+    join.py      run inside an externally launched job (torchrun, any number of nodes)
+"""

@@ -1,0 +1,258 @@
+"""The results table: `ResultLog.frame()` kept up to date as trials arrive.
+
+Each trial's fixed columns are built once; labels and speedups are per baseline; the verdicts
+("beyond noise", "same speed", "within noise") are re-judged, when the noise changes, in one
+vectorised pass of `stats.one_look` (the rule `stats.decide` and `compare` use) over running sums
+per configuration.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+import warnings
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..core.knobs import BLOCK_KNOBS, KNOBS, Knobs
+from ..core.measure import STATUSES, TrialResult
+from .comparison import Trials, usable
+from .stats import Noise, adjacent_noise, critical, estimate_noise, one_look
+
+# The columns a reader wants first; knobs and details follow.
+SUMMARY_COLUMNS = [
+    "trial_id", "label", "status", "samples_per_s", "speedup", "verdict", "steady", "window", "step_time_ms",
+    "step_time_iqr_ms", "data_wait_share", "peak_memory_mb", "model_state_mb", "startup_s", "compile_s",
+    "final_loss", "message",
+]
+# None = torch's default: nullable Int64 columns (every optional int knob in the registry)
+OPTIONAL_INT_KNOBS = tuple(n for n, s in KNOBS.items() if s.kind == "int" and s.optional)
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else s * 1e3
+
+
+def _window(r: TrialResult) -> str:
+    """"5/30" for a trial stopped early (5 of 30 measured steps, earlystop.py), else empty."""
+    stopped = r.extra.get("stopped_early") if isinstance(r.extra, dict) else None
+    return f"{stopped.get('steps')}/{stopped.get('of')}" if isinstance(stopped, dict) else ""
+
+
+def _sides(trials: Sequence[TrialResult], base: TrialResult, r: TrialResult) -> tuple[Trials, Trials]:
+    """The table's evidence for trial r: the baseline's repeats and r's repeats up to r (r alone when it
+    repeats the baseline's knobs: a repeat is judged as one more identical trial)."""
+    if r.knobs == base.knobs:
+        return base, r
+    upto = [t for t in trials if usable(t) and (t.trial_id or 0) <= max(r.trial_id or 0, base.trial_id or 0)]
+    return ([t for t in upto if t.knobs == base.knobs] or [base],
+            [t for t in upto if t.knobs == r.knobs and (t.trial_id or 0) <= (r.trial_id or 0)] or [r])
+
+
+def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
+    """The columns of these trials' rows that depend on nothing else (no baseline, no noise)."""
+    rows = []
+    for r in trials:
+        row = {
+            "trial_id": r.trial_id, "label": "", "status": r.status, "samples_per_s": r.samples_per_s,
+            "speedup": None, "verdict": "", "steady": r.steady, "window": _window(r),
+            "step_time_ms": _ms(r.step_time_s),
+            "step_time_iqr_ms": _ms(r.step_time_iqr_s), "data_wait_share": r.data_wait_share,
+            "peak_memory_mb": r.peak_memory_bytes / 1e6 if r.peak_memory_bytes is not None else None,
+            "model_state_mb": r.model_state_bytes / 1e6 if r.model_state_bytes is not None else None,
+            "startup_s": r.startup_s, "compile_s": r.compile_s,
+            "final_loss": next((x for x in reversed(r.losses) if math.isfinite(x)), None),
+            "message": r.message, "samples_per_s_low": None, "samples_per_s_high": None,
+        }
+        row.update(r.knobs.to_dict())
+        row.update((name, ",".join(getattr(r.knobs, name))) for name in BLOCK_KNOBS)
+        row["notes"] = "; ".join(r.notes)
+        row["device"] = r.env.get("device", "")
+        job = r.extra.get("job") if isinstance(r.extra, dict) else None
+        row["job"] = str(job.get("id") or "") if isinstance(job, dict) else ""  # the scheduler's job id (cluster.py)
+        row["node"] = r.env.get("host", "")
+        row["queue_s"] = job.get("queue_s") if isinstance(job, dict) else None  # waited in the queue (not measured)
+        row["participant"] = r.participant
+        row["trace_path"] = r.trace_path
+        row["started_at"] = r.started_at
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    for col in ("speedup", "samples_per_s_low", "samples_per_s_high", "queue_s"):
+        df[col] = df[col].astype(float)
+    for col in OPTIONAL_INT_KNOBS:
+        if col in df:
+            df[col] = df[col].astype("Int64")
+    df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
+    df["started_at"] = pd.to_datetime(df["started_at"].replace("", None), errors="coerce")
+    return df
+
+
+class Table:
+    """`ResultLog.frame()` kept up to date: each trial's fixed columns built once; labels and
+    speedups per baseline; verdicts re-judged when the noise changes in one vectorised pass of
+    `stats.one_look` (decide()'s rule itself) over running sums per configuration. A test holds every
+    verdict equal to `compare`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.trials: list[TrialResult] = []
+        self.static: pd.DataFrame | None = None
+        self.groups: dict[Knobs, list[float]] = {}  # repeats of identical knobs: the noise evidence
+        self.by_id: dict[int, tuple[Knobs, float]] = {}  # usable trials by id, for back-to-back pairs
+        self.pairs: dict[int, tuple[float, float]] = {}  # first id of a back-to-back pair -> its two rates
+        self._noise: Noise | None = None
+        self.base_key: tuple[Any, ...] | None = None
+        self.judged_noise: Noise | None = None
+        self.labels: list[str] = []
+        self.speedups: list[float | None] = []
+        self.verdicts: list[str] = []
+        self.label_of: dict[int, str] = {}  # id(knobs) -> label against the current baseline
+        self.sides: list[Any] = []  # per row: ((knobs, repeats), (knobs, repeats)) of its comparison, or None
+        self.ids: dict[Knobs, list[int]] = {}  # usable trials' ids per knobs, in log order
+        self.rates: dict[Knobs, list[float]] = {}  # their samples/s
+        self.rate_by_id: dict[int, float] = {}
+        self.cums: dict[Knobs, tuple[np.ndarray, np.ndarray, float]] = {}  # running sums per knobs (_cum)
+
+    def sync(self, trials: list[TrialResult]) -> Table:
+        """Take in the trials appended to a log's `trials` since the last call (all of them if it changed)."""
+        with self.lock:
+            n = len(self.trials)
+            if n > len(trials) or any(a is not b for a, b in zip(self.trials, trials)):
+                self.__init__()  # trials were replaced or removed: start over
+                n = 0
+            new = trials[n:]
+            if new:
+                self.trials.extend(new)
+                for r in new:
+                    if usable(r):
+                        self.groups.setdefault(r.knobs, []).append(float(r.samples_per_s or 0.0))
+                        self._pair(r)
+                        self._noise = None
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)  # all-NA columns in a small part
+                    part = _static_frame(new)
+                    self.static = part if self.static is None else pd.concat([self.static, part], ignore_index=True)
+            return self
+
+    def _pair(self, r: TrialResult) -> None:
+        """Back-to-back repeats (consecutive trial ids, same knobs), as noise_of() finds them."""
+        if r.trial_id is None:
+            return
+        t, rate = r.trial_id, float(r.samples_per_s or 0.0)
+        self.by_id[t] = (r.knobs, rate)
+        before, after = self.by_id.get(t - 1), self.by_id.get(t + 1)
+        if before is not None and before[0] == r.knobs:
+            self.pairs[t - 1] = (before[1], rate)
+        if after is not None and after[0] == r.knobs:
+            self.pairs[t] = (rate, after[1])
+
+    def noise(self) -> Noise:
+        """Between-trial noise of the trials taken in: repeats of identical knobs and back-to-back pairs."""
+        with self.lock:
+            if self._noise is None:
+                pairs = [self.pairs[t] for t in sorted(self.pairs)]
+                self._noise = replace(estimate_noise(list(self.groups.values())), adjacent=adjacent_noise(pairs),
+                                      adjacent_pairs=len(pairs))
+            return self._noise
+
+    def frame(self, base: TrialResult | None, noise: Noise) -> pd.DataFrame:
+        """The table against baseline `base` under `noise` (see `ResultLog.frame`)."""
+        with self.lock:
+            if self.static is None:
+                df = pd.DataFrame(columns=SUMMARY_COLUMNS)
+                df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
+                df.attrs["noise"] = noise
+                return df
+            self._judge(base, noise)
+            df = self.static.copy()
+            df["label"] = self.labels
+            df["speedup"] = np.array([np.nan if v is None else v for v in self.speedups], dtype=float)
+            df["verdict"] = self.verdicts
+        band = math.exp(critical(noise.df) * noise.sigma)
+        rate = df["samples_per_s"].astype(float)
+        rate = rate.where(rate > 0)
+        df["samples_per_s_low"], df["samples_per_s_high"] = rate / band, rate * band
+        df.attrs["noise"] = noise
+        return df
+
+    def _judge(self, base: TrialResult | None, noise: Noise) -> None:
+        """Labels, speedups and verdicts for every trial against `base` under `noise` (see _sides)."""
+        key = None if base is None else (base.trial_id, base.knobs, base.samples_per_s)
+        if key != self.base_key:
+            self.base_key, self.judged_noise = key, None
+            self.labels, self.speedups, self.verdicts, self.label_of, self.sides = [], [], [], {}, []
+            self.ids, self.rates, self.cums, self.rate_by_id = {}, {}, {}, {}
+        start = len(self.labels)
+        base_knobs = base.knobs if base is not None else None
+        comparable = base is not None and usable(base)
+        new = self.trials[start:]
+        count = []  # each new trial's place among its knobs' repeats (1 = the first)
+        for r in new:  # first every repeat, so a row before the baseline sees the baseline's earlier repeats
+            if usable(r):
+                self.ids.setdefault(r.knobs, []).append(r.trial_id or 0)
+                self.rates.setdefault(r.knobs, []).append(float(r.samples_per_s or 0.0))
+                self.rate_by_id[r.trial_id or 0] = float(r.samples_per_s or 0.0)
+            count.append(len(self.ids.get(r.knobs, ())))
+        for r, n in zip(new, count):
+            label = self.label_of.get(id(r.knobs))
+            if label is None:  # repeats share one Knobs object (the reader caches them)
+                label = self.label_of[id(r.knobs)] = r.knobs.label(base_knobs)
+            self.labels.append(label)
+            speedup, verdict, sides = None, "", None
+            if comparable and usable(r):
+                if r.trial_id == base.trial_id:
+                    speedup, verdict = 1.0, "baseline"
+                else:
+                    sides = self._sides_of(base, r, n)
+                    speedup, verdict = math.exp(self._mean(sides[1]) - self._mean(sides[0])), "?"
+            self.speedups.append(speedup)
+            self.verdicts.append(verdict)
+            self.sides.append(sides)
+        if noise != self.judged_noise:  # every verdict again, else only the new trials'
+            self.judged_noise, start = noise, 0
+        todo = [i for i in range(start, len(self.verdicts)) if self.sides[i] is not None]
+        if todo:
+            self._verdicts(noise, todo)
+
+    def _sides_of(self, base: TrialResult, r: TrialResult, n: int) -> tuple[tuple[Knobs, int], tuple[Knobs, int]]:
+        """`_sides(trials, base, r)` as (knobs, how many of its repeats) for each side: prefixes of the
+        per-knobs lists, since a side is every usable repeat up to a trial id (`n`: r's place in its list)."""
+        if r.knobs == base.knobs:  # a repeat of the baseline's knobs: one trial each, by id
+            return (base.knobs, -(base.trial_id or 0)), (r.knobs, -(r.trial_id or 0))
+        upto = max(r.trial_id or 0, base.trial_id or 0)
+        na = bisect.bisect_right(self.ids.get(base.knobs, []), upto)
+        return (base.knobs, na or -(base.trial_id or 0)), (r.knobs, n)
+
+    def _cum(self, knobs: Knobs) -> tuple[np.ndarray, np.ndarray, float]:
+        """Running sums of log samples/s (shifted by the first, against cancellation) of knobs' repeats."""
+        rates = self.rates[knobs]
+        got = self.cums.get(knobs)
+        if got is None or len(got[0]) != len(rates):
+            x = np.log(np.asarray(rates, dtype=float))
+            got = self.cums[knobs] = (np.cumsum(x - x[0]), np.cumsum((x - x[0]) ** 2), float(x[0]))
+        return got
+
+    def _moments(self, side: tuple[Knobs, int]) -> tuple[int, float, float]:
+        """(n, mean, sum of squared deviations) of a side's log samples/s: what decide() computes."""
+        knobs, n = side
+        if n < 0:  # one trial, by id
+            return 1, math.log(self.rate_by_id[-n]), 0.0
+        s1, s2, x0 = self._cum(knobs)
+        t1, t2 = float(s1[n - 1]), float(s2[n - 1])
+        return n, x0 + t1 / n, max(0.0, t2 - t1 * t1 / n)
+
+    def _mean(self, side: tuple[Knobs, int]) -> float:
+        return self._moments(side)[1]
+
+    def _verdicts(self, noise: Noise, todo: list[int]) -> None:
+        """The verdict of each row in `todo` by `stats.one_look`, decide()'s rule itself, on every row at
+        once from running sums, so a new noise costs one vectorised pass, not n decide() calls.
+        tests/test_table.py holds every verdict equal to compare(*_sides(...))."""
+        m = np.array([(*self._moments(self.sides[i][0]), *self._moments(self.sides[i][1])) for i in todo], dtype=float)
+        for i, w in zip(todo, one_look(*m.T, noise).verdicts):
+            self.verdicts[i] = w
