@@ -2,6 +2,7 @@
 # A one-node SLURM on this machine, for the cluster tests (tests/test_cluster.py) and
 # benchmarks/bench_cluster.py. Idempotent: run it again and it only starts what is not running.
 #
+#   sudo scripts/slurm_up.sh --down # stops slurmctld and slurmd
 #   sudo scripts/slurm_up.sh        # needs root and Debian's slurm-wlm + munge (apt-get install slurm-wlm munge)
 #
 # What it does (Debian slurm-wlm 22.05; see docs/cluster.md):
@@ -15,6 +16,9 @@ set -uo pipefail
 fail() { echo "slurm_up: $*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || fail "needs root (CI runs as root; on a laptop: sudo $0)"
+if [ "${1:-}" = "--down" ]; then  # stop what this script started (munged is left: other services may use it)
+  pkill -x slurmd 2>/dev/null; pkill -x slurmctld 2>/dev/null; echo "slurm_up: slurmd and slurmctld stopped"; exit 0
+fi
 for bin in munged slurmctld slurmd sinfo scontrol; do
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || fail "$bin not found: apt-get install -y slurm-wlm munge"
 done

@@ -544,6 +544,9 @@ def job_error(job_id: str, e: BaseException) -> str:
     if "ModuleNotFoundError" in text or "No module named" in text:
         return (f"job {job_id} could not load the workload on its node ({_last_line(text, 'No module named')}): the "
                 "node must see the same Python environment and your modules (a shared filesystem; docs/cluster.md)")
+    if "timed-out" in text or "TIMEOUT" in text:
+        return (f"job {job_id} hit its time limit (submitit signals the job 90 s before timeout_min): raise the "
+                "executor's timeout_min")
     if "UncompletedJobError" in type(e).__name__ or "has not produced any output" in text:
         return f"job {job_id} ended without a result: {_last_line(text, 'state')}"
     return f"job {job_id} failed: {_last_line(text, 'Error')}"
