@@ -419,16 +419,17 @@ class Watch:
 
     @property
     def queue_s(self) -> float | None:
-        """Seconds from submission until the scheduler ran the job (never measurement)."""
-        start = self.t_running or self.t_start
-        return None if start is None else max(0.0, start - self.t_submit)
+        """Seconds from submission until the scheduler ran the job (never measurement); None where no
+        scheduler says when (a local process, a Future): their wait is all start-up (`start_s`)."""
+        return None if self.t_running is None else max(0.0, self.t_running - self.t_submit)
 
     @property
     def start_s(self) -> float | None:
-        """Seconds from the job running until its trial began (its Python start, imports, unpickling)."""
+        """Seconds from the job running (or, without a scheduler, its submission) until its trial began:
+        its Python, imports, unpickling the workload."""
         if self.t_start is None:
             return None
-        return max(0.0, self.t_start - (self.t_running or self.t_start))
+        return max(0.0, self.t_start - (self.t_running if self.t_running is not None else self.t_submit))
 
     def info(self) -> dict[str, Any]:
         """What the trial records about its job (`extra["job"]`)."""
@@ -518,7 +519,7 @@ def watch(job: Any, w: Watch, progress: TrialProgress, cancel: threading.Event |
             progress.set(w.phase(snap, sched), int((snap or {}).get("done", 0)), int((snap or {}).get("total", 0)))
             if snap is not None and not reported and on_queue is not None:
                 reported = True
-                on_queue(w.queue_s or 0.0)
+                on_queue(w.queue_s or 0.0)  # a deadline moves on by the queue's wait only
             waiting_deadline = not queue_counts and snap is None and callable(getattr(cancel, "postpone", None))
             if cancel is not None and cancel.is_set() and not waiting_deadline:
                 why = getattr(cancel, "reason", "") or "stopped by the user"
