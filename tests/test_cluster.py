@@ -303,3 +303,17 @@ def test_slurm_pending_job_shows_its_reason_and_a_stop_cancels_it(slurm, tmp_pat
     assert "pending (BeginTime)" in phases
     assert r.status == "interrupted" and "cancelled" in r.message
     assert r.extra["job"]["queue_s"] is None  # it never left the queue
+
+
+def test_parallel_needs_an_executor(make_bench):
+    with pytest.raises(ValueError, match="needs an executor"):
+        make_bench().tune(budget=3, parallel=2, progress=False)
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_slurm_tune_keeps_jobs_in_flight(slurm, tmp_path):
+    bench = bench_on(slurm, tmp_path)
+    res = bench.tune(budget=3, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
+    assert all(t.extra.get("job", {}).get("id") for t in bench.trials)  # every trial a job
+    assert len(bench.trials) >= 3 and res.steps["node"].dropna().eq(HOST).all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import os
@@ -27,7 +28,7 @@ from ..core.workload import StepFn, Workload, move_to
 from ..deciding.budget import check_budget_s
 from ..deciding.rounds import compare
 from ..launch.cluster import where_note
-from ..launch.runner import Progress, TrialInterrupted, check_knobs, run_trial, submit_trial
+from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel_slot, run_trial, submit_trial
 from ..results import Comparison, ResultLog, safe_file_name
 from ..results.stats import MARGIN, Noise
 
@@ -87,7 +88,7 @@ class Workbench:
             raise ValueError("participant is empty: pass your name, e.g. participant='ana'")
         from ..launch.cluster import check_executor, local_device
 
-        self._executor = check_executor(executor)
+        self.executor = check_executor(executor)  # None: trials run here
         if not isinstance(budget_counts_queue, bool):
             raise TypeError(f"budget_counts_queue must be True or False, got {budget_counts_queue!r}")
         # On an executor the trials run on the job's node: "auto" (or "cuda" asked from a login node
@@ -109,6 +110,7 @@ class Workbench:
         self.participant = participant
         self.log_to(log)
         self._lock = threading.Lock()  # one trial at a time, whoever asks (cell or panel thread)
+        self._append_lock = threading.Lock()
         self._jobs = None
         if executor is not None:  # every trial a job (cluster.py); what cannot travel is said now
             from ..launch.jobs import Jobs
@@ -204,7 +206,9 @@ class Workbench:
             for note in loud:
                 warn_at_caller(note)
         trace_dir = (self.log.path.parent if self.log.path is not None else None) if trace else None
-        with self._lock, shown(progress, desc=self.name) as state:  # bars and callbacks poll it, off the trial thread
+        # tune(parallel=N): each watcher thread waits on its own job; only the log's append is serialised
+        lock = contextlib.nullcontext() if self._jobs is not None and in_parallel_slot() else self._lock
+        with lock, shown(progress, desc=self.name) as state:  # bars and callbacks poll it, off the trial thread
             stop = cancel or threading.Event()
             # A trial runs where the user's own loop would: inline when called from the main thread
             # (a cell, a script, the CLI), else (the panel) on the one trial thread. The thread
@@ -263,7 +267,8 @@ class Workbench:
     def _record(self, result: TrialResult) -> TrialResult:
         """Append a finished trial to the log, stamped with the step it ran (for its `to_code()`)."""
         result.extra.setdefault("step", self.step_shape.to_record())
-        return self.log.append(result)
+        with self._append_lock:  # the one writer of the log, whichever thread a trial ended on
+            return self.log.append(result)
 
     def to_code(self, trial: int | TrialResult | Knobs | None = None, **kwargs: Any) -> str:
         """The training script of a trial (id or result), a Knobs value, or (None) the best trial so

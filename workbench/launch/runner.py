@@ -225,6 +225,14 @@ def trace_after(step: TrainStep, source: BatchSource, path: Any, stage: Stage, p
 
 _TRIAL_THREAD: concurrent.futures.ThreadPoolExecutor | None = None
 TRIAL_THREAD_NAME = "workbench-trial"
+# tune(parallel=N) with an executor: each of these threads watches one job (no trial runs in this
+# process), so several wait side by side instead of queueing on the one trial thread.
+PARALLEL_THREAD_NAME = "workbench-parallel"
+
+
+def in_parallel_slot() -> bool:
+    """Whether this thread is one of tune(parallel=N)'s job watchers."""
+    return threading.current_thread().name.startswith(PARALLEL_THREAD_NAME)
 
 
 def trial_thread() -> concurrent.futures.ThreadPoolExecutor:
@@ -245,7 +253,7 @@ def submit_trial(fn: Callable[..., T], *args: Any, **kwargs: Any) -> concurrent.
     on a second thread, none on the main thread). Measuring where the user's loop runs reads what
     it reads; the panel, which must not block the kernel, keeps the trial thread.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() and not in_parallel_slot():
         return trial_thread().submit(fn, *args, **kwargs)
     future: concurrent.futures.Future[T] = concurrent.futures.Future()
     try:

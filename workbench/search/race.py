@@ -85,8 +85,9 @@ class Ctx:
     """The tuner's budget (trials and seconds), its trials, and the path's rows."""
 
     def __init__(self, bench: Bench, limit: int, budget_s: float | None, memory_cap: float | None,
-                 memory_budget: int | None, stop_early: bool = True) -> None:
+                 memory_budget: int | None, stop_early: bool = True, parallel: int = 1) -> None:
         self.bench, self.limit, self.budget_s = bench, limit, budget_s
+        self.parallel = parallel  # trials in flight at once (jobs on an executor: tune(parallel=N))
         self.memory_cap, self.memory_budget = memory_cap, memory_budget
         self.t0, self.used, self.durations = work_clock(), 0, []
         self.rows: list[dict[str, Any]] = []
@@ -129,6 +130,27 @@ class Ctx:
             r = again if again is not None and again.ok else r
         return r
 
+    def run_many(self, knobs: list[Knobs]) -> list[TrialResult | None]:
+        """`run` for each, in order; with `parallel` > 1 up to that many at once (each a job on the
+        bench's executor, watched from its own thread), in batches, so the estimates of one batch
+        decide what the next may start."""
+        if self.parallel <= 1 or len(knobs) <= 1:
+            return [self.run(k) for k in knobs]
+        import concurrent.futures
+
+        from ..launch.runner import PARALLEL_THREAD_NAME
+
+        out: list[TrialResult | None] = []
+        with concurrent.futures.ThreadPoolExecutor(self.parallel, thread_name_prefix=PARALLEL_THREAD_NAME) as pool:
+            for i in range(0, len(knobs), self.parallel):
+                if not self.used:  # the first trial alone: its time is every estimate's reference
+                    out.append(self.run(knobs[i]))
+                    batch = knobs[i + 1:i + self.parallel]
+                else:
+                    batch = knobs[i:i + self.parallel]
+                out += [f.result() for f in [pool.submit(self.run, k) for k in batch]]
+        return out
+
     def _once(self, knobs: Knobs) -> TrialResult | None:
         if self.used and not self.fits(knobs):
             self.spent.not_started += 1
@@ -158,6 +180,8 @@ class Ctx:
         ref = self.start.mean if self.start is not None and self.start.mean else None
         row = {"stage": e.stage, "change": e.label, "trial": r.trial_id, "samples_per_s": r.samples_per_s,
                "speedup": (r.samples_per_s / ref) if ref and r.samples_per_s else None, "decision": decision}
+        if isinstance(r.extra.get("job"), dict):  # a job (an executor): which node measured it
+            row["node"] = r.env.get("host") or r.extra["job"].get("node")
         self.rows.append(row)
         return row
 
@@ -181,10 +205,8 @@ def race(ctx: Ctx, entries: list[Entry], rounds: int = MAX_ROUNDS, rested: tuple
             break
         if rnd >= 2 and len(alive) == 2:  # a pair left: the next race carries the leader (and the start)
             break
-        for e in alive if rnd % 2 == 0 else alive[::-1]:
-            if rnd == 0 and any(e is x for x in rested):
-                continue
-            r = ctx.run(e.knobs)
+        todo = [e for e in (alive if rnd % 2 == 0 else alive[::-1]) if not (rnd == 0 and any(e is x for x in rested))]
+        for e, r in zip(todo, ctx.run_many([e.knobs for e in todo])):
             if r is None:  # its estimate does not fit the seconds left
                 ctx.rows.append({"stage": e.stage, "change": e.label, "trial": None, "samples_per_s": None,
                                  "speedup": None, "decision": "not run: its estimate does not fit the seconds left"})

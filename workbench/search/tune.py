@@ -304,10 +304,20 @@ def _check(budget: int | None, budget_s: float | None, stages: tuple[str, ...], 
     return budget if budget is not None else (DEFAULT_TRIALS if budget_s is None else 10_000)
 
 
+def _check_parallel(bench: Bench, parallel: object) -> None:
+    """ValueError unless `parallel` is a whole number >= 1, and > 1 only with an executor (jobs)."""
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ValueError(f"parallel must be a whole number of jobs >= 1, got {parallel!r}")
+    if parallel > 1 and getattr(bench, "executor", None) is None:
+        raise ValueError(f"parallel={parallel} keeps several jobs in flight, which needs an executor: "
+                         "Workbench(..., executor=submitit.AutoExecutor(folder, cluster='slurm')); trials in "
+                         "this process run one at a time")
+
+
 def tune(bench: Bench, budget: int | None = None, *, budget_s: float | None = None, start: Knobs | None = None,
          memory_budget: int | None = None, stages: tuple[str, ...] = STAGES, max_batch_size: int | None = None,
          headroom: float = DEFAULT_HEADROOM, axes: tuple[str, ...] | None = None, confirm: bool = True,
-         explain: bool = True, stop_early: bool = True) -> TuneResult:
+         explain: bool = True, stop_early: bool = True, parallel: int = 1) -> TuneResult:
     """Race candidates under noise within `budget_s` seconds (and `budget` trials); returns the best.
 
     The first race holds the start, each stage's options and cross-stage pairs; later races stack
@@ -321,11 +331,14 @@ def tune(bench: Bench, budget: int | None = None, *, budget_s: float | None = No
     (recorded as stopped by the budget, never evidence); `TuneResult.spent` says how the seconds went.
     `stop_early=False` runs every trial's whole window (by default a trial far slower than the baseline
     stops after a few steps, earlystop.py).
+    `parallel=N` (a Workbench with an executor, docs/cluster.md) keeps up to N jobs in flight in each race
+    round; the path's `node` column says which node measured each trial.
     """
     limit = _check(budget, budget_s, stages, memory_budget, headroom)
+    _check_parallel(bench, parallel)
     ceiling = memory_ceiling(bench, memory_budget)
     ctx = Ctx(bench, limit, budget_s, None if ceiling is None else ceiling * (1 - headroom), memory_budget,
-               stop_early=stop_early)
+              stop_early=stop_early, parallel=parallel)
     k0 = start or bench.defaults
     ctx.start = first = Entry("start", "the start", k0)
     ctx.purpose = "start"
