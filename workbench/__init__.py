@@ -24,6 +24,7 @@ from .core.measure import TrialResult
 from .core.system import keep_freed_memory, package_version
 from .deciding.rounds import compare
 from .faces.bench import Workbench
+from .launch.fresh import FreshProcess
 from .launch.runner import TrialInterrupted, run_trial
 from .results import Comparison, ResultLog
 
@@ -45,7 +46,7 @@ def gather(folder: str | os.PathLike, **kwargs: Any) -> Any:
 
 
 __all__ = [
-    "Comparison", "Knobs", "ResultLog", "TrialInterrupted", "TrialResult", "Workbench", "compare",
+    "Comparison", "FreshProcess", "Knobs", "ResultLog", "TrialInterrupted", "TrialResult", "Workbench", "compare",
     "demo", "forget_knob", "gather", "keep_freed_memory", "knob", "knob_names", "knob_table", "run_trial",
     "tunable_knobs",
 ]

@@ -25,7 +25,7 @@ import torch
 
 from . import compat
 from .knobs import BUILTIN_KNOBS, Knobs
-from .system import malloc_policy, usable_cores
+from .system import malloc_policy, process_allocator, usable_cores
 
 STATUSES = ("ok", "oom", "error", "nan", "interrupted")
 # One colour per status (the chart's palette), so a card and a chart point agree.
@@ -287,6 +287,8 @@ def environment(device: torch.device) -> dict[str, Any]:
         "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
         # whether a step's freed memory goes back to the OS (page faults; docs/measurement.md 'Page faults')
         "malloc": malloc_policy(),
+        # the allocator mode the trial's process ran in (the `allocator` knob; read back, not assumed)
+        "allocator": process_allocator(),
     }
 
 
@@ -418,7 +420,14 @@ class TrialResult:
         from .stepshape import StepShape
 
         kwargs.setdefault("shape", StepShape.from_record(self.extra.get("step")))
-        return self.knobs.to_code(**kwargs)
+        return self.pinned_knobs().to_code(**kwargs)
+
+    def pinned_knobs(self) -> Knobs:
+        """The knobs with the allocator mode the trial's process ran in (read back, env "allocator") when
+        the knobs left it None: what the exported script must start with to measure what the trial did."""
+        from .knobs.process import pin_allocator
+
+        return pin_allocator(self.knobs, self.env.get("allocator") if isinstance(self.env, dict) else None)
 
     @property
     def steady(self) -> bool | None:

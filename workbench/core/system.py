@@ -165,6 +165,93 @@ def keeps_freed_memory() -> bool:
     return _kept or ("MALLOC_TRIM_THRESHOLD_" in os.environ and "MALLOC_MMAP_THRESHOLD_" in os.environ)
 
 
+# ---- the process's allocator: a mode chosen when the process starts (the `allocator` knob) ----------------
+# glibc reads MALLOC_* and the dynamic loader reads LD_PRELOAD only at start-up, so a mode other than the
+# running process's own needs a fresh process (workbench/fresh.py). "glibc" is glibc as a process starts;
+# "glibc-kept" is what keep_freed_memory() does (MALLOC_ENV); tcmalloc and jemalloc replace malloc.
+ALLOCATORS = ("glibc", "glibc-kept", "tcmalloc", "jemalloc")
+PRELOADED = {"tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"), "jemalloc": ("libjemalloc.so.2",)}
+ALLOCATOR_INSTALL = ("apt-get install libtcmalloc-minimal4 libjemalloc2 (Debian/Ubuntu), or "
+                     "conda install -c conda-forge gperftools jemalloc")
+KEPT_ENV = {"MALLOC_MMAP_THRESHOLD_": str(KEEP_MMAP_BYTES), "MALLOC_TRIM_THRESHOLD_": str(KEEP_TRIM_BYTES)}
+LIB_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
+            "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib", "/opt/homebrew/lib")
+
+
+@functools.cache
+def allocator_library(mode: str) -> str | None:
+    """The shared library to LD_PRELOAD for `mode` ("tcmalloc", "jemalloc") on this machine, or None:
+    the dynamic loader's cache (`ldconfig -p`) first, then the usual folders and the conda/venv prefix."""
+    names = PRELOADED.get(mode, ())
+    if not names:
+        return None
+    import subprocess
+    import sys
+
+    try:
+        listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        listing = ""
+    for name in names:
+        for line in listing.splitlines():
+            if line.strip().startswith(name + " ") and "=>" in line:
+                path = line.split("=>", 1)[1].strip()
+                if os.path.exists(path):
+                    return path
+    prefixes = [os.environ.get("CONDA_PREFIX", ""), sys.prefix]
+    for folder in [*LIB_DIRS, *(os.path.join(p, "lib") for p in prefixes if p)]:
+        for name in names:
+            path = os.path.join(folder, name)
+            if os.path.exists(path):
+                return path
+    return None
+
+
+def available_allocators() -> tuple[str, ...]:
+    """The allocator modes this machine can start a process in (glibc's need glibc, the others their library)."""
+    glibc = ("glibc", "glibc-kept") if _glibc() is not None or not os.path.exists("/proc/self/maps") else ()
+    return glibc + tuple(m for m in PRELOADED if allocator_library(m) is not None)
+
+
+def mapped_allocator(maps: str | os.PathLike = "/proc/self/maps") -> str | None:
+    """'tcmalloc' or 'jemalloc' when that library is mapped into this process (LD_PRELOAD took), else None."""
+    try:
+        text = Path(maps).read_text()
+    except OSError:
+        return None
+    for mode in PRELOADED:
+        if f"/lib{mode}" in text:  # e.g. /lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+            return mode
+    return None
+
+
+def process_allocator() -> str:
+    """The allocator mode this process runs in: tcmalloc or jemalloc (mapped), glibc-kept (told by
+    keep_freed_memory() or its MALLOC_* start-up variables), glibc, or '' (another libc's own)."""
+    mapped = mapped_allocator()
+    if mapped is not None:
+        return mapped
+    if _glibc() is None:
+        return ""
+    return "glibc-kept" if keeps_freed_memory() else "glibc"
+
+
+def allocator_env(mode: str) -> dict[str, str | None]:
+    """The variables a process starts with to run in `mode` (None: unset, so nothing is inherited)."""
+    env: dict[str, str | None] = {"LD_PRELOAD": None, **dict.fromkeys(_MALLOC_VARS)}
+    if mode == "glibc-kept":
+        env.update(KEPT_ENV)
+    elif mode in PRELOADED:
+        path = allocator_library(mode)
+        if path is None:
+            raise ValueError(f"allocator={mode!r}: no {PRELOADED[mode][0]} on this machine; install it with "
+                             f"{ALLOCATOR_INSTALL}")
+        env["LD_PRELOAD"] = path
+    elif mode != "glibc":
+        raise ValueError(f"allocator={mode!r} is not one of {', '.join(map(repr, ALLOCATORS))}")
+    return env
+
+
 def package_version() -> str:
     """This package's installed version ("0+unknown" in a source tree that was never pip-installed)."""
     from importlib.metadata import PackageNotFoundError, version

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ..core.knobs import KNOBS, Knobs, settings
+from ..core.knobs import KNOBS, Knobs, process_env, settings
 from ..core.measure import release_free_memory, sync
 from ..core.step import BatchSource, LossBuffer, Stage, TrainStep, seeded
 from ..core.workload import Workload
@@ -74,6 +74,13 @@ def why_not(a: Knobs, b: Knobs) -> str | None:
         raise TypeError(f"why_not takes two Knobs, got {type(a).__name__} and {type(b).__name__}")
     if a.world_size > 1 or b.world_size > 1:
         return "world_size > 1 runs in processes of its own, one per rank"
+    started = [n for n in a.diff(b) if n in KNOBS and KNOBS[n].process_env is not None]
+    if started:
+        return (f"{', '.join(started)} sets how a process starts, which one process cannot switch: each side "
+                "runs in a fresh process started in its own mode")
+    if process_env(a):  # the same process knob on both sides (allocator='tcmalloc'): not this process's
+        return (f"allocator={a.allocator!r} runs each trial in a fresh process started in that mode, not in "
+                "this one")
     differing = [n for n in a.diff(b) if not (KNOBS[n].interleave if n in KNOBS else False)]
     if not differing:
         return None

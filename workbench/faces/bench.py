@@ -55,6 +55,9 @@ class Workbench:
     `log` is a folder (or a .jsonl file) that every trial is appended to. `participant` names who
     runs it (default user@host); with a name, trials go to `<log>/<participant>/<name>.jsonl`, so
     a workshop's learners share one folder and the instructor `wb.gather`s it.
+    `executor` runs every trial in a process of its own: `wb.FreshProcess()` on this machine, or any
+    object with `submit(fn, *args) -> job` (a submitit executor). Without one, a trial runs here,
+    unless its knobs ask for a process this one is not (`allocator`), which gets a fresh one.
 
     >>> bench = Workbench(model, dataset, loss_fn=torch.nn.CrossEntropyLoss(),
     ...                   optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
@@ -88,7 +91,7 @@ class Workbench:
             raise ValueError("participant is empty: pass your name, e.g. participant='ana'")
         from ..launch.cluster import check_executor, local_device
 
-        self.executor = check_executor(executor)  # None: trials run here
+        self.executor = check_executor(executor)  # None: trials run here, unless their knobs ask for another process
         if not isinstance(budget_counts_queue, bool):
             raise TypeError(f"budget_counts_queue must be True or False, got {budget_counts_queue!r}")
         # On an executor the trials run on the job's node: "auto" (or "cuda" asked from a login node
@@ -282,7 +285,7 @@ class Workbench:
         if isinstance(trial, int) and not isinstance(trial, bool):
             trial = self.log.get(trial)
         if isinstance(trial, TrialResult):
-            trial = trial.knobs
+            trial = trial.pinned_knobs()  # the allocator mode its process ran in, carried into the script
         if not isinstance(trial, Knobs):
             raise TypeError(f"to_code takes a trial id, a TrialResult or a Knobs value, got {type(trial).__name__}")
         kwargs.setdefault("seed", self.workload.seed)
@@ -329,9 +332,12 @@ class Workbench:
         if interleave not in (None, True, False):
             raise TypeError(f"interleave takes None (when possible), True or False, got {interleave!r}")
         c, note = None, ""
+        if rounds and ra.ok and rb.ok:  # the allocator compared: both sides in fresh processes, pinned
+            ra, rb, note = self._pinned(ra, rb)
         if rounds == "auto" and interleave is not False and ra.ok and rb.ok:  # a failed trial: compare says why
-            c, note = self._interleaved(ra, rb, margin=margin, budget_s=budget_s, required=interleave is True,
-                                        cancel=cancel)
+            c, why = self._interleaved(ra, rb, margin=margin, budget_s=budget_s, required=interleave is True,
+                                       cancel=cancel)
+            note = f"{note} {why}".strip()
         if c is None:
             c = compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log, max_rounds=max_rounds,
                         margin=margin, budget_s=budget_s)
@@ -340,6 +346,24 @@ class Workbench:
         if rounds:  # new evidence was measured: the log keeps the comparison (the table's verdict uses it)
             self.log.record_comparison(c, ra.knobs, rb.knobs)
         return c
+
+    def _pinned(self, ra: TrialResult, rb: TrialResult) -> tuple[TrialResult, TrialResult, str]:
+        """When the allocator is what differs and one side leaves it None (the process as it is), that
+        side is pinned to this process's own mode and measured afresh in a fresh process, so both sides
+        alternate fresh-process trials (one process cannot change its allocator); the note says so."""
+        from ..core.system import process_allocator
+
+        ka, kb = ra.knobs, rb.knobs
+        mode = process_allocator()
+        if ka.allocator == kb.allocator or None not in (ka.allocator, kb.allocator) or not mode:
+            return ra, rb, ""
+        if ka.allocator is None:
+            ra = self.run(ka.replace(allocator=mode), progress=False)
+        else:
+            rb = self.run(kb.replace(allocator=mode), progress=False)
+        side = "A" if ka.allocator is None else "B"
+        return ra, rb, (f"{side} left the allocator as this process runs it ({mode!r}): pinned to {mode!r} so that "
+                        "both sides run in fresh processes.")
 
     def interleave(self, a: TrialResult, b: TrialResult, *, margin: float = MARGIN, budget_s: float | None = None,
                    cancel: threading.Event | None = None) -> Comparison:

@@ -7,9 +7,10 @@ executor) or any object with `submit(fn, *args, **kwargs) -> job`, where `job` h
 (docs/cluster.md). What travels is the workload by value (cloudpickle) and this package by
 reference, so the job's node must see the same Python environment (a shared filesystem).
 
-Inside the job (`job_trial`, `job_interleave`) the same phases run as in a local trial, on the
-node's device ("auto" is resolved there), with progress written to a small JSON file in a private
-(0700) folder beside the log. The notebook side (`watch`) reads it, asks the scheduler for the job's
+Inside the job the seam's entry (remote.trial_job with `here_on_node`) runs the same phases as a
+local trial on the node's device ("auto" is resolved there); an analysis or an interleaved
+comparison goes through `job_call`. Progress goes to a small JSON file in a private (0700) folder
+beside the log. The notebook side (`watch`) reads it, asks the scheduler for the job's
 state (SLURM: `squeue`, then `scontrol` once the job left the queue; no accounting needed), cancels
 the job on Stop, a budget's deadline or Ctrl-C, and turns a job that ended without a result
 (cancelled, timeout, preempted, node failure, out of memory, lost) into a failed trial with the
@@ -321,21 +322,13 @@ def on_node(workload: Workload, device: str | None) -> Workload:
     return workload
 
 
-def job_trial(workload: Workload, knobs: Any, device: str | None, run_kwargs: dict[str, Any],
-              progress_file: str) -> TrialResult:
-    """A job's body: one trial (runner.run_trial, the same phases as in the notebook) on this node,
-    its progress in `progress_file`; the result carries the node's environment. Never raises for a
-    failing trial; a cancel (SIGINT from the local executor) returns the interrupted trial."""
-    from .runner import TrialInterrupted, run_trial
+def here_on_node(workload: Workload, knobs: Any, *, device: str | None, **run: Any) -> TrialResult:
+    """In the job (remote.trial_job's `here`): runner.run_here on this node's device ("auto" resolved
+    here), the result's environment completed with the node's (driver, CUDA, the scheduler's job id)."""
+    from .runner import run_here
 
     wl = on_node(workload, device)
-    state = TrialProgress()
-    state.set("starting", 0, 0)
-    with ProgressFile(state, progress_file):
-        try:
-            r = run_trial(wl, knobs, progress=state, **run_kwargs)
-        except TrialInterrupted as e:
-            r = e.result
+    r = run_here(wl, knobs, **run)
     r.env.update(node_environment(wl.device))
     return r
 
@@ -452,6 +445,10 @@ class Watch:
         try:
             snap = json.loads(self.progress_file.read_text())
         except (OSError, ValueError):
+            return None
+        if isinstance(snap, list) and len(snap) == 3:  # remote.trial_job writes [phase, done, total]
+            snap = {"phase": snap[0], "done": snap[1], "total": snap[2]}
+        if not isinstance(snap, dict):
             return None
         if self.t_start is None:
             self.t_start = time.monotonic()

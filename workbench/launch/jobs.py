@@ -9,6 +9,7 @@ again (its trial is recorded when it ends), and one that vanished becomes a fail
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 import threading
@@ -28,10 +29,10 @@ from .cluster import (
     Watch,
     check_travels,
     failed_trial,
+    here_on_node,
     is_slurm,
     job_call,
     job_id_of,
-    job_trial,
     new_progress_file,
     private_folder,
     quiet_sacct,
@@ -71,9 +72,12 @@ class Jobs:
     # ---- trials ----------------------------------------------------------------------------
     def run_trial(self, workload: Workload, knobs: Knobs, *, progress: TrialProgress | None = None,
                   cancel: threading.Event | None = None, **run_kwargs: Any) -> TrialResult:
-        """runner.run_trial's signature, run as a job: the trial (with its node's environment and
-        `extra["job"]`), or a failed trial with the scheduler's reason. Ctrl-C cancels the job and
-        raises TrialInterrupted with the interrupted trial."""
+        """runner.run_trial's signature, run as a job through the seam's own job entry (remote.trial_job:
+        the same phases, the process mode checked, the result as a record) on the node's device: the
+        trial (with its node's environment and `extra["job"]`), or a failed trial with the scheduler's
+        reason. Ctrl-C cancels the job and raises TrialInterrupted with the interrupted trial."""
+        from ..core.knobs import context, process_env
+        from .remote import by_value, executor_for, received, trial_job
         from .runner import TrialInterrupted
 
         self.travels(workload)
@@ -81,20 +85,26 @@ class Jobs:
         started = now_iso()
         pf = new_progress_file(self.dir)
         w = Watch(None, pf, time.monotonic())
+        ex = executor_for(self.executor, process_env(knobs, context(knobs, workload.device)))
+        payload = {"workload": workload, "knobs": knobs, "run": run_kwargs, "progress_path": str(pf),
+                   "here": functools.partial(here_on_node, device=self.device)}
         progress.set("submitting", 0, 0)
-        w.job = self.executor.submit(job_trial, workload, knobs, self.device, run_kwargs, str(pf))
+        with by_value(workload):
+            w.job = ex.submit(trial_job, payload)
         entry = self._register(w, "trial", knobs, started)
         try:
-            r = watch(w.job, w, progress, cancel, on_queue=lambda q: self._queued(q, cancel), queue_counts=self.counts_queue)
+            out = watch(w.job, w, progress, cancel, on_queue=lambda q: self._queued(q, cancel),
+                        queue_counts=self.counts_queue)
+            r = received(out, knobs, type(ex).__name__, w.job_id or None)
         except JobFailed as e:
             r = failed_trial(knobs, e.status, e.message, w, started)
         except KeyboardInterrupt:
             r = failed_trial(knobs, "interrupted", f"interrupted by the user: job {w.job_id} cancelled", w, started)
             self._forget(entry, pf)
             raise TrialInterrupted(r) from None
+        except Exception as e:  # a job that returned something that is not a trial record
+            r = failed_trial(knobs, "error", f"job {w.job_id} returned no trial: {type(e).__name__}: {e}", w, started)
         self._forget(entry, pf)
-        if not isinstance(r, TrialResult):
-            r = failed_trial(knobs, "error", f"job {w.job_id} returned {type(r).__name__}, not a trial", w, started)
         r.extra["job"] = w.info()
         progress.set(r.status if not r.ok else "done", progress.done, progress.total)
         return r
@@ -114,7 +124,10 @@ class Jobs:
         self.travels(workload)
         pf = new_progress_file(self.dir)
         w = Watch(None, pf, time.monotonic())
-        w.job = self.executor.submit(job_call, fn, workload, self.device, args, kwargs, str(pf))
+        from .remote import by_value
+
+        with by_value(workload):
+            w.job = self.executor.submit(job_call, fn, workload, self.device, args, kwargs, str(pf))
         entry = self._register(w, "call", Knobs(), now_iso())
         try:
             value, env = watch(w.job, w, TrialProgress(), cancel, on_queue=lambda q: self._queued(q, cancel),
@@ -207,7 +220,8 @@ class Jobs:
                  lock: threading.Lock) -> None:
         started = entry.get("started_at", "")
         try:
-            r = watch(w.job, w, TrialProgress(), None)
+            out = watch(w.job, w, TrialProgress(), None)
+            r = _trial_of(out, knobs, w)
         except JobFailed as e:
             lost = "lost" in e.message or "without a result" in e.message
             msg = (f"{e.message} (it was in flight when an earlier kernel stopped)" if lost else e.message)
@@ -232,6 +246,15 @@ class Jobs:
 
         for job in list(self.in_flight.values()):
             stop_job(job)
+
+
+def _trial_of(out: Any, knobs: Knobs, w: Watch) -> Any:
+    """The TrialResult of a job's value: the seam's record (remote.trial_job), or a TrialResult as is."""
+    if isinstance(out, dict) and "record" in out:
+        from .remote import received
+
+        return received(out, knobs, w.info()["executor"], w.job_id or None)
+    return out
 
 
 def _rebuild(entry: dict[str, Any]) -> Any:

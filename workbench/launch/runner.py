@@ -30,7 +30,7 @@ import torch
 
 from ..core import trace as tracing
 from ..core.earlystop import StopRule
-from ..core.knobs import BLOCK_KNOBS, Knobs, check_run, context, device_notes, settings, traits
+from ..core.knobs import BLOCK_KNOBS, Knobs, check_run, context, device_notes, process_env, settings, traits
 from ..core.measure import TrialResult, environment, memory_meter, model_state_bytes, now_iso, release_free_memory
 from ..core.phases import (
     Stopped,
@@ -50,12 +50,6 @@ T = TypeVar("T")
 TRACE_STEPS = 3  # optimizer steps in a trace (after one profiler warm-up step)
 
 
-
-
-
-
-
-
 def run_trial(
     workload: Workload,
     knobs: Knobs,
@@ -70,6 +64,7 @@ def run_trial(
     trace_dir: str | os.PathLike | None = None,
     collective_timeout_s: float = 120.0,
     stop: StopRule | None = None,
+    executor: Any = None,
 ) -> TrialResult:
     """Run warm-up + `steps` measured optimizer steps; never raises for a failing trial.
 
@@ -88,14 +83,44 @@ def run_trial(
     `stop` (earlystop.StopRule, one per trial) ends the window once its steps show the trial is far
     slower than the baseline: the trial keeps status ok, its steps, a note and `extra['stopped_early']`
     (one process only: a `world_size > 1` trial runs its whole window).
+    `executor` (an object with `submit(fn, *args) -> job`, see remote.py) runs the trial in its own
+    process; a trial whose knobs ask for a process this one is not (the `allocator` knob) runs in a
+    fresh local process (fresh.FreshProcess) even without one. Either way it reads back the same.
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"steps must be >= 1 and warmup_steps >= 0, got steps={steps}, warmup_steps={warmup_steps}")
     check_knobs(workload, knobs)
+    if knobs.world_size > 1 and trace:
+        raise ValueError("trace=True profiles one process: trace with world_size=1, or add torch.profiler to "
+                         "the torchrun script from knobs.to_code() to trace every rank")
+    run = dict(warmup_steps=warmup_steps, steps=steps, measure_memory=measure_memory, loader_timeout_s=loader_timeout_s,
+               trace=trace, trace_dir=trace_dir, collective_timeout_s=collective_timeout_s, stop=stop)
+    if executor is not None or elsewhere(workload, knobs):
+        from .remote import run_elsewhere
+
+        state = progress if isinstance(progress, TrialProgress) else TrialProgress()
+        with Poller(state, progress) if callable(progress) else contextlib.nullcontext():
+            return run_elsewhere(executor, workload, knobs, progress=state, cancel=cancel, run=run, here=run_here)
+    return run_here(workload, knobs, progress=progress, cancel=cancel, **run)
+
+
+def elsewhere(workload: Workload, knobs: Knobs) -> bool:
+    """Whether the trial must run in a process of its own: a knob asks for how its process starts
+    (knob `process_env` hooks: the allocator), and this is not already a torchrun rank."""
+    if not process_env(knobs, context(knobs, workload.device)):
+        return False
+    from .join import in_launched_job
+
+    return not in_launched_job()
+
+
+def run_here(workload: Workload, knobs: Knobs, *, warmup_steps: int = 5, steps: int = 30,
+             progress: TrialProgress | Progress | None = None, cancel: threading.Event | None = None,
+             measure_memory: bool = True, loader_timeout_s: float = 120.0, trace: bool = False,
+             trace_dir: str | os.PathLike | None = None, collective_timeout_s: float = 120.0,
+             stop: StopRule | None = None) -> TrialResult:
+    """`run_trial` in this process (its ranks forked from here when world_size > 1), checks done."""
     if knobs.world_size > 1:
-        if trace:
-            raise ValueError("trace=True profiles one process: trace with world_size=1, or add torch.profiler to "
-                             "the torchrun script from knobs.to_code() to trace every rank")
         from .join import in_launched_job, run_joined
 
         if in_launched_job():
@@ -174,17 +199,6 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
 
 
 
-
-
-
-
-
-
-
-
-
-
-
 def trace_after(step: TrainStep, source: BatchSource, path: Any, stage: Stage, progress: TrialProgress,
                 total: int, cancel: threading.Event | None, notes: list[str]) -> dict[str, Any]:
     """TRACE_STEPS more steps under the profiler, after the window (never measured), phases
@@ -211,16 +225,6 @@ def trace_after(step: TrainStep, source: BatchSource, path: Any, stage: Stage, p
     finally:
         step.label_phases = False
     return {}
-
-
-
-
-
-
-
-
-
-
 
 
 _TRIAL_THREAD: concurrent.futures.ThreadPoolExecutor | None = None
@@ -319,18 +323,6 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
             f"the dataset has {len(workload.spec)} samples, fewer than batch_size={knobs.batch_size}: "
             f"lower batch_size to at most {len(workload.spec)} (or add data)"
         )
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _failure(knobs, status, message, stage, exc, notes, started, device) -> TrialResult:

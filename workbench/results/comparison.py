@@ -67,9 +67,19 @@ def noise_of(trials: Iterable[TrialResult]) -> Noise:
 
 
 def allocator_note(runs_a: Sequence[TrialResult], runs_b: Sequence[TrialResult]) -> str:
-    """A sentence when the two sides ran with different malloc settings (env "malloc", e.g. one trial
-    before wb.keep_freed_memory() and one after): page faults then differ as well as the knobs."""
-    seen = {r.env.get("malloc") for r in [*runs_a, *runs_b] if r.env.get("malloc") is not None}
+    """A sentence on the process modes: when the allocator is the knob compared, how its trials ran
+    (each in a fresh process, alternating); otherwise when the two sides ran in different allocator
+    modes or malloc settings (env "allocator", "malloc"): part of the difference is then the process."""
+    runs = [*runs_a, *runs_b]
+    if runs_a and runs_b and runs_a[0].knobs.allocator != runs_b[0].knobs.allocator:
+        return ("The allocator is the knob compared: each trial ran in a fresh process started in its mode "
+                "(never interleaved in one process, which cannot change its allocator), alternating A B.")
+    modes = {r.env.get("allocator") for r in runs if r.env.get("allocator")}
+    if len(modes) > 1:
+        return (f"The trials' processes ran in different allocator modes ({', '.join(sorted(modes))}): part of "
+                "the difference may be the process rather than the knobs; pin allocator= on both to compare "
+                "the knobs alone (docs/measurement.md 'The process is a knob').")
+    seen = {r.env.get("malloc") for r in runs if r.env.get("malloc") is not None}
     if len(seen) < 2:  # one setting, or logs from before the environment recorded it
         return ""
     return (f"The trials ran with different malloc settings ({', '.join(sorted(s or 'not glibc' for s in seen))}): "

@@ -77,6 +77,7 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
         row["job"] = str(job.get("id") or "") if isinstance(job, dict) else ""  # the scheduler's job id (cluster.py)
         row["node"] = r.env.get("host", "")
         row["queue_s"] = job.get("queue_s") if isinstance(job, dict) else None  # waited in the queue (not measured)
+        row["process_mode"] = r.env.get("allocator", "")  # the allocator its process ran in, read back
         row["participant"] = r.participant
         row["trace_path"] = r.trace_path
         row["started_at"] = r.started_at
@@ -90,6 +91,15 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
     df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
     df["started_at"] = pd.to_datetime(df["started_at"].replace("", None), errors="coerce")
     return df
+
+
+def mode_differs(df: pd.DataFrame, base: TrialResult | None) -> pd.Series:
+    """True on rows whose process ran in another allocator mode than the baseline's (both recorded):
+    their speedup mixes the process with the knobs (docs/measurement.md 'The process is a knob')."""
+    mode = (base.env.get("allocator") or "") if base is not None else ""
+    if "process_mode" not in df or not mode:
+        return pd.Series(False, index=df.index)
+    return (df["process_mode"].fillna("") != "") & (df["process_mode"] != mode)
 
 
 class Table:
@@ -173,6 +183,7 @@ class Table:
             df["label"] = self.labels
             df["speedup"] = np.array([np.nan if v is None else v for v in self.speedups], dtype=float)
             df["verdict"] = self.verdicts
+        df["mode_differs"] = mode_differs(df, base)
         band = math.exp(critical(noise.df) * noise.sigma)
         rate = df["samples_per_s"].astype(float)
         rate = rate.where(rate > 0)

@@ -1,7 +1,7 @@
 """Knobs: every tunable setting of a trial, declared once, applied by its own hooks.
 
     spec.py       KnobSpec (a knob's declaration), Context (what its hooks see), the registry dict
-    data.py, precision.py, memory.py, optimizer.py, parallel.py
+    data.py, precision.py, memory.py, optimizer.py, parallel.py, process.py
                   the families: each knob's run-time hook, note and code hook side by side
     value.py      Knobs, the frozen, validated, diff-able value (one declared field per knob)
     registry.py   @knob for your own, and the hook loops the core calls instead of reading values
@@ -34,6 +34,8 @@ from .registry import (
     make_scaler,
     move_kwargs,
     parallel_options,
+    process_differs,
+    process_env,
     release_model,
     settings,
     step_hooks,
@@ -109,6 +111,8 @@ __all__ = [
     "make_scaler",
     "move_kwargs",
     "parallel_options",
+    "process_differs",
+    "process_env",
     "release_model",
     "settings",
     "step_hooks",

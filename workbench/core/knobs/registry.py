@@ -295,3 +295,25 @@ def knob_table() -> str:
         default = f"`{s.default!r}`".replace("'", '"')
         rows.append(f"| `{name}` | {default} | {values} | {s.help.replace('|', '/')} |")
     return "\n".join(rows)
+
+
+def process_env(knobs: Knobs, ctx: Context | None = None) -> dict[str, str | None]:
+    """The variables the trial's process must start with, from every knob's `process_env` hook."""
+    ctx = ctx or Context(knobs=knobs)
+    env: dict[str, str | None] = {}
+    for spec in KNOBS.values():
+        if spec.process_env is not None:
+            env.update(spec.process_env(getattr(knobs, spec.name), ctx))
+    return env
+
+
+def process_differs(knobs: Knobs, ctx: Context | None = None) -> list[str]:
+    """Why this process cannot run the trial as its knobs ask (empty: it can), one sentence per knob."""
+    ctx = ctx or Context(knobs=knobs)
+    out = []
+    for spec in KNOBS.values():
+        if spec.process_differs is not None:
+            why = spec.process_differs(getattr(knobs, spec.name), ctx)
+            if why:
+                out.append(why)
+    return out

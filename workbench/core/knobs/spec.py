@@ -115,6 +115,11 @@ class KnobSpec:
       check_run(value, ctx): raise ValueError naming the fix when the knob cannot run on this device
       traits(value, ctx) -> dict: what the runner must know (TRAITS: compiles, workers, ...)
       note(value, ctx) -> str | None: "runs but does nothing here" sentences
+      process_env(value, ctx) -> dict: variables the trial's process must start with (None values: unset);
+        read by the C library or the loader at start-up only, so a trial whose process differs runs in a
+        fresh one (workbench/fresh.py)
+      process_differs(value, ctx) -> str | None: None when this process runs as the value asks, else what it
+        runs instead (checked inside the fresh process: a mode that did not take fails the trial)
     Code hook: code(knobs) -> {section: lines}: what the generated training loop adds (CODE_SECTIONS).
     """
 
@@ -146,6 +151,8 @@ class KnobSpec:
     check_run: Callable[[Any, Context], None] | None = None
     traits: Callable[[Any, Context], dict[str, Any]] | None = None
     note: Callable[[Any, Context], str | None] | None = None
+    process_env: Callable[[Any, Context], dict[str, str | None]] | None = None
+    process_differs: Callable[[Any, Context], str | None] | None = None
     code: Callable[[Any], dict[str, list[str]]] | None = None
     function: Callable | None = None  # a user knob's decorated function (its source goes into to_code)
     name: str = ""  # filled in from the field name
@@ -170,6 +177,7 @@ class KnobSpec:
         "ddp_kwargs",
         "parallel",
         "traits",
+        "process_env",
     )
 
     @property

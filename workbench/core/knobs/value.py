@@ -1,7 +1,7 @@
 """Knobs: every tunable setting of a trial, as one frozen, validated, diff-able value.
 
 Each field is declared once, with its hooks, in a family module (data, precision, memory,
-optimizer, parallel); `Knobs` inherits them all. Validation that needs nothing but the values happens here, so a bad
+optimizer, parallel, process); `Knobs` inherits them all. Validation that needs nothing but the values happens here, so a bad
 combination fails before any work starts; `registry.check_run` adds the checks that need the device.
 """
 
@@ -17,15 +17,16 @@ from .memory import MemoryKnobs
 from .optimizer import OptimizerKnobs
 from .parallel import ParallelKnobs
 from .precision import PrecisionKnobs
+from .process import ProcessKnobs
 from .spec import BLOCK_KNOBS, KNOBS, knob_names
 
 
 @dataclass(frozen=True, init=False)
-class Knobs(ParallelKnobs, OptimizerKnobs, MemoryKnobs, PrecisionKnobs, DataKnobs):
+class Knobs(ProcessKnobs, ParallelKnobs, OptimizerKnobs, MemoryKnobs, PrecisionKnobs, DataKnobs):
     """One configuration of the training step. Build with keywords; `replace()` to vary one.
 
     Each knob is one field, declared once with `declare(...)` in its family module (data,
-    precision, memory, optimizer, parallel: the field order is the families' order), beside its
+    precision, memory, optimizer, parallel, process: the field order is the families' order), beside its
     hooks: its type, default, help, panel group and widget, fuzz range (see KnobSpec). Adding a knob
     = adding a field and its hooks to one family module (+ its tests).
     """

@@ -1,0 +1,114 @@
+"""The process knobs: how the trial's process starts. Today one: `allocator`, the C heap's mode.
+
+Why a knob: on a 2-core CPU the same exported script ran 603-1,305 samples/s depending only on the
+allocator (jemalloc's defaults, glibc as it starts, glibc keeping freed memory, tcmalloc; DESIGN.md
+"The process decides up to 2x on CPU"). glibc reads MALLOC_* and the loader reads LD_PRELOAD only
+when a process starts, so a trial with an allocator runs in a fresh process started with them
+(workbench/fresh.py) and reads back, inside it, that the mode took. None (the default) runs the
+trial where it is asked to, as that process is, and records its mode (the environment's `allocator`).
+
+Each hook sits here: the process's environment, the check that it is active, the refusal of a
+missing library (naming the package), the note, and the code hook that writes the launch line into
+the exported script's header and checks the mode at its start (every torchrun rank runs the check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..system import (
+    ALLOCATOR_INSTALL,
+    ALLOCATORS,
+    KEPT_ENV,
+    PRELOADED,
+    allocator_env,
+    allocator_library,
+    process_allocator,
+)
+from .spec import Context, Fuzz, declare
+
+
+def allocator_process_env(value: str | None, ctx: Context) -> dict[str, str | None]:
+    """LD_PRELOAD / MALLOC_* for the trial's process ({} for None: the process as it is)."""
+    return {} if value is None else allocator_env(value)
+
+
+def allocator_differs(value: str | None, ctx: Context) -> str | None:
+    """None when this process runs in `value`'s mode, else what it runs instead."""
+    if value is None:
+        return None
+    here = process_allocator()
+    if here == value:
+        return None
+    return f"allocator={value!r} asked, this process runs {here or 'its platform allocator'!r}"
+
+
+def allocator_check_run(value: str | None, ctx: Context) -> None:
+    """Refuse, naming the package, a mode whose library is not on this machine."""
+    if value in PRELOADED and allocator_library(value) is None:
+        raise ValueError(f"allocator={value!r} needs {PRELOADED[value][0]}, which is not on this machine: "
+                         f"install it with {ALLOCATOR_INSTALL}")
+
+
+def allocator_note(value: str | None, ctx: Context) -> str | None:
+    if value is not None and ctx.device_type == "cuda":
+        return (f"allocator={value!r} changes the host's malloc (the data pipeline, the Python side); CUDA "
+                "memory has its own caching allocator, so on a GPU expect little from it")
+    return None
+
+
+def launch_env(value: str) -> str:
+    """The variables a launch line sets for `value` (the library found here for a preload)."""
+    if value == "glibc-kept":
+        return " ".join(f"{k}={v}" for k, v in KEPT_ENV.items())
+    if value in PRELOADED:
+        return f"LD_PRELOAD={allocator_library(value) or PRELOADED[value][0]}"
+    return "env -u LD_PRELOAD -u MALLOC_MMAP_THRESHOLD_ -u MALLOC_TRIM_THRESHOLD_"
+
+
+def check_lines(value: str) -> list[str]:
+    """Script lines that warn when the process does not run in `value`'s mode."""
+    maps = "open('/proc/self/maps').read() if os.path.exists('/proc/self/maps') else ''"
+    if value in PRELOADED:
+        test = f'"/lib{value}" not in ({maps})'
+    elif value == "glibc-kept":
+        test = " or ".join(f'os.environ.get("{k}") != "{v}"' for k, v in KEPT_ENV.items())
+    else:
+        test = (f'any(v in os.environ for v in ("LD_PRELOAD", {", ".join(repr(k) for k in KEPT_ENV)})) '
+                f'or "/libtcmalloc" in ({maps}) or "/libjemalloc" in ({maps})')
+    return [f"if {test}:  # the trials ran with allocator={value!r}",
+            f'    warnings.warn("this process does not run allocator={value!r}, which the trials measured: start '
+            f'it as the header says ({launch_env(value)} ...); its samples/s can differ by up to 2x")']
+
+
+def allocator_code(k: Any) -> dict[str, list[str]]:
+    if k.allocator is None:
+        return {}
+    launch = launch_env(k.allocator)
+    run = f"torchrun --standalone --nproc-per-node={k.world_size} train_{k.strategy}.py" if k.world_size > 1 \
+        else "python train.py"
+    return {"header": [f"# The trials ran with allocator={k.allocator!r}; start the script the same way"
+                       + (" (every rank inherits it)" if k.world_size > 1 else "") + ":",
+                       f"#   {launch} {run}"],
+            "imports": ["import os", "import warnings"],
+            "setup": check_lines(k.allocator)}
+
+
+def pin_allocator(knobs: Any, mode: str | None) -> Any:
+    """`knobs` with allocator=`mode` (a mode read back from a trial's process) when they left it None."""
+    if knobs.allocator is None and mode in ALLOCATORS:
+        return knobs.replace(allocator=mode)
+    return knobs
+
+
+@dataclass(frozen=True, init=False)
+class ProcessKnobs:
+    """The process knobs, declared once each (Knobs inherits these fields)."""
+
+    allocator: str | None = declare(None, interleave=False, kind="choice", choices=ALLOCATORS, optional=True,
+        group="CPU", widget="dropdown", process_env=allocator_process_env, process_differs=allocator_differs,
+        check_run=allocator_check_run, note=allocator_note, code=allocator_code,
+        fuzz=Fuzz((None,), ("mimalloc", "TCMALLOC", "")),
+        help='the C heap: "glibc" | "glibc-kept" | "tcmalloc" | "jemalloc", each in a fresh process '
+             "(None: the process as it is)")

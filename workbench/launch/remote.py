@@ -1,0 +1,223 @@
+"""A trial in another process: the caller's side (`run_elsewhere`) and the job's (`trial_job`).
+
+The seam every executor shares (the local `FreshProcess`, a cluster's submitit executor): an
+executor is any object with `submit(fn, *args, **kwargs) -> job`, the job has `result()`, `done()`
+and `cancel()` (optionally `job_id`, `state`). The trial travels by value with cloudpickle (the
+workload, the knobs, the run's settings; classes of the user's own modules too, see `by_value`), so
+the job needs the same Python environment but not the notebook's files.
+
+In the job, `trial_job` checks the process runs as the knobs ask (the allocator mapped, glibc's
+settings read back), runs the same phases as a local trial and returns the TrialResult as a plain
+dict, with where and how it ran. Its progress goes to a small JSON file the caller polls, so a
+panel's bar moves; the caller's cancel ends the job. A job that cannot start, crashes, or whose
+mode did not take ends that trial with a status and a message; nothing else is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..core.knobs import Knobs, context, process_differs, process_env
+from ..core.measure import TrialResult, environment, now_iso
+from ..core.progress import Poller, TrialProgress
+from ..core.workload import Workload
+
+POLL_S = 0.1  # how often the caller reads the job's progress file
+PROGRESS_FILE = "progress.json"
+
+
+def process_info() -> dict[str, Any]:
+    """Where and how this process runs: pid, host, allocator mode read back from inside, torch, python."""
+    import torch
+
+    from ..core.system import malloc_policy, mapped_allocator, process_allocator
+
+    return {"pid": os.getpid(), "hostname": socket.gethostname(), "allocator": process_allocator(),
+            "mapped": mapped_allocator() or "", "malloc": malloc_policy(), "torch": torch.__version__,
+            "python": sys.executable, "ld_preload": os.environ.get("LD_PRELOAD", "")}
+
+
+def trial_job(payload: dict[str, Any]) -> dict[str, Any]:
+    """Inside the job's process: run one trial as `payload` describes; {"record", "process"}.
+
+    The record is `TrialResult.to_record()`; a mode that did not take is a failed record (status
+    "error", where "process") before any step runs.
+    """
+    workload: Workload = payload["workload"]
+    knobs: Knobs = payload["knobs"]
+    info = process_info()
+    info["device"] = str(workload.device)
+    differs = process_differs(knobs, context(knobs, workload.device))
+    if differs:
+        why = "; ".join(differs)
+        result = TrialResult(knobs=knobs, status="error", where="process", env=environment(workload.device),
+                             started_at=now_iso(),
+                             message=f"the trial's process did not start as asked: {why} (the platform "
+                                     "may ignore LD_PRELOAD or MALLOC_* variables: macOS, Windows, musl)")
+        return {"record": result.to_record(), "process": info}
+    progress = TrialProgress()
+    path = payload.get("progress_path")
+    writer = _progress_writer(Path(path)) if path else None
+    with Poller(progress, writer) if writer else contextlib.nullcontext():
+        result = payload["here"](workload, knobs, progress=progress, **payload["run"])  # runner.run_here
+    return {"record": result.to_record(), "process": info}
+
+
+def _progress_writer(path: Path) -> Any:
+    def write(phase: str, done: int, total: int) -> None:
+        tmp = path.with_suffix(".tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps([phase, done, total]))
+            os.replace(tmp, path)
+
+    return write
+
+
+def read_progress(path: Path) -> tuple[str, int, int] | None:
+    """The job's last (phase, done, total), or None before it wrote any."""
+    try:
+        phase, done, total = json.loads(path.read_text())
+        return str(phase), int(done), int(total)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def local_modules(*objects: Any) -> list[Any]:
+    """The modules of the user's objects that a job could not import (not installed, not stdlib, not
+    this package): their classes and functions must travel by value. Walks a model's sub-modules too."""
+    skip = [p for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} if p]
+    skip.append(str(Path(__file__).resolve().parents[1]))  # this package
+    seen: dict[str, Any] = {}
+
+    def add(obj: Any) -> None:
+        for target in (obj, type(obj)):
+            name = getattr(target, "__module__", None)
+            mod = sys.modules.get(name) if isinstance(name, str) else None
+            file = getattr(mod, "__file__", None) if mod is not None else None
+            if mod is None or name in seen or name == "__main__" or not file:
+                continue
+            path = str(Path(file).resolve())
+            if not any(path.startswith(str(Path(s).resolve())) for s in skip):
+                seen[name] = mod
+
+    import torch
+
+    for obj in objects:
+        add(obj)
+        if isinstance(obj, torch.nn.Module):
+            for sub in obj.modules():
+                add(sub)
+    return list(seen.values())
+
+
+@contextlib.contextmanager
+def by_value(workload: Workload) -> Iterator[None]:
+    """While pickling: the user's own modules (a test module, a file next to the notebook) travel by
+    value with cloudpickle, as `__main__` does, so the job needs none of the caller's files."""
+    import cloudpickle
+
+    spec = workload.spec
+    mods = local_modules(workload.pristine, spec.dataset, spec.collate_fn, spec.sampler, workload.loss_fn,
+                         workload.step_fn, workload.optimizer_factory)
+    done = []
+    try:
+        for m in mods:
+            with contextlib.suppress(ValueError):
+                cloudpickle.register_pickle_by_value(m)
+                done.append(m)
+        yield
+    finally:
+        for m in done:
+            with contextlib.suppress(ValueError):
+                cloudpickle.unregister_pickle_by_value(m)
+
+
+def executor_for(executor: Any, env: dict[str, str | None]) -> Any:
+    """The executor that starts the trial's process with `env`: the workbench's own (given the env
+    through its `with_env` when it has one), else a local FreshProcess."""
+    if executor is None:
+        from .fresh import FreshProcess
+
+        return FreshProcess(env)
+    if env and hasattr(executor, "with_env"):
+        return executor.with_env(env)
+    return executor
+
+
+def run_elsewhere(executor: Any, workload: Workload, knobs: Knobs, *, progress: TrialProgress,
+                  cancel: threading.Event | None, run: dict[str, Any], here: Callable[..., TrialResult]) -> TrialResult:
+    """Run one trial through `executor` (None: a FreshProcess started with the knobs' process
+    environment); never raises for a failing trial (a job that cannot start or dies is a status).
+    `here` is what the job calls in its process (runner.run_here, passed in: no import circle)."""
+    from ..core.phases import TrialInterrupted
+
+    env = process_env(knobs, context(knobs, workload.device))
+    ex = executor_for(executor, env)
+    started = now_iso()
+    total = run.get("warmup_steps", 0) + run.get("steps", 0)
+    base = getattr(ex, "folder", None)
+    folder = Path(tempfile.mkdtemp(prefix="workbench-progress-", dir=base if base and Path(base).is_dir() else None))
+    payload = {"workload": workload, "knobs": knobs, "run": run, "here": here,
+               "progress_path": str(folder / PROGRESS_FILE)}
+    where = type(ex).__name__
+
+    def failed(status: str, message: str, tb: str = "") -> TrialResult:
+        env_ = {**environment(workload.device), "executor": where}
+        return TrialResult(knobs=knobs, status=status, message=message, env=env_, started_at=started,
+                           where="process", traceback=tb)
+
+    progress.set("starting a process", 0, total)
+    try:
+        try:
+            with by_value(workload):
+                job = ex.submit(trial_job, payload)
+        except Exception as e:  # cannot start, cannot pickle: this trial fails, nothing else
+            return failed("error", f"the trial's process could not start ({where}): {type(e).__name__}: {e}")
+        try:
+            while not job.done():
+                seen = read_progress(folder / PROGRESS_FILE)
+                if seen is not None:
+                    progress.set(*seen)
+                if cancel is not None and cancel.is_set():
+                    job.cancel()
+                    why = getattr(cancel, "reason", "") or "stopped by the user"
+                    return failed("interrupted", f"{why} (its process was ended)")
+                time.sleep(POLL_S)
+            out = job.result()
+        except KeyboardInterrupt:
+            with contextlib.suppress(Exception):
+                job.cancel()
+            raise TrialInterrupted(failed("interrupted", "interrupted by the user (its process was ended)")) from None
+        except Exception as e:  # crashed, killed, raised: the job's text is the message
+            text = str(e).strip()
+            head = text.splitlines()[0] if text else type(e).__name__
+            return failed("error", f"the trial's process ended without a result ({where}): {head}", text)
+        return received(out, knobs, where, getattr(job, "job_id", None))
+    finally:
+        progress.set("done", total, total)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def received(out: dict[str, Any], knobs: Knobs, where: str, job_id: Any) -> TrialResult:
+    """The TrialResult a job returned, with where it ran in its environment record."""
+    result = TrialResult.from_record(out["record"], knobs=knobs)
+    info = dict(out.get("process") or {})
+    env = {**result.env, "executor": where, "process": info}
+    if job_id is not None:
+        env["job_id"] = str(job_id)
+    if info.get("allocator") is not None:
+        env["allocator"] = info["allocator"]
+    object.__setattr__(result, "env", env)
+    return result
