@@ -27,7 +27,7 @@ from ..core.stepshape import StepShape, is_demo_source, is_import_path, shape_of
 from ..core.workload import StepFn, Workload, move_to
 from ..deciding.budget import check_budget_s
 from ..deciding.rounds import compare
-from ..launch.cluster import where_note
+from ..launch.cluster import check_executor, local_device, where_note
 from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel_slot, run_trial, submit_trial
 from ..results import Comparison, ResultLog, safe_file_name
 from ..results.stats import MARGIN, Noise
@@ -89,7 +89,6 @@ class Workbench:
             raise TypeError(f"participant must be a name (str) such as 'ana', got {type(participant).__name__}")
         if participant is not None and not participant.strip():
             raise ValueError("participant is empty: pass your name, e.g. participant='ana'")
-        from ..launch.cluster import check_executor, local_device
 
         self.executor = check_executor(executor)  # None: trials run here, unless their knobs ask for another process
         if not isinstance(budget_counts_queue, bool):
@@ -114,15 +113,9 @@ class Workbench:
         self.log_to(log)
         self._lock = threading.Lock()  # one trial at a time, whoever asks (cell or panel thread)
         self._append_lock = threading.Lock()
-        self._jobs = None
-        if executor is not None:  # every trial a job (cluster.py); what cannot travel is said now
-            from ..launch.jobs import Jobs
-
-            self._jobs = Jobs(executor, self.log.path, device=str(device), counts_queue=budget_counts_queue)
-            self._jobs.travels(self.workload)
-            from ..launch.runner import ROUTES
-
-            ROUTES[self.workload] = self._jobs  # diagnose's analyses of this workload run as jobs too
+        self._jobs, self._jobs_device, self._counts_queue = None, str(device), budget_counts_queue
+        if executor is not None:  # every trial a job (launch/cluster.py); what cannot travel is said now
+            self._jobs_now().travels(self.workload)  # diagnose's analyses of this workload run as jobs too
             for line in self._jobs.reattach(self._record, self._lock):
                 warn_at_caller(f"a job from an earlier kernel: {line}")
 
@@ -130,6 +123,19 @@ class Workbench:
         """Append trials from now on to `log` (a folder, a .jsonl file, or None for memory only),
         under this workbench's participant folder when it has a participant."""
         self.log = ResultLog(_log_path(log, self.name, self.participant), participant=self.participant)
+
+    def _jobs_now(self) -> Any:
+        """The jobs of the current `executor` (None: trials run here); made anew when it was replaced."""
+        if self.executor is None:
+            return None
+        if self._jobs is None or self._jobs.executor is not self.executor:
+            from ..launch.jobs import Jobs
+            from ..launch.runner import ROUTES
+
+            self._jobs = Jobs(check_executor(self.executor), self.log.path, device=self._jobs_device,
+                              counts_queue=self._counts_queue)
+            ROUTES[self.workload] = self._jobs
+        return self._jobs
 
     # ---- validation ----------------------------------------------------------------------
     def _probe(self) -> None:
@@ -210,13 +216,14 @@ class Workbench:
                 warn_at_caller(note)
         trace_dir = (self.log.path.parent if self.log.path is not None else None) if trace else None
         # tune(parallel=N): each watcher thread waits on its own job; only the log's append is serialised
-        lock = contextlib.nullcontext() if self._jobs is not None and in_parallel_slot() else self._lock
+        lock = contextlib.nullcontext() if self.executor is not None and in_parallel_slot() else self._lock
         with lock, shown(progress, desc=self.name) as state:  # bars and callbacks poll it, off the trial thread
             stop = cancel or threading.Event()
             # A trial runs where the user's own loop would: inline when called from the main thread
             # (a cell, a script, the CLI), else (the panel) on the one trial thread. The thread
             # decides the OpenMP pool and the malloc arena, and so the figure (issue 23).
-            future = submit_trial(self._jobs.run_trial if self._jobs else run_trial, self.workload, k, warmup_steps=self.warmup_steps,
+            jobs = self._jobs_now()
+            future = submit_trial(jobs.run_trial if jobs else run_trial, self.workload, k, warmup_steps=self.warmup_steps,
                                   steps=self.steps, progress=state, cancel=stop,
                                   loader_timeout_s=self.loader_timeout_s, trace=trace,
                                   trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s,
@@ -380,7 +387,8 @@ class Workbench:
         if reason is not None:
             raise ValueError(f"these two cannot interleave: {reason}")
         with self._lock:
-            run = functools.partial(in_one_job, self._jobs) if self._jobs else interleaved  # both sides in ONE job
+            jobs = self._jobs_now()
+            run = functools.partial(in_one_job, jobs) if jobs else interleaved  # both sides in ONE job
             future = submit_trial(run, self.workload, a.knobs, b.knobs, a_id=a.trial_id, b_id=b.trial_id,
                                   margin=margin, budget_s=budget_s or BUDGET_S,
                                   warmup_steps=min(self.warmup_steps, INTERLEAVE_WARMUP), cancel=cancel)

@@ -521,7 +521,8 @@ def watch(job: Any, w: Watch, progress: TrialProgress, cancel: threading.Event |
             if cancel is not None and cancel.is_set() and not waiting_deadline:
                 why = getattr(cancel, "reason", "") or "stopped by the user"
                 stop_job(job)
-                raise JobFailed("interrupted", f"{why}: job {w.job_id} cancelled".replace(": job  ", ": job "))
+                raise JobFailed("interrupted", f"{why}: job {w.job_id} cancelled (its process was ended)"
+                                .replace("job  cancelled", "the job cancelled"))
             w.check_alive(sched, now)
             time.sleep(POLL_S)
     except KeyboardInterrupt:
@@ -537,7 +538,8 @@ def watch(job: Any, w: Watch, progress: TrialProgress, cancel: threading.Event |
 
 
 def job_error(job_id: str, e: BaseException) -> str:
-    """A job's failure in one line, with the fix when the node could not load the workload."""
+    """A job's failure in one line (its first line, and its last error line when they differ), with the
+    fix when the node could not load the workload or the job hit its time limit."""
     text = str(e)
     if "ModuleNotFoundError" in text or "No module named" in text:
         return (f"job {job_id} could not load the workload on its node ({_last_line(text, 'No module named')}): the "
@@ -545,9 +547,11 @@ def job_error(job_id: str, e: BaseException) -> str:
     if "timed-out" in text or "TIMEOUT" in text:
         return (f"job {job_id} hit its time limit (submitit signals the job 90 s before timeout_min): raise the "
                 "executor's timeout_min")
-    if "UncompletedJobError" in type(e).__name__ or "has not produced any output" in text:
-        return f"job {job_id} ended without a result: {_last_line(text, 'state')}"
-    return f"job {job_id} failed: {_last_line(text, 'Error')}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    head = lines[0] if lines else type(e).__name__
+    last = _last_line(text, "Error")
+    detail = head if last in ("", head) else f"{head} … {last}"
+    return f"job {job_id} ended without a result: {detail}".replace("job  ended", "the job ended")
 
 
 def _last_line(text: str, word: str) -> str:
@@ -567,9 +571,9 @@ def stop_job(job: Any) -> None:
         pass
 
 
-def failed_trial(knobs: Any, status: str, message: str, w: Watch, started: str) -> TrialResult:
-    """The trial of a job that ended without a result."""
-    return TrialResult(knobs=knobs, status=status, message=message, started_at=started, where="job",
+def failed_trial(knobs: Any, status: str, message: str, w: Watch, started: str, where: str = "process") -> TrialResult:
+    """The trial of a job that ended without a result (`where`: the stage, "process" as for the seam)."""
+    return TrialResult(knobs=knobs, status=status, message=message, started_at=started, where=where,
                        env={"host": w.host} if w.host else {}, extra={"job": w.info()})
 
 

@@ -89,8 +89,13 @@ class Jobs:
         payload = {"workload": workload, "knobs": knobs, "run": run_kwargs, "progress_path": str(pf),
                    "here": functools.partial(here_on_node, device=self.device)}
         progress.set("submitting", 0, 0)
-        with by_value(workload):
-            w.job = ex.submit(trial_job, payload)
+        try:
+            with by_value(workload):
+                w.job = ex.submit(trial_job, payload)
+        except Exception as e:  # cannot start, cannot pickle, sbatch refused: this trial fails, nothing else
+            pf.unlink(missing_ok=True)
+            return failed_trial(knobs, "error", f"the trial's process could not start ({type(ex).__name__}): "
+                                f"{type(e).__name__}: {str(e).strip()[:500]}", w, started, where="process")
         entry = self._register(w, "trial", knobs, started)
         try:
             out = watch(w.job, w, progress, cancel, on_queue=lambda q: self._queued(q, cancel),
@@ -99,7 +104,8 @@ class Jobs:
         except JobFailed as e:
             r = failed_trial(knobs, e.status, e.message, w, started)
         except KeyboardInterrupt:
-            r = failed_trial(knobs, "interrupted", f"interrupted by the user: job {w.job_id} cancelled", w, started)
+            r = failed_trial(knobs, "interrupted", f"interrupted by the user: job {w.job_id} cancelled (its process "
+                             "was ended)", w, started)
             self._forget(entry, pf)
             raise TrialInterrupted(r) from None
         except Exception as e:  # a job that returned something that is not a trial record
