@@ -60,7 +60,8 @@ def test_core_install_leaves_the_notebook_stack_to_extras():
     assert {_norm(r)[0] for r in extras["notebook"]} == {"ipywidgets", "anywidget", "altair", "vl-convert-python",
                                                        "jupyterlab"}
     assert {_norm(r)[0] for r in extras["tensorboard"]} == {"tensorboard"}
-    assert f"{SELF}[notebook,tensorboard]" in extras["test"]  # notebooks are tests; so is the export
+    assert f"{SELF}[notebook,tensorboard,cluster]" in extras["test"]  # notebooks are tests; so are the export and jobs
+    assert {_norm(r)[0] for r in extras["cluster"]} == {"submitit", "cloudpickle"}
     # make lab installs what the notebooks need; make test adds the test extra (issue 40)
     make = (ROOT / "Makefile").read_text()
     lab = make.split("$(VENV)/.installed:", 1)[1].split("\n\n", 1)[0]

@@ -280,6 +280,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "usable_cores": usable_cores(),  # affinity and cgroup quota
         "threads": torch.get_num_threads(),
         "platform": platform.platform(terse=True),
+        "host": platform.node().split(".")[0],  # the machine (a cluster's trials run on its nodes)
         # the machine, whatever device the trial ran on (a workshop compares machines)
         "cpu_model": _cpu_name(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # e.g. AVX2, AVX512

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..core.knobs import Knobs, traits
 from ..core.measure import TrialResult
+from ..launch.cluster import QUEUED, work_clock  # noqa: F401  (QUEUED re-exported: budgets leave queue time out)
 
 OVERRUN = 1.1  # the cap: tune()'s whole wall time stays within budget_s x OVERRUN
 DEADLINE = 1.05  # a running trial is stopped at budget_s x DEADLINE (the rest is for recording and the result)
@@ -88,15 +89,30 @@ def estimate(knobs: Knobs, measured: Sequence[tuple[Knobs, float, bool]]) -> flo
 
 class Deadline(threading.Event):
     """A trial's cancel Event that a timer sets at the deadline, with `reason` for the trial's message.
-    Ctrl-C (bench.run's own `set()`) leaves `reason` empty: that stop is the user's."""
+    Ctrl-C (bench.run's own `set()`) leaves `reason` empty: that stop is the user's. `postpone(s)` moves
+    the deadline on (a job's queue time, which the budget does not count)."""
 
     def __init__(self, seconds: float, reason: str) -> None:
         super().__init__()
         self.reason = ""
         self._why = reason
-        self._timer = threading.Timer(max(0.0, seconds), self.expire)
+        self._at = time.monotonic() + max(0.0, seconds)
+        self._arm()
+
+    def _arm(self) -> None:
+        self._timer = threading.Timer(max(0.0, self._at - time.monotonic()), self.expire)
         self._timer.daemon = True
         self._timer.start()
+
+    def postpone(self, seconds: float) -> None:
+        """Move the deadline `seconds` later, re-opening it if it expired meanwhile."""
+        self._timer.cancel()
+        self._at += max(0.0, seconds)
+        if self.expired and self._at > time.monotonic():
+            self.reason = ""
+            self.clear()
+        if not self.is_set():
+            self._arm()
 
     def expire(self) -> None:
         self.reason = self._why
@@ -183,7 +199,7 @@ class Allowance:
     within budget_s x OVERRUN plus the needed trials. A trial stopped there is in `spent.stopped`
     (status "interrupted": never evidence). `budget_s=None` runs every trial whole, and counts."""
 
-    def __init__(self, budget_s: float | None, what: str, *, clock: Callable[[], float] = time.perf_counter,
+    def __init__(self, budget_s: float | None, what: str, *, clock: Callable[[], float] = work_clock,
                  whole_first: bool = True) -> None:
         check_budget_s(budget_s)
         self.budget_s, self.what, self.clock = budget_s, what, clock

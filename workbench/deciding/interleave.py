@@ -309,3 +309,32 @@ def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float,
     if c is None:
         raise InterleaveFailed("no pair of turns was measured")
     return c
+
+
+def on_node(workload: Workload, a: Knobs, b: Knobs, **kwargs: Any) -> tuple[str, Any]:
+    """Inside a job: `interleaved` on this node; ("ok", Comparison) or ("failed", InterleaveFailed's fields)."""
+    try:
+        return "ok", interleaved(workload, a, b, **kwargs)
+    except InterleaveFailed as e:
+        return "failed", {"message": str(e), "side": e.side, "status": e.status, "comparison": e.comparison}
+
+
+def in_one_job(jobs: Any, workload: Workload, a: Knobs, b: Knobs, *, cancel: threading.Event | None = None,
+               **kwargs: Any) -> Comparison:
+    """`interleaved` inside ONE job on the executor's node (launch/jobs.py): both sides take turns in
+    the job's process, so differences between nodes cancel. The note names the job and its node; a
+    side's failure, or a job that ends without a result (its scheduler's reason), raises InterleaveFailed."""
+    from dataclasses import replace
+
+    from ..launch.cluster import JobFailed
+
+    try:
+        (outcome, value), env, job = jobs.call_where(on_node, workload, a, b, cancel=cancel, **kwargs)
+    except JobFailed as e:
+        raise InterleaveFailed(e.message, status=e.status) from None
+    where = (f"inside job {job.get('id') or '?'} on {env.get('host', '?')} "
+             f"({env.get('device_name') or env.get('device', '?')})")
+    if outcome == "failed":
+        raise InterleaveFailed(f"{value['message']} ({where})", side=value["side"], status=value["status"],
+                               comparison=value["comparison"])
+    return replace(value, note=f"{value.note} Both sides took turns {where}, so node differences cancel.".strip())

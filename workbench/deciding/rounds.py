@@ -8,7 +8,6 @@ look); this module only runs trials through the caller's `run(knobs)` and hands 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -17,7 +16,7 @@ from ..core.measure import TrialResult
 from ..results.comparison import Trials, caveats, check_margin, judge, noise_of, rate_for, rates, trials_of, usable
 from ..results.log import ResultLog
 from ..results.stats import MARGIN, Comparison, Noise, decide_sequential
-from .budget import Allowance, check_budget_s, takes_cancel
+from .budget import Allowance, check_budget_s, takes_cancel, work_clock
 
 Run = Callable[[Knobs], TrialResult | None]
 
@@ -46,7 +45,7 @@ def compare(a: Trials, b: Trials, *, rounds: int | str = 0, run: Run | None = No
         raise ValueError(f"rounds must be 'auto' or an int >= 0 (extra trials of each configuration), got {rounds!r}")
     if rounds and run is None:
         raise ValueError("rounds need a way to run trials: call bench.compare(a, b, rounds=N), or pass run=bench.run")
-    note, done, t0 = "", 0, time.perf_counter()
+    note, done, t0 = "", 0, work_clock()
     for i in range(rounds):
         pair, note = _one_round(run, runs_a, runs_b, i, done)  # type: ignore[arg-type]
         if note:
@@ -57,7 +56,7 @@ def compare(a: Trials, b: Trials, *, rounds: int | str = 0, run: Run | None = No
     if log is not None and done:  # the rounds taught the log more about the noise: re-read it
         noise = None
     return judge(runs_a, runs_b, log=log, noise=noise, margin=margin, rounds=done, note=note,
-                 seconds=time.perf_counter() - t0 if rounds else None)
+                 seconds=work_clock() - t0 if rounds else None)
 
 
 def _one_round(run: Run, runs_a: list[TrialResult], runs_b: list[TrialResult], i: int, done: int,
@@ -105,7 +104,7 @@ def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *, run: 
         abs(first_a.trial_id - first_b.trial_id) == 1
     pa, pb = ([first_a], [first_b]) if paired else ([], [])
     looks = max_rounds + len(pa)
-    note, done, t0, c = "", 0, time.perf_counter(), None
+    note, done, t0, c = "", 0, work_clock(), None
     # The paired sd's prior is learnt from back-to-back repeats already in the log: evidence
     # independent of these rounds (re-learning it from them would over-trust their own spread).
     before = log.noise if log is not None else noise_of([*pa, *pb])
@@ -116,12 +115,12 @@ def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *, run: 
                                  margin=margin, a_trials=[r.trial_id for r in pa],
                                  b_trials=[r.trial_id for r in pb], rounds=done,
                                  note=caveats(pa, pb, note),
-                                 seconds=time.perf_counter() - t0, max_rounds=max_rounds), rate=rate)
+                                 seconds=work_clock() - t0, max_rounds=max_rounds), rate=rate)
 
     if pa:
         c = look()
     while (c is None or c.answer == "undecided") and done < max_rounds:
-        spent = time.perf_counter() - t0
+        spent = work_clock() - t0
         if budget_s is not None and done and spent + spent / done > budget_s:
             note = f"Stopped after {done} rounds: another round would pass budget_s={budget_s:g} s."
             break

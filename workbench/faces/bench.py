@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import threading
@@ -25,7 +27,8 @@ from ..core.stepshape import StepShape, is_demo_source, is_import_path, shape_of
 from ..core.workload import StepFn, Workload, move_to
 from ..deciding.budget import check_budget_s
 from ..deciding.rounds import compare
-from ..launch.runner import Progress, TrialInterrupted, check_knobs, run_trial, submit_trial
+from ..launch.cluster import check_executor, local_device, where_note
+from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel_slot, run_trial, submit_trial
 from ..results import Comparison, ResultLog, safe_file_name
 from ..results.stats import MARGIN, Noise
 
@@ -80,13 +83,20 @@ class Workbench:
         participant: str | None = None,
         collective_timeout_s: float = 120.0,
         executor: Any = None,
+        budget_counts_queue: bool = False,
     ) -> None:
         if participant is not None and not isinstance(participant, str):
             raise TypeError(f"participant must be a name (str) such as 'ana', got {type(participant).__name__}")
         if participant is not None and not participant.strip():
             raise ValueError("participant is empty: pass your name, e.g. participant='ana'")
+
+        self.executor = check_executor(executor)  # None: trials run here, unless their knobs ask for another process
+        if not isinstance(budget_counts_queue, bool):
+            raise TypeError(f"budget_counts_queue must be True or False, got {budget_counts_queue!r}")
+        # On an executor the trials run on the job's node: "auto" (or "cuda" asked from a login node
+        # without a GPU) is resolved there; here the one-step check runs on what this machine has.
         self.workload = Workload(model, data, loss_fn=loss_fn, optimizer=optimizer, step_fn=step_fn,
-                                 device=device, seed=seed)
+                                 device=local_device(device) if executor is not None else device, seed=seed)
         self.name = name or type(model).__name__
         if steps < 2 or warmup_steps < 0:
             raise ValueError(f"steps must be >= 2 (for a median and IQR) and warmup_steps >= 0; got {steps}, {warmup_steps}")
@@ -94,10 +104,6 @@ class Workbench:
         self.steps = steps
         self.loader_timeout_s = loader_timeout_s
         self.collective_timeout_s = collective_timeout_s  # world_size > 1: a hung rank fails the trial after this
-        if executor is not None and not callable(getattr(executor, "submit", None)):
-            raise TypeError(f"executor must have submit(fn, *args) -> job (wb.FreshProcess(), a submitit executor), "
-                            f"got {type(executor).__name__}")
-        self.executor = executor  # None: trials run here, unless their knobs ask for another process
         spec = self.workload.spec
         self.defaults = knobs or Knobs(batch_size=min(spec.default_batch_size, len(spec)) if not spec.iterable else spec.default_batch_size,
                                        num_workers=spec.default_num_workers)
@@ -106,12 +112,31 @@ class Workbench:
         self.participant = participant
         self.log_to(log)
         self._lock = threading.Lock()  # one trial at a time, whoever asks (cell or panel thread)
+        self._append_lock = threading.Lock()
+        self._jobs, self._jobs_device, self._counts_queue = None, str(device), budget_counts_queue
+        if executor is not None:  # every trial a job (launch/cluster.py); what cannot travel is said now
+            self._jobs_now().travels(self.workload)  # diagnose's analyses of this workload run as jobs too
+            for line in self._jobs.reattach(self._record, self._lock):
+                warn_at_caller(f"a job from an earlier kernel: {line}")
 
     def log_to(self, log: str | os.PathLike | None) -> None:
         """Append trials from now on to `log` (a folder, a .jsonl file, or None for memory only),
         under this workbench's participant folder when it has a participant."""
         self.log = ResultLog(_log_path(log, self.name, self.participant), participant=self.participant)
         self.log.defaults = self.defaults  # labels name what differs from this workbench's defaults
+
+    def _jobs_now(self) -> Any:
+        """The jobs of the current `executor` (None: trials run here); made anew when it was replaced."""
+        if self.executor is None:
+            return None
+        if self._jobs is None or self._jobs.executor is not self.executor:
+            from ..launch.jobs import Jobs
+            from ..launch.runner import ROUTES
+
+            self._jobs = Jobs(check_executor(self.executor), self.log.path, device=self._jobs_device,
+                              counts_queue=self._counts_queue)
+            ROUTES[self.workload] = self._jobs
+        return self._jobs
 
     # ---- validation ----------------------------------------------------------------------
     def _probe(self) -> None:
@@ -192,16 +217,19 @@ class Workbench:
             for note in loud:
                 warn_at_caller(note)
         trace_dir = (self.log.path.parent if self.log.path is not None else None) if trace else None
-        with self._lock, shown(progress, desc=self.name) as state:  # bars and callbacks poll it, off the trial thread
+        # tune(parallel=N): each watcher thread waits on its own job; only the log's append is serialised
+        lock = contextlib.nullcontext() if self.executor is not None and in_parallel_slot() else self._lock
+        with lock, shown(progress, desc=self.name) as state:  # bars and callbacks poll it, off the trial thread
             stop = cancel or threading.Event()
             # A trial runs where the user's own loop would: inline when called from the main thread
             # (a cell, a script, the CLI), else (the panel) on the one trial thread. The thread
             # decides the OpenMP pool and the malloc arena, and so the figure (issue 23).
-            future = submit_trial(run_trial, self.workload, k, warmup_steps=self.warmup_steps,
+            jobs = self._jobs_now()
+            future = submit_trial(jobs.run_trial if jobs else run_trial, self.workload, k, warmup_steps=self.warmup_steps,
                                   steps=self.steps, progress=state, cancel=stop,
                                   loader_timeout_s=self.loader_timeout_s, trace=trace,
                                   trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s,
-                                  stop=self._stop_rule(k) if stop_early else None, executor=self.executor)
+                                  stop=self._stop_rule(k) if stop_early else None)
             try:
                 result = _wait(future)
                 if not result.ok:  # the bar ends in the trial's status, not the runner's "done"
@@ -251,7 +279,8 @@ class Workbench:
     def _record(self, result: TrialResult) -> TrialResult:
         """Append a finished trial to the log, stamped with the step it ran (for its `to_code()`)."""
         result.extra.setdefault("step", self.step_shape.to_record())
-        return self.log.append(result)
+        with self._append_lock:  # the one writer of the log, whichever thread a trial ended on
+            return self.log.append(result)
 
     def to_code(self, trial: int | TrialResult | Knobs | None = None, **kwargs: Any) -> str:
         """The training script of a trial (id or result), a Knobs value, or (None) the best trial so
@@ -353,6 +382,7 @@ class Workbench:
             c = compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log, max_rounds=max_rounds,
                         margin=margin, budget_s=budget_s)
             c = replace(c, note=f"{note} {c.note}".strip()) if note else c
+        c = where_note(c, ra, rb)
         if rounds:  # new evidence was measured: the log keeps the comparison (the table's verdict uses it)
             self.log.record_comparison(c, ra.knobs, rb.knobs)
         return c
@@ -384,13 +414,15 @@ class Workbench:
         naming why when the pair cannot interleave (its knobs; on CUDA both trials' peaks against free
         memory), and interleave.InterleaveFailed when a side fails (its side, status and pairs so far).
         """
-        from ..deciding.interleave import BUDGET_S, INTERLEAVE_WARMUP, interleaved, memory_reason, why_not
+        from ..deciding.interleave import BUDGET_S, INTERLEAVE_WARMUP, in_one_job, interleaved, memory_reason, why_not
 
         reason = why_not(a.knobs, b.knobs) or memory_reason(self.device, a.peak_memory_bytes, b.peak_memory_bytes)
         if reason is not None:
             raise ValueError(f"these two cannot interleave: {reason}")
         with self._lock:
-            future = submit_trial(interleaved, self.workload, a.knobs, b.knobs, a_id=a.trial_id, b_id=b.trial_id,
+            jobs = self._jobs_now()
+            run = functools.partial(in_one_job, jobs) if jobs else interleaved  # both sides in ONE job
+            future = submit_trial(run, self.workload, a.knobs, b.knobs, a_id=a.trial_id, b_id=b.trial_id,
                                   margin=margin, budget_s=budget_s or BUDGET_S,
                                   warmup_steps=min(self.warmup_steps, INTERLEAVE_WARMUP), cancel=cancel)
             return _wait(future)

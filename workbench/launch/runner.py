@@ -22,6 +22,7 @@ import gc
 import os
 import threading
 import traceback
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -229,6 +230,14 @@ def trace_after(step: TrainStep, source: BatchSource, path: Any, stage: Stage, p
 
 _TRIAL_THREAD: concurrent.futures.ThreadPoolExecutor | None = None
 TRIAL_THREAD_NAME = "workbench-trial"
+# tune(parallel=N) with an executor: each of these threads watches one job (no trial runs in this
+# process), so several wait side by side instead of queueing on the one trial thread.
+PARALLEL_THREAD_NAME = "workbench-parallel"
+
+
+def in_parallel_slot() -> bool:
+    """Whether this thread is one of tune(parallel=N)'s job watchers."""
+    return threading.current_thread().name.startswith(PARALLEL_THREAD_NAME)
 
 
 def trial_thread() -> concurrent.futures.ThreadPoolExecutor:
@@ -249,7 +258,7 @@ def submit_trial(fn: Callable[..., T], *args: Any, **kwargs: Any) -> concurrent.
     on a second thread, none on the main thread). Measuring where the user's loop runs reads what
     it reads; the panel, which must not block the kernel, keeps the trial thread.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() and not in_parallel_slot():
         return trial_thread().submit(fn, *args, **kwargs)
     future: concurrent.futures.Future[T] = concurrent.futures.Future()
     try:
@@ -275,11 +284,20 @@ def on_trial_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             continue
 
 
+# Workloads whose trials run as jobs (Workbench(executor=...)): workload -> its jobs.Jobs. An analysis
+# (diagnose's profile, loader rate, memory, FLOPs) of such a workload runs inside a job too.
+ROUTES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
 def trial_threaded(fn: Callable[..., T]) -> Callable[..., T]:
-    """Decorator: the function always runs on the trial thread (see `on_trial_thread`)."""
+    """Decorator: the function always runs on the trial thread (see `on_trial_thread`), or, for a
+    workload (first argument) whose trials run as jobs, inside a job on the executor's node."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T:
+        jobs = ROUTES.get(args[0]) if args else None
+        if jobs is not None:
+            return jobs.call(wrapper, *args, **kwargs)
         return on_trial_thread(fn, *args, **kwargs)
 
     return wrapper

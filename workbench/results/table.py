@@ -75,13 +75,17 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
         row.update((name, ",".join(getattr(r.knobs, name))) for name in BLOCK_KNOBS)
         row["notes"] = "; ".join(r.notes)
         row["device"] = r.env.get("device", "")
+        job = r.extra.get("job") if isinstance(r.extra, dict) else None
+        row["job"] = str(job.get("id") or "") if isinstance(job, dict) else ""  # the scheduler's job id (cluster.py)
+        row["node"] = r.env.get("host", "")
+        row["queue_s"] = job.get("queue_s") if isinstance(job, dict) else None  # waited in the queue (not measured)
         row["process_mode"] = r.env.get("allocator", "")  # the allocator its process ran in, read back
         row["participant"] = r.participant
         row["trace_path"] = r.trace_path
         row["started_at"] = r.started_at
         rows.append(row)
     df = pd.DataFrame(rows)
-    for col in ("speedup", "samples_per_s_low", "samples_per_s_high"):
+    for col in ("speedup", "samples_per_s_low", "samples_per_s_high", "queue_s"):
         df[col] = df[col].astype(float)
     for col in OPTIONAL_INT_KNOBS:
         if col in df:

@@ -22,14 +22,13 @@ Every decision goes through `answer_of`, one adapter over `compare` (the same fu
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult, fmt_bytes
-from ..deciding.budget import DEADLINE, Spend, cost_class, estimate
+from ..deciding.budget import DEADLINE, Spend, cost_class, estimate, work_clock
 from ..deciding.interleave import INTERLEAVE_WARMUP, MIN_PAIRS, WARMUP_S, InterleaveFailed, why_not
 from ..deciding.rounds import compare
 from ..results.comparison import Trials
@@ -86,10 +85,11 @@ class Ctx:
     """The tuner's budget (trials and seconds), its trials, and the path's rows."""
 
     def __init__(self, bench: Bench, limit: int, budget_s: float | None, memory_cap: float | None,
-                 memory_budget: int | None, stop_early: bool = True) -> None:
+                 memory_budget: int | None, stop_early: bool = True, parallel: int = 1) -> None:
         self.bench, self.limit, self.budget_s = bench, limit, budget_s
+        self.parallel = parallel  # trials in flight at once (jobs on an executor: tune(parallel=N))
         self.memory_cap, self.memory_budget = memory_cap, memory_budget
-        self.t0, self.used, self.durations = time.perf_counter(), 0, []
+        self.t0, self.used, self.durations = work_clock(), 0, []
         self.rows: list[dict[str, Any]] = []
         self.start: Entry | None = None
         self.stop_early = stop_early
@@ -99,7 +99,7 @@ class Ctx:
         self.interleaved: dict[tuple[Knobs, Knobs], tuple[Comparison | None, Entry | None, str]] = {}
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
+        return work_clock() - self.t0
 
     def fits(self, knobs: Knobs, factor: float = 1.0) -> bool:
         """Whether a trial of `knobs` (its estimate x `factor`) fits the seconds left."""
@@ -130,13 +130,34 @@ class Ctx:
             r = again if again is not None and again.ok else r
         return r
 
+    def run_many(self, knobs: list[Knobs]) -> list[TrialResult | None]:
+        """`run` for each, in order; with `parallel` > 1 up to that many at once (each a job on the
+        bench's executor, watched from its own thread), in batches, so the estimates of one batch
+        decide what the next may start."""
+        if self.parallel <= 1 or len(knobs) <= 1:
+            return [self.run(k) for k in knobs]
+        import concurrent.futures
+
+        from ..launch.runner import PARALLEL_THREAD_NAME
+
+        out: list[TrialResult | None] = []
+        with concurrent.futures.ThreadPoolExecutor(self.parallel, thread_name_prefix=PARALLEL_THREAD_NAME) as pool:
+            for i in range(0, len(knobs), self.parallel):
+                if not self.used:  # the first trial alone: its time is every estimate's reference
+                    out.append(self.run(knobs[i]))
+                    batch = knobs[i + 1:i + self.parallel]
+                else:
+                    batch = knobs[i:i + self.parallel]
+                out += [f.result() for f in [pool.submit(self.run, k) for k in batch]]
+        return out
+
     def _once(self, knobs: Knobs) -> TrialResult | None:
         if self.used and not self.fits(knobs):
             self.spent.not_started += 1
             return None
         at = self.budget_s * DEADLINE - self.elapsed() if self.budget_s is not None and self.used else None
         r = self.spent.run(self.bench.run, knobs, purpose=self.purpose, deadline_in_s=at,  # the start runs whole
-                           stop_early=self.stop_early, clock=time.perf_counter)
+                           stop_early=self.stop_early, clock=work_clock)
         self.used += 1
         if r.trial_id not in self.spent.stopped:
             self.durations.append(self.spent.measured[-1][1])
@@ -159,6 +180,8 @@ class Ctx:
         ref = self.start.mean if self.start is not None and self.start.mean else None
         row = {"stage": e.stage, "change": e.label, "trial": r.trial_id, "samples_per_s": r.samples_per_s,
                "speedup": (r.samples_per_s / ref) if ref and r.samples_per_s else None, "decision": decision}
+        if isinstance(r.extra.get("job"), dict):  # a job (an executor): which node measured it
+            row["node"] = r.env.get("host") or r.extra["job"].get("node")
         self.rows.append(row)
         return row
 
@@ -182,10 +205,8 @@ def race(ctx: Ctx, entries: list[Entry], rounds: int = MAX_ROUNDS, rested: tuple
             break
         if rnd >= 2 and len(alive) == 2:  # a pair left: the next race carries the leader (and the start)
             break
-        for e in alive if rnd % 2 == 0 else alive[::-1]:
-            if rnd == 0 and any(e is x for x in rested):
-                continue
-            r = ctx.run(e.knobs)
+        todo = [e for e in (alive if rnd % 2 == 0 else alive[::-1]) if not (rnd == 0 and any(e is x for x in rested))]
+        for e, r in zip(todo, ctx.run_many([e.knobs for e in todo])):
             if r is None:  # its estimate does not fit the seconds left
                 ctx.rows.append({"stage": e.stage, "change": e.label, "trial": None, "samples_per_s": None,
                                  "speedup": None, "decision": "not run: its estimate does not fit the seconds left"})
@@ -290,7 +311,7 @@ def interleaved_answer(ctx: Ctx, a: Entry, b: Entry, purpose: str) -> tuple[Comp
     if seconds is None:
         return None, None, ""
     out: tuple[Comparison | None, Entry | None, str] = (None, None, "")
-    t = time.perf_counter()
+    t = work_clock()
     try:
         c = run(a.trials[-1], b.trials[-1], margin=SAME_MARGIN, budget_s=seconds)
         ctx.bench.log.record_comparison(c, a.knobs, b.knobs)
@@ -302,7 +323,7 @@ def interleaved_answer(ctx: Ctx, a: Entry, b: Entry, purpose: str) -> tuple[Comp
     except ValueError:  # the memory check: both trials' peaks do not fit in free memory together
         pass
     finally:
-        ctx.spent.add(purpose, time.perf_counter() - t)
+        ctx.spent.add(purpose, work_clock() - t)
     ctx.interleaved[key] = out
     return out
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import html
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ from ..core.knobs import Knobs, tunable_knobs
 from ..core.measure import TrialResult
 from ..core.stepshape import StepShape
 from ..core.system import available_allocators
-from ..deciding.budget import EXPLAIN_PRIOR, Spend, check_budget_s
+from ..deciding.budget import EXPLAIN_PRIOR, Spend, check_budget_s, work_clock
 from ..diagnose.verdict import ALLOCATOR_SHARE
 from ..results.protocol import Bench
 from ..results.stats import Comparison
@@ -281,10 +280,10 @@ def _explain(ctx: Ctx, start: TrialResult, best: TrialResult) -> Any:
                          "decision": f"not explained: its {need} traced repeat(s) would pass the budget "
                                     "(bench.explain(start, best) runs them)"})
         return None
-    before, t = len(ctx.bench.trials), time.perf_counter()
+    before, t = len(ctx.bench.trials), work_clock()
     why = explain_winner(ctx.bench, start, best)
     ctx.used += len(ctx.bench.trials) - before  # the traced repeats are trials of this tune() call
-    ctx.spent.add("explain", time.perf_counter() - t)
+    ctx.spent.add("explain", work_clock() - t)
     return why
 
 
@@ -347,10 +346,20 @@ def n_trials_of(n_trials: int | None, old: dict[str, Any]) -> int | None:
     return renamed("tune", "n_trials", n_trials, old, "budget", " (a cap on trials; seconds are budget_s)")
 
 
+def _check_parallel(bench: Bench, parallel: object) -> None:
+    """ValueError unless `parallel` is a whole number >= 1, and > 1 only with an executor (jobs)."""
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ValueError(f"parallel must be a whole number of jobs >= 1, got {parallel!r}")
+    if parallel > 1 and getattr(bench, "executor", None) is None:
+        raise ValueError(f"parallel={parallel} keeps several jobs in flight, which needs an executor: "
+                         "Workbench(..., executor=submitit.AutoExecutor(folder, cluster='slurm')); trials in "
+                         "this process run one at a time")
+
+
 def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = None, start: Knobs | None = None,
          memory_budget: int | None = None, stages: tuple[str, ...] = STAGES, max_batch_size: int | None = None,
          headroom: float = DEFAULT_HEADROOM, axes: tuple[str, ...] | None = None, confirm: bool = True,
-         explain: bool = True, stop_early: bool = True, **old: Any) -> TuneResult:
+         explain: bool = True, stop_early: bool = True, parallel: int = 1, **old: Any) -> TuneResult:
     """Race candidates under noise within `budget_s` seconds (and `n_trials` trials); returns the best.
 
     The first race holds the start, each stage's options and cross-stage pairs; later races stack
@@ -364,11 +373,14 @@ def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = 
     (recorded as stopped by the budget, never evidence); `TuneResult.spent` says how the seconds went.
     `stop_early=False` runs every trial's whole window (by default a trial far slower than the baseline
     stops after a few steps, earlystop.py).
+    `parallel=N` (a Workbench with an executor, docs/cluster.md) keeps up to N jobs in flight in each race
+    round; the path's `node` column says which node measured each trial.
     """
     limit = _check(n_trials_of(n_trials, old), budget_s, stages, memory_budget, headroom)
+    _check_parallel(bench, parallel)
     ceiling = memory_ceiling(bench, memory_budget)
     ctx = Ctx(bench, limit, budget_s, None if ceiling is None else ceiling * (1 - headroom), memory_budget,
-               stop_early=stop_early)
+              stop_early=stop_early, parallel=parallel)
     k0 = start or bench.defaults
     ctx.start = first = Entry("start", "the start", k0)
     ctx.purpose = "start"

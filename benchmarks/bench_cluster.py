@@ -1,0 +1,112 @@
+"""Trials as SLURM jobs against the same trials in process, on the same node (issue 44).
+
+1. Submit-to-result overhead per trial: the wall time of `bench.run()` through a one-node SLURM
+   (submitit's AutoExecutor) minus the wall time of the same trial in this process; split into the
+   queue (sbatch to RUNNING), the job's start (its Python, imports, unpickling the workload) and the
+   rest; and the calling process's own CPU seconds while a job trial runs (it trains nothing).
+2. Agreement: the same knobs' samples/s in a job and in this process, alternating (ABBA, so drift
+   hits both sides), R rounds: the ratio job/in-process with a 95% interval over rounds.
+
+The model class is defined in this script (`__main__`): it reaches the job by value.
+Needs a running SLURM (sudo scripts/slurm_up.sh). Run:
+    flock -x /tmp/cpu.lock .venv/bin/python benchmarks/bench_cluster.py [rounds]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from torch.utils.data import TensorDataset
+
+import workbench as wb
+
+BATCH, WARMUP, STEPS = 64, 5, 30
+
+
+class HeldOutMLP(torch.nn.Module):  # defined here, in __main__: travels to the job by value
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                       torch.nn.ReLU(), torch.nn.Linear(512, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def make_bench(executor: object | None, log: str) -> wb.Workbench:
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(4096, 256), torch.randint(0, 10, (4096,)))
+    return wb.Workbench(HeldOutMLP(), data, loss_fn=torch.nn.CrossEntropyLoss(),
+                        optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9), log=log, device="cpu",
+                        warmup_steps=WARMUP, steps=STEPS, knobs=wb.Knobs(batch_size=BATCH), executor=executor)
+
+
+def timed(bench: wb.Workbench) -> tuple[wb.TrialResult, float, float]:
+    t, c = time.perf_counter(), time.process_time()
+    r = bench.run(progress=False, stop_early=False)
+    if not r.ok:
+        raise SystemExit(f"trial failed: {r.status}: {r.message}")
+    return r, time.perf_counter() - t, time.process_time() - c
+
+
+def interval(ratios: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of the ratios and its 95% t-interval (over rounds, on the log scale)."""
+    logs = [math.log(x) for x in ratios]
+    m = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(m), math.nan, math.nan
+    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}.get(len(logs), 2.2)
+    half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(m), math.exp(m - half), math.exp(m + half)
+
+
+def main(rounds: int = 6) -> None:
+    import submitit
+
+    load0 = os.getloadavg()
+    folder = tempfile.mkdtemp(prefix="bench-cluster-")
+    ex = submitit.AutoExecutor(os.path.join(folder, "jobs"), cluster="slurm")
+    ex.update_parameters(timeout_min=10, slurm_cpus_per_task=os.cpu_count() or 1)
+    here, job = make_bench(None, os.path.join(folder, "here")), make_bench(ex, os.path.join(folder, "job"))
+    timed(here)  # one unmeasured trial each: first-use costs (imports, allocator) out of the figures
+    timed(job)
+    rows = []
+    for i in range(rounds):
+        order = ("here", "job") if i % 2 == 0 else ("job", "here")  # ABBA
+        got = {}
+        for side in order:
+            got[side] = timed(here if side == "here" else job)
+        (rh, wh, _ch), (rj, wj, cj) = got["here"], got["job"]
+        info = rj.extra["job"]
+        rows.append({"wall_here": wh, "wall_job": wj, "cpu_caller": cj, "queue_s": info.get("queue_s") or 0.0,
+                     "start_s": info.get("start_s") or 0.0, "sps_here": rh.samples_per_s, "sps_job": rj.samples_per_s,
+                     "node": rj.env.get("host")})
+        print(f"round {i + 1}: in process {wh:.2f} s {rh.samples_per_s:,.0f} samples/s | job {info['id']} on "
+              f"{rj.env.get('host')} {wj:.2f} s (queue {info.get('queue_s') or 0:.2f} s, start "
+              f"{info.get('start_s') or 0:.2f} s) {rj.samples_per_s:,.0f} samples/s | caller CPU {cj:.2f} s", flush=True)
+    load1 = os.getloadavg()
+    med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
+    over = [r["wall_job"] - r["wall_here"] for r in rows]
+    g, lo, hi = interval([r["sps_job"] / r["sps_here"] for r in rows])
+    print()
+    print(f"machine: {platform.node()} ({platform.processor() or platform.machine()}), {os.cpu_count()} cores, "
+          f"torch {torch.__version__}; SLURM one node; {rounds} rounds ABBA, {WARMUP}+{STEPS} steps per trial")
+    print(f"load average before {load0[0]:.2f}, after {load1[0]:.2f}")
+    print(f"wall per trial: in process {med('wall_here'):.2f} s, as a job {med('wall_job'):.2f} s; overhead median "
+          f"{statistics.median(over):.2f} s (min {min(over):.2f}, max {max(over):.2f})")
+    print(f"  of which queue (sbatch to RUNNING) {med('queue_s'):.2f} s, job start (Python, imports, unpickling) "
+          f"{med('start_s'):.2f} s")
+    print(f"caller's CPU while a job trial runs: {med('cpu_caller'):.2f} s of {med('wall_job'):.2f} s wall")
+    print(f"samples/s job / in process: {g:.3f} (95% interval {lo:.3f} .. {hi:.3f}); in process median "
+          f"{med('sps_here'):,.0f}, job median {med('sps_job'):,.0f}")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 6)

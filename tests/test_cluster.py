@@ -1,0 +1,319 @@
+"""Trials as jobs (cluster.py, jobs.py): any submit/result/done/cancel executor, submitit's local
+executor, and a real one-node SLURM (scripts/slurm_up.sh; those tests skip, saying why, without one)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import platform
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+from conftest import TinyNet, tiny_data
+
+import workbench as wb
+from workbench.core.measure import TrialResult
+from workbench.deciding.budget import Deadline
+from workbench.launch import cluster
+from workbench.launch.cluster import QUEUED, work_clock
+
+HOST = platform.node().split(".")[0]
+
+
+def slurm_reason() -> str | None:
+    """Why the SLURM tests cannot run here (None when a node is idle)."""
+    if shutil.which("sinfo") is None:
+        return "no SLURM here (sinfo not found): apt-get install slurm-wlm munge, then sudo scripts/slurm_up.sh"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"sinfo failed ({e}): run sudo scripts/slurm_up.sh"
+    if not any(s in out.stdout for s in ("idle", "mixed", "allocated")):
+        return f"no SLURM node up (sinfo: {out.stdout.strip() or out.stderr.strip()}): run sudo scripts/slurm_up.sh"
+    return None
+
+
+needs_slurm = pytest.mark.skipif(slurm_reason() is not None, reason=str(slurm_reason()))
+
+
+@pytest.fixture
+def node_path(monkeypatch):
+    """A job's node imports TinyNet from tests/conftest.py by reference: it must see that folder (as a
+    cluster's nodes see the user's modules on a shared filesystem)."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, here, os.environ.get("PYTHONPATH", "")]))
+
+
+def bench_on(executor, tmp_path, **kw):
+    kw.setdefault("steps", 4)
+    kw.setdefault("warmup_steps", 1)
+    return wb.Workbench(TinyNet(), tiny_data(256), loss_fn=torch.nn.CrossEntropyLoss(),
+                        optimizer=lambda p: torch.optim.SGD(p, lr=0.05), knobs=wb.Knobs(batch_size=16),
+                        log=tmp_path / "runs", executor=executor, **kw)
+
+
+# ---- the seam: any object with submit(fn, *args) -> job (result, done, cancel) ------------------
+def test_any_submit_executor_runs_trials_and_records_where(tmp_path):
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:  # submit() -> Future: result, done, cancel
+        bench = bench_on(ex, tmp_path)
+        r = bench.run(progress=False)
+    assert r.ok, r.message
+    assert r.env["host"] == HOST and r.extra["job"]["executor"] == "Future"
+    row = bench.results.iloc[-1]
+    assert row["node"] == HOST and row["job"] == ""  # a Future has no scheduler id
+    assert (tmp_path / "runs" / "TinyNet.jobs").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_job_that_raises_is_one_failed_trial(tmp_path):
+    class Broken:
+        def submit(self, fn, *args, **kwargs):
+            f = concurrent.futures.Future()
+            f.set_exception(RuntimeError("node exploded"))
+            return f
+
+    bench = bench_on(Broken(), tmp_path)
+    r = bench.run(progress=False)
+    assert r.status == "error" and "node exploded" in r.message
+    assert len(bench.trials) == 1  # recorded; the notebook goes on
+
+
+def test_a_stop_cancels_the_job(tmp_path):
+    cancelled = []
+
+    class Never:  # a job that never ends unless cancelled
+        def submit(self, fn, *args, **kwargs):
+            f = concurrent.futures.Future()
+            f.cancel = lambda: cancelled.append(True) or True
+            return f
+
+    bench = bench_on(Never(), tmp_path)
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    r = bench.run(progress=False, cancel=stop)
+    assert r.status == "interrupted" and "stopped by the user" in r.message and cancelled
+
+
+def test_an_executor_without_submit_is_refused(tmp_path):
+    with pytest.raises(TypeError, match="submit"):
+        bench_on(object(), tmp_path)
+
+
+# ---- what cannot travel is said before anything is submitted -----------------------------------
+class FileDataset(torch.utils.data.Dataset):
+    def __init__(self, fh):
+        self.fh = fh
+        self.x = torch.randn(64, 8)
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return self.x[i], 0
+
+
+def test_an_open_file_cannot_travel(tmp_path):
+    with open(tmp_path / "data.txt", "w") as fh, concurrent.futures.ThreadPoolExecutor(1) as ex:
+        with pytest.raises(ValueError, match=r"dataset\.fh.*open file.*__getitem__"):
+            wb.Workbench(TinyNet(), FileDataset(fh), loss_fn=torch.nn.CrossEntropyLoss(), log=None, executor=ex)
+
+
+def test_an_unpicklable_closure_cannot_travel():
+    lock = threading.Lock()
+
+    def step(model, batch):
+        with lock:
+            return model(batch[0]).sum()
+
+    with pytest.raises(ValueError, match=r"step_fn <closure lock>.*lock"):
+        cluster.check_travels(wb.Workbench(TinyNet(), tiny_data(), step_fn=step, log=None).workload)
+
+
+def test_a_cuda_tensor_is_named(monkeypatch):
+    t = torch.zeros(2)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: self is t))
+    assert cluster._cuda_tensor(torch.utils.data.TensorDataset(torch.ones(2), t), "dataset") == "dataset.tensors[1]"
+
+
+def test_the_workload_travels_by_value():
+    bench = wb.Workbench(TinyNet(), tiny_data(), loss_fn=torch.nn.CrossEntropyLoss(), log=None)
+    assert cluster.check_travels(bench.workload) > 0
+
+
+# ---- the scheduler's states and faults --------------------------------------------------------
+@pytest.mark.parametrize("state,status,words", [
+    ("CANCELLED", "interrupted", "cancelled"), ("TIMEOUT", "error", "time limit"), ("PREEMPTED", "interrupted", "preempted"),
+    ("NODE_FAIL", "error", "lost its node"), ("OUT_OF_MEMORY", "oom", "mem_gb"),
+])
+def test_a_job_ended_by_the_scheduler_fails_with_its_reason(state, status, words):
+    w = cluster.Watch(None, None, 0.0)  # type: ignore[arg-type]
+    w.job = type("SlurmJob", (), {"job_id": "42"})()
+    sched = cluster.SchedulerState(state, "None", "node7")
+    w.check_alive(sched, 100.0)  # the first look starts a short grace for the result file
+    with pytest.raises(cluster.JobFailed) as e:
+        w.check_alive(sched, 103.0)
+    assert e.value.status == status and words in e.value.message and "job 42 on node7" in e.value.message
+
+
+def test_a_job_the_scheduler_forgot_is_lost():
+    w = cluster.Watch(type("SlurmJob", (), {"job_id": "7"})(), None, 0.0)  # type: ignore[arg-type]
+    w.check_alive(cluster.SchedulerState(known=False), 0.0)
+    with pytest.raises(cluster.JobFailed, match="job 7 is lost"):
+        w.check_alive(cluster.SchedulerState(known=False), cluster.RESULT_GRACE_S + 1)
+
+
+def test_pending_shows_the_reason():
+    w = cluster.Watch(type("SlurmJob", (), {"job_id": "7"})(), None, 0.0)  # type: ignore[arg-type]
+    assert w.phase(None, cluster.SchedulerState("PENDING", "Resources")) == "pending (Resources)"
+    assert w.phase({"phase": "measuring"}, cluster.SchedulerState("RUNNING")) == "measuring"
+
+
+# ---- queue time is not spent ----------------------------------------------------------------
+def test_queue_time_is_left_out_of_budgets_and_moves_the_deadline():
+    t0, q0 = work_clock(), QUEUED.total
+    QUEUED.add(1000.0)
+    try:
+        assert work_clock() - t0 < 0  # the queue's 1000 s left the clock
+    finally:
+        QUEUED.total = q0
+    d = Deadline(0.05, "budget")
+    time.sleep(0.15)
+    assert d.expired
+    d.postpone(10.0)  # the job waited in the queue: the budget's deadline moves on
+    assert not d.is_set() and not d.expired
+    d.cancel()
+
+
+def test_trials_on_different_nodes_say_so():
+    from workbench.results.stats import Comparison
+
+    k = wb.Knobs()
+    a = TrialResult(knobs=k, status="ok", env={"host": "n1", "device_name": "A100"})
+    b = TrialResult(knobs=k, status="ok", env={"host": "n2", "device_name": "A100"})
+    c = Comparison(1, 2, 1.1, 1.0, 1.2, True)
+    assert "different nodes (n1 vs n2)" in cluster.where_note(c, a, b).note
+    assert cluster.where_note(c, a, a).note == ""
+
+
+# ---- a restarted kernel --------------------------------------------------------------------
+def test_jobs_left_behind_are_recorded_or_marked_lost(tmp_path):
+    submitit = pytest.importorskip("submitit")
+    from submitit.core import utils
+
+    bench = bench_on(concurrent.futures.ThreadPoolExecutor(1), tmp_path)
+    jobs_dir = tmp_path / "runs" / "TinyNet.jobs"
+    folder = tmp_path / "submitit"
+    folder.mkdir()
+    done = TrialResult(knobs=wb.Knobs(batch_size=16), status="ok", samples_per_s=100.0, step_times_s=(0.1, 0.1),
+                       samples_per_step=16, env={"host": "n9"})
+    utils.cloudpickle_dump(("success", done), submitit.LocalJob(folder=folder, job_id="111").paths.result_pickle)
+    for jid in ("111", "222"):
+        (jobs_dir / f"job-{jid}.json").write_text(
+            json.dumps({"kind": "trial", "job_id": jid, "executor": "LocalJob", "folder": str(folder),
+                        "knobs": {"batch_size": 16}, "started_at": "", "progress_file": None}))
+    with pytest.warns(UserWarning, match="earlier kernel"):
+        again = bench_on(concurrent.futures.ThreadPoolExecutor(1), tmp_path)
+    by_job = {t.extra["job"]["id"]: t for t in again.trials}
+    assert by_job["111"].ok and by_job["111"].extra["job"]["reattached"]
+    assert by_job["222"].status == "error" and "lost" in by_job["222"].message
+    assert not list(jobs_dir.glob("job-*.json"))
+    assert len(bench.trials) == 0
+
+
+# ---- submitit's local executor (a fresh process per job) ----------------------------------------
+@pytest.mark.slow
+def test_submitit_local_executor_runs_a_trial_and_a_new_workbench_reads_it_back(tmp_path, node_path):
+    submitit = pytest.importorskip("submitit")
+    ex = submitit.AutoExecutor(tmp_path / "jobs", cluster="local")
+    ex.update_parameters(timeout_min=5)
+    bench = bench_on(ex, tmp_path)
+    r = bench.run(progress=False)
+    assert r.ok, r.message
+    assert r.extra["job"]["id"] and r.extra["job"]["executor"] == "LocalJob"
+    assert (tmp_path / "jobs").stat().st_mode & 0o777 == 0o700
+    again = bench_on(None, tmp_path)
+    assert again.results["job"].tolist() == [r.extra["job"]["id"]]
+
+
+# ---- a real one-node SLURM ------------------------------------------------------------------
+@pytest.fixture
+def slurm(tmp_path, node_path):
+    submitit = pytest.importorskip("submitit")
+    ex = submitit.AutoExecutor(tmp_path / "jobs", cluster="slurm")
+    ex.update_parameters(timeout_min=5, slurm_cpus_per_task=1)
+    return ex
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_slurm_trials_compare_and_read_back(slurm, tmp_path):
+    bench = bench_on(slurm, tmp_path)
+    cpu0 = time.process_time()
+    a = bench.run(progress=False)
+    b = bench.run(progress=False, batch_size=32)
+    assert a.ok and b.ok, (a.message, b.message)
+    assert a.extra["job"]["id"] != b.extra["job"]["id"] and a.env["slurm_job_id"] == a.extra["job"]["id"]
+    assert a.extra["job"]["queue_s"] is not None
+    c = bench.compare(1, 2, rounds="auto", budget_s=10)
+    assert c.method == "interleaved" and "inside job" in c.note
+    assert time.process_time() - cpu0 < 10  # the notebook trains nothing itself
+    again = bench_on(None, tmp_path)
+    assert again.results["job"].tolist() == [a.extra["job"]["id"], b.extra["job"]["id"]]
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_slurm_cancel_mid_trial_ends_it_and_the_next_runs(slurm, tmp_path):
+    bench = bench_on(slurm, tmp_path, steps=100000)
+    seen = []
+
+    def progress(phase, done, total):
+        seen.append(phase)
+        if phase == "measuring" and len(seen) < 1000 and not any(s == "scancel" for s in seen):
+            seen.append("scancel")
+            subprocess.run(["scancel", bench._jobs.in_flight and next(iter(bench._jobs.in_flight.values())).job_id])
+
+    t = time.monotonic()
+    r = bench.run(progress=progress, stop_early=False)
+    assert r.status == "interrupted" and "cancelled" in r.message, r.message
+    assert time.monotonic() - t < 90
+    bench.steps = 4
+    assert bench.run(progress=False).ok
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_slurm_pending_job_shows_its_reason_and_a_stop_cancels_it(slurm, tmp_path):
+    slurm.update_parameters(slurm_additional_parameters={"begin": "now+1hour"})
+    bench = bench_on(slurm, tmp_path)
+    phases, stop = [], threading.Event()
+
+    def progress(phase, done, total):
+        phases.append(phase)
+        if phase.startswith("pending ("):
+            stop.set()
+
+    r = bench.run(progress=progress, cancel=stop)
+    assert "pending (BeginTime)" in phases
+    assert r.status == "interrupted" and "cancelled" in r.message
+    assert r.extra["job"]["queue_s"] is None  # it never left the queue
+
+
+def test_parallel_needs_an_executor(make_bench):
+    with pytest.raises(ValueError, match="needs an executor"):
+        make_bench().tune(budget=3, parallel=2, progress=False)
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_slurm_tune_keeps_jobs_in_flight(slurm, tmp_path):
+    bench = bench_on(slurm, tmp_path)
+    res = bench.tune(budget=3, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
+    assert all(t.extra.get("job", {}).get("id") for t in bench.trials)  # every trial a job
+    assert len(bench.trials) >= 3 and res.steps["node"].dropna().eq(HOST).all()

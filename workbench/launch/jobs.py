@@ -1,0 +1,283 @@
+"""`Jobs`: one Workbench's trials on an executor (cluster.py): submit, watch, record where they ran,
+and re-attach the jobs a restarted kernel left behind.
+
+A small registry lives in the private jobs folder beside the log (`<log>.jobs/`): one JSON file per job
+in flight, written at submission and removed once its trial is recorded. A new Workbench on the same
+log reads it back: a job whose result is there is recorded, one the scheduler still runs is watched
+again (its trial is recorded when it ends), and one that vanished becomes a failed trial saying so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..core.knobs import Knobs
+from ..core.measure import TrialResult, now_iso
+from ..core.progress import TrialProgress
+from ..core.workload import Workload
+from .cluster import (
+    QUEUED,
+    JobFailed,
+    SchedulerState,
+    Watch,
+    check_travels,
+    failed_trial,
+    here_on_node,
+    is_slurm,
+    job_call,
+    job_id_of,
+    new_progress_file,
+    private_folder,
+    quiet_sacct,
+    slurm_state,
+    watch,
+)
+
+ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+
+
+class Jobs:
+    """Runs trials and interleaved comparisons of one workload as jobs on `executor`.
+
+    `device` is what the user asked for ("auto" resolves on the node). `counts_queue`: whether time
+    in the scheduler's queue counts against a budget_s (by default it does not: `budget.QUEUED`).
+    """
+
+    def __init__(self, executor: Any, log_path: Path | None, *, device: str | None, counts_queue: bool = False) -> None:
+        self.executor = executor
+        self.device = device
+        self.counts_queue = counts_queue
+        if log_path is not None:
+            self.dir = private_folder(log_path.parent / f"{log_path.stem}.jobs")
+        else:
+            self.dir = Path(tempfile.mkdtemp(prefix="workbench-jobs-"))  # mkdtemp makes it 0700
+        self.travel_bytes: int | None = None
+        self.queue_s = 0.0  # seconds this workbench's jobs waited in the queue
+        self.in_flight: dict[str, Any] = {}  # registry file name -> job (tune(parallel=N) keeps several)
+        quiet_sacct()
+
+    def travels(self, workload: Workload) -> int:
+        """The workload's pickled size, checked once (ValueError naming what cannot travel)."""
+        if self.travel_bytes is None:
+            self.travel_bytes = check_travels(workload)
+        return self.travel_bytes
+
+    # ---- trials ----------------------------------------------------------------------------
+    def run_trial(self, workload: Workload, knobs: Knobs, *, progress: TrialProgress | None = None,
+                  cancel: threading.Event | None = None, **run_kwargs: Any) -> TrialResult:
+        """runner.run_trial's signature, run as a job through the seam's own job entry (remote.trial_job:
+        the same phases, the process mode checked, the result as a record) on the node's device: the
+        trial (with its node's environment and `extra["job"]`), or a failed trial with the scheduler's
+        reason. Ctrl-C cancels the job and raises TrialInterrupted with the interrupted trial."""
+        from ..core.knobs import context, process_env
+        from .remote import by_value, executor_for, received, trial_job
+        from .runner import TrialInterrupted
+
+        self.travels(workload)
+        progress = progress if progress is not None else TrialProgress()
+        started = now_iso()
+        pf = new_progress_file(self.dir)
+        w = Watch(None, pf, time.monotonic())
+        ex = executor_for(self.executor, process_env(knobs, context(knobs, workload.device)))
+        payload = {"workload": workload, "knobs": knobs, "run": run_kwargs, "progress_path": str(pf),
+                   "here": functools.partial(here_on_node, device=self.device)}
+        progress.set("submitting", 0, 0)
+        try:
+            with by_value(workload):
+                w.job = ex.submit(trial_job, payload)
+        except Exception as e:  # cannot start, cannot pickle, sbatch refused: this trial fails, nothing else
+            pf.unlink(missing_ok=True)
+            return failed_trial(knobs, "error", f"the trial's process could not start ({type(ex).__name__}): "
+                                f"{type(e).__name__}: {str(e).strip()[:500]}", w, started, where="process")
+        entry = self._register(w, "trial", knobs, started)
+        try:
+            out = watch(w.job, w, progress, cancel, on_queue=lambda q: self._queued(q, cancel),
+                        queue_counts=self.counts_queue)
+            r = received(out, knobs, type(ex).__name__, w.job_id or None)
+        except JobFailed as e:
+            r = failed_trial(knobs, e.status, e.message, w, started)
+        except KeyboardInterrupt:
+            r = failed_trial(knobs, "interrupted", f"interrupted by the user: job {w.job_id} cancelled (its process "
+                             "was ended)", w, started)
+            self._forget(entry, pf)
+            raise TrialInterrupted(r) from None
+        except Exception as e:  # a job that returned something that is not a trial record
+            r = failed_trial(knobs, "error", f"job {w.job_id} returned no trial: {type(e).__name__}: {e}", w, started)
+        self._forget(entry, pf)
+        r.extra["job"] = w.info()
+        progress.set(r.status if not r.ok else "done", progress.done, progress.total)
+        return r
+
+    def call(self, fn: Callable[..., Any], workload: Workload, *args: Any, **kwargs: Any) -> Any:
+        """`fn(workload, *args, **kwargs)` (an analysis, runner.trial_threaded) inside a job on the node;
+        RuntimeError with the scheduler's reason when the job ends without a value."""
+        try:
+            return self.call_where(fn, workload, *args, **kwargs)[0]
+        except JobFailed as e:
+            raise RuntimeError(f"{getattr(fn, '__name__', 'analysis')}: {e.message}") from None
+
+    def call_where(self, fn: Callable[..., Any], workload: Workload, *args: Any, cancel: threading.Event | None = None,
+                   **kwargs: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        """`fn(workload, *args, **kwargs)` inside one job: (its value, the node's environment, the job's
+        record). JobFailed (status, the scheduler's reason) when the job ends without one or `cancel` is set."""
+        self.travels(workload)
+        pf = new_progress_file(self.dir)
+        w = Watch(None, pf, time.monotonic())
+        from .remote import by_value
+
+        with by_value(workload):
+            w.job = self.executor.submit(job_call, fn, workload, self.device, args, kwargs, str(pf))
+        entry = self._register(w, "call", Knobs(), now_iso())
+        try:
+            value, env = watch(w.job, w, TrialProgress(), cancel, on_queue=lambda q: self._queued(q, cancel),
+                               queue_counts=self.counts_queue)
+        finally:
+            self._forget(entry, pf)
+        return value, env, w.info()
+
+    def _queued(self, seconds: float, cancel: threading.Event | None) -> None:
+        """A job left the queue after `seconds`: counted apart; a budget's deadline moves on by as much
+        unless the queue counts."""
+        self.queue_s += seconds
+        if not self.counts_queue:
+            QUEUED.add(seconds)
+            postpone = getattr(cancel, "postpone", None)
+            if callable(postpone):
+                postpone(seconds)
+
+    # ---- the registry (re-attach after a restart) --------------------------------------------
+    def _register(self, w: Watch, kind: str, knobs: Knobs, started: str) -> Path:
+        paths = getattr(w.job, "paths", None)
+        entry = {"kind": kind, "job_id": w.job_id, "executor": type(w.job).__name__,
+                 "folder": str(paths.folder) if paths is not None else None, "knobs": knobs.to_dict(),
+                 "started_at": started, "submitted_at": time.time(), "progress_file": str(w.progress_file)}
+        path = self.dir / f"job-{w.job_id or w.progress_file.stem}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entry))
+        tmp.replace(path)
+        self.in_flight[path.name] = w.job
+        return path
+
+    def _forget(self, entry: Path, progress_file: Path) -> None:
+        self.in_flight.pop(entry.name, None)
+        for p in (entry, progress_file):
+            p.unlink(missing_ok=True)
+
+    def left_behind(self) -> list[dict[str, Any]]:
+        """The registry's entries from an earlier kernel (this one's own jobs excluded)."""
+        out = []
+        for p in sorted(self.dir.glob("job-*.json")):
+            if p.name in self.in_flight:
+                continue
+            try:
+                entry = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            entry["_path"] = str(p)
+            out.append(entry)
+        return out
+
+    def reattach(self, record: Callable[[TrialResult], TrialResult], lock: threading.Lock) -> list[str]:
+        """Pick up the trials of jobs an earlier kernel left in flight: record the finished ones, watch the
+        running ones on a daemon thread (recording each when it ends, under `lock`), and record the
+        vanished ones as failed ('lost'). Returns one line per job, for a note."""
+        lines = []
+        for entry in self.left_behind():
+            if entry.get("kind") != "trial":  # an interleaved comparison's job: its caller is gone
+                _cancel_entry(entry)
+                Path(entry["_path"]).unlink(missing_ok=True)
+                continue
+            job = _rebuild(entry)
+            knobs = Knobs.from_dict(entry.get("knobs") or {}, keep_unknown=True)
+            w = Watch(job, Path(entry.get("progress_file") or self.dir / "none.json"), time.monotonic())
+            if job is None:
+                r = failed_trial(knobs, "error", f"job {entry.get('job_id')} is lost: a {entry.get('executor')} job "
+                                 "cannot be re-attached after a restart", w, entry.get("started_at", ""))
+                self._settle(entry, r, record, lock)
+                lines.append(f"job {entry.get('job_id')}: lost")
+                continue
+            done = Path(job.paths.result_pickle).exists()
+            sched = slurm_state(w.job_id) if is_slurm(job) and not done else SchedulerState(known=False)
+            if not done and sched.known and sched.state in ACTIVE:
+                threading.Thread(target=self._rewatch, args=(entry, w, knobs, record, lock), daemon=True,
+                                 name=f"workbench-job-{w.job_id}").start()
+                lines.append(f"job {w.job_id}: re-attached ({sched.state.lower()})")
+                continue
+            if done:
+                self._rewatch(entry, w, knobs, record, lock)
+                lines.append(f"job {w.job_id}: recorded")
+                continue
+            state = f"the scheduler says {sched.state}" if sched.known else "the scheduler no longer knows it"
+            r = failed_trial(knobs, "error", f"job {w.job_id} is lost: it was in flight when an earlier kernel stopped, "
+                             f"{state}, and it left no result in {job.paths.folder}", w, entry.get("started_at", ""))
+            r.extra["job"] = {**w.info(), "reattached": True}
+            self._settle(entry, r, record, lock)
+            lines.append(f"job {w.job_id}: lost")
+        return lines
+
+    def _rewatch(self, entry: dict[str, Any], w: Watch, knobs: Knobs, record: Callable[[TrialResult], TrialResult],
+                 lock: threading.Lock) -> None:
+        started = entry.get("started_at", "")
+        try:
+            out = watch(w.job, w, TrialProgress(), None)
+            r = _trial_of(out, knobs, w)
+        except JobFailed as e:
+            lost = "lost" in e.message or "without a result" in e.message
+            msg = (f"{e.message} (it was in flight when an earlier kernel stopped)" if lost else e.message)
+            r = failed_trial(knobs, e.status, msg, w, started)
+        if not isinstance(r, TrialResult):
+            r = failed_trial(knobs, "error", f"job {w.job_id} returned {type(r).__name__}", w, started)
+        r.extra["job"] = {**w.info(), "reattached": True}
+        self._settle(entry, r, record, lock)
+
+    @staticmethod
+    def _settle(entry: dict[str, Any], r: TrialResult, record: Callable[[TrialResult], TrialResult],
+                lock: threading.Lock) -> None:
+        with lock:
+            record(r)
+        Path(entry["_path"]).unlink(missing_ok=True)
+        if entry.get("progress_file"):
+            Path(entry["progress_file"]).unlink(missing_ok=True)
+
+    def cancel_all(self) -> None:
+        """Cancel every job this workbench has in flight (tune(parallel=N) on Stop)."""
+        from .cluster import stop_job
+
+        for job in list(self.in_flight.values()):
+            stop_job(job)
+
+
+def _trial_of(out: Any, knobs: Knobs, w: Watch) -> Any:
+    """The TrialResult of a job's value: the seam's record (remote.trial_job), or a TrialResult as is."""
+    if isinstance(out, dict) and "record" in out:
+        from .remote import received
+
+        return received(out, knobs, w.info()["executor"], w.job_id or None)
+    return out
+
+
+def _rebuild(entry: dict[str, Any]) -> Any:
+    """A submitit job object for a registry entry (None for an executor that cannot be re-attached)."""
+    kind, folder, jid = entry.get("executor"), entry.get("folder"), entry.get("job_id")
+    if not folder or not jid or kind not in ("SlurmJob", "LocalJob"):
+        return None
+    try:
+        import submitit
+    except ImportError:
+        return None
+    return (submitit.SlurmJob if kind == "SlurmJob" else submitit.LocalJob)(folder=folder, job_id=jid)
+
+
+def _cancel_entry(entry: dict[str, Any]) -> None:
+    job = _rebuild(entry)
+    if job is not None and job_id_of(job):
+        from .cluster import stop_job
+
+        stop_job(job)
