@@ -1,6 +1,8 @@
 # Two commands on a fresh machine (see README.md):
-#   make lab    create/refresh .venv, then open JupyterLab on the quickstart notebook
-#   make test   create/refresh .venv, then lint + every test + every notebook (in headless Chromium, else nbval)
+#   make lab    create/refresh .venv with what the notebooks need (the notebook extra), then open JupyterLab
+#               on the quickstart notebook
+#   make test   add the test extra (pytest, nbval, playwright, hypothesis, ruff, transformers, tensorboard),
+#               then lint + every test + every notebook (in headless Chromium, else nbval)
 # Also: make docs (docs/knobs.md from the knob declarations), make screenshots (docs/panel.png from a real browser run)
 VENV ?= .venv
 PYTHON ?= python3
@@ -10,28 +12,36 @@ export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.inductor-cache
 # JupyterLab refuses to start as root unless told.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--ServerApp.allow_root=True,)
 
-.PHONY: env lab test test-quick bench docs screenshots clean
+.PHONY: env env-test lab test test-quick bench docs screenshots clean
 
+# The notebooks' install: the core + the notebook extra (a workshop laptop gets nothing more).
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# constraints.txt pins torch==2.13.0 (CPU build) for the set-up path; the package accepts torch>=2.4.
-	$(BIN)/python -m pip install -q -c constraints.txt torch -e '.[notebook,tensorboard,test]'
+	$(BIN)/python -m pip install -q -c constraints.txt torch -e '.[notebook]'
+	touch $@
+
+# The developers' install on top: the test extra (it pulls the tensorboard extra and transformers too).
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -c constraints.txt torch -e '.[notebook,test]'
 	touch $@
 
 env: $(VENV)/.installed
 
+env-test: $(VENV)/.installed-test
+
 lab: env
 	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/01_quickstart.ipynb
 
-test: env
+test: env-test
 	$(BIN)/ruff check workbench tests benchmarks scripts
 	$(BIN)/pytest --nbval-lax -p no:cacheprovider -ra --durations=15
 
-test-quick: env
+test-quick: env-test
 	$(BIN)/pytest -m "not slow and not browser" -q tests
 
-bench: env
+bench: env-test
 	$(BIN)/python benchmarks/bench_overhead.py
 	$(BIN)/python benchmarks/bench_fixed_cost.py
 
@@ -40,7 +50,7 @@ docs: env
 	$(BIN)/python scripts/gen_knobs_doc.py
 
 # docs/panel.png: the quickstart notebook's panel, taken by the real-browser test (needs /usr/bin/chromium).
-screenshots: env
+screenshots: env-test
 	@test -x /usr/bin/chromium || { echo "make screenshots needs /usr/bin/chromium (apt-get install -y chromium)"; exit 1; }
 	WORKBENCH_SCREENSHOT=$(CURDIR)/docs/panel.png $(BIN)/pytest tests/test_browser.py -k quickstart_panel -p no:cacheprovider -q
 

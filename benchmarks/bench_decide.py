@@ -1,5 +1,5 @@
 """Time to a decision (issue 34): `compare(a, b, rounds="auto")` before (alternating trials) and after
-(interleaved blocks in one process), for a ~10% effect, a ~3% effect and identical knobs.
+(interleaved turns in one process), for a ~10% effect, a ~3% effect and identical knobs.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_decide.py [model ...] [--reps N] [--methods after,before]
                                                              [--cases 10,3,0] [--budget S]
@@ -11,7 +11,7 @@ benchmark). The effects come from a user knob, `extra_work`, that runs each batc
 the step for a model whose cost grows with the batch; the trials ("before") say what the ratio really is.
 
 before: `bench.compare(a, b, rounds="auto", interleave=False)`, today's alternating trials (max_rounds=8).
-after:  `bench.compare(a, b, rounds="auto")`, interleaved blocks (budget_s=30 unless --budget).
+after:  `bench.compare(a, b, rounds="auto")`, interleaved turns (budget_s=30 unless --budget).
 
 Each line: model, case, method, answer, ratio and interval, rounds or pairs of blocks, seconds from the
 call to the answer (the two trials a and b that name the pair are run before the clock starts).
@@ -104,7 +104,7 @@ def one(bench: wb.Workbench, frac: float | str, method: str, budget: float | Non
     c = bench.compare(a, b, rounds="auto", interleave=None if method == "after" else False, max_rounds=8,
                       budget_s=budget if method == "after" else None)
     secs = time.perf_counter() - t0
-    how = f"{c.blocks} pairs x {c.block_steps} steps" if c.method == "interleaved" else f"{c.rounds} rounds"
+    how = f"{c.turns} pairs x {c.turn_steps} steps" if c.method == "interleaved" else f"{c.rounds} rounds"
     return (f"| {c.answer} | {c.speedup:.3f} ({c.low:.3f} … {c.high:.3f}) | {how} | {secs:.1f} s |")
 
 
@@ -159,7 +159,7 @@ def truth(rounds: int = 4, seconds: float = 20.0) -> None:
         inter = interleaved(bench.workload, a.knobs, b.knobs, budget_s=seconds, looks=1)
         trials = bench.compare(a, b, rounds=rounds, interleave=False)
         agree = inter.speedup / trials.speedup
-        print(f"| {demo} | {change} | {inter.speedup:.3f} ({inter.low:.3f} … {inter.high:.3f}; {inter.blocks}, "
+        print(f"| {demo} | {change} | {inter.speedup:.3f} ({inter.low:.3f} … {inter.high:.3f}; {inter.turns}, "
               f"{inter.seconds:.0f}) | {trials.speedup:.3f} ({trials.low:.3f} … {trials.high:.3f}; {trials.rounds}) | "
               f"{agree:.3f} | {'yes' if 1 / 1.05 <= agree <= 1.05 else 'no'} | "
               f"{'yes' if trials.low <= inter.speedup <= trials.high else 'no'} |", flush=True)
@@ -181,9 +181,9 @@ def cache(demo: str = "cnn", change: dict | None = None, seconds: float = 10.0) 
     print("| steps per block | pairs | B/A (interval) | A's blocks, samples/s (median) | A's blocks / A's trial |")
     print("| --- | --- | --- | --- | --- |")
     for k in (1, 4, 16):
-        c = interleaved(bench.workload, a.knobs, b.knobs, budget_s=seconds, block_steps=k, looks=1)
+        c = interleaved(bench.workload, a.knobs, b.knobs, budget_s=seconds, turn_steps=k, looks=1)
         rate = statistics.median(c.a_rates)
-        print(f"| {k} | {c.blocks} | {c.speedup:.3f} ({c.low:.3f} … {c.high:.3f}) | {rate:.0f} | "
+        print(f"| {k} | {c.turns} | {c.speedup:.3f} ({c.low:.3f} … {c.high:.3f}) | {rate:.0f} | "
               f"{rate / a.samples_per_s:.3f} |", flush=True)
 
 

@@ -56,7 +56,7 @@ def before(bench: wb.Workbench, change: dict, max_rounds: int = 8) -> tuple[str,
         c = wb.results.compare(sa, sb, rounds=n, run=bench.run, log=bench.log)
         sa, sb = [bench.log.get(i) for i in c.a_trials], [bench.log.get(i) for i in c.b_trials]
         done += c.rounds
-    word = ("faster" if c.speedup > 1 else "slower") if c.beyond_noise else "within noise"
+    word = c.answer
     return f"{word} {c.speedup:.2f}x", 2 + 2 * done, time.perf_counter() - t
 
 

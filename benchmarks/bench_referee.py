@@ -1,22 +1,27 @@
-"""The user's own loop as referee: workbench samples/s against the plain script `Knobs.to_code()`
-writes, run as an ordinary `python` process (the user's real training run).
+"""The user's own loop as referee, with the process pinned: the trials' speedups against the speedups
+of the scripts `to_code()` writes, each script run as a fresh `python` process in the same allocator
+mode (its header's launch line), alternating A B A B.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_referee.py [--rounds 3] [--size default] [--margin 0.10]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_referee.py [--rounds 3] [--mode glibc-kept] [--steps 20] \
+        [--workloads cnn own]
 
-For each demo, every knob set runs once per round through `bench.run` and once as the generated
-script, in alternating order (round 1: sets forward, workbench first; round 2: sets backward,
-script first; ...), so slow drift hits both sides alike. Reported per knob set: the medians of
-both figures, the workbench/script ratio (median over rounds of the per-round ratio), and each
-side's speedup over the demo's defaults, and whether the evidence shows the workbench agreeing with
-the script within ±10% (`--margin`; an equivalence test on the per-round ratios, see `agreement`),
-differing, or cannot tell yet, in samples/s and in speedup; the workbench trials' kernel share of
-CPU time (page faults, docs/measurement.md 'Page faults'); the machine, the load and the glibc malloc variables
-the run had (the scripts inherit them). Goal: every ratio within ±10%. Measures, asserts nothing.
+Knob sets: the cnn demo's defaults, channels_last, amp="bf16" and batch_size 64; and a CNN of this
+file's own (three convolutions, 32x32 inputs, batch 64, AdamW: the issue's held-out shape) with its
+defaults and channels_last. Each round runs, per set and in alternating order (round 1 forward, round
+2 backward, ...), three sides:
+  kernel  the trial as it runs by default today: in this process, allocator=None (its mode recorded)
+  fresh   the trial with allocator=MODE: a fresh process started in that mode (wb.FreshProcess)
+  script  the exported script of the fresh trial (allocator=MODE in its header), started in MODE
+Reported per set: each side's median samples/s and its speedup over its own defaults; per round the
+speedups' ratio fresh/script and kernel/script with a 95% interval and a verdict within ±5%
+(`--margin`). This is the measurement docs/measurement.md 'The process is a knob' decides the default
+mode from: whichever side agrees with the script. Measures, asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import math
 import os
 import platform
@@ -28,60 +33,97 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
 import workbench as wb
 from workbench.core.codegen import script_warmup  # the trial's steady warm-up (issue 30)
 from workbench.core.measure import environment
+from workbench.core.system import allocator_env, process_allocator
 from workbench.results.stats import t_quantile
 
 ROOT = Path(__file__).resolve().parents[1]
-WARMUP, STEPS = 5, 30
 
-# (demo, knob changes); the first set of each demo is its defaults (the speedup reference)
+# (workload, knob changes); the first set of each workload is its defaults (the speedup reference)
 KNOB_SETS: list[tuple[str, dict]] = [
-    ("jpeg", {}),
-    ("jpeg", {"num_workers": 1, "persistent_workers": True}),
-    ("jpeg", {"num_workers": 2, "persistent_workers": True, "cpu_threads": 1}),
     ("cnn", {}),
     ("cnn", {"channels_last": True}),
+    ("cnn", {"amp": "bf16"}),
     ("cnn", {"batch_size": 64}),
-    ("cnn", {"cpu_threads": 1}),
+    ("own", {}),
+    ("own", {"channels_last": True}),
 ]
 
-PREAMBLE = """\
-# The demo's parts under the names the generated loop expects (built outside the timed window).
+DEMO_PREAMBLE = """\
 from workbench.demos import DEMOS
 
 parts = DEMOS[{demo!r}].build({size!r})
 model, dataset, loss_fn, make_optimizer = parts["model"], parts["data"], parts["loss_fn"], parts["optimizer"]
 
 """
+OWN_PREAMBLE = """\
+import sys
+
+sys.path.insert(0, {folder!r})
+from bench_referee import own_parts
+
+model, dataset, loss_fn, make_optimizer = own_parts()
+
+"""
 
 
-def script_rate(demo: str, size: str, knobs: wb.Knobs, workdir: Path) -> float:
-    """Run the generated loop as a plain `python` process; the samples/s it prints."""
-    path = workdir / f"loop_{demo}.py"
-    path.write_text(PREAMBLE.format(demo=demo, size=size) + knobs.to_code(steps=script_warmup(knobs, WARMUP) + STEPS,
-                                                                              warmup=WARMUP))
-    return run_script(path, knobs)
+class ThreeConv(nn.Module):
+    """The issue's held-out shape: three 3x3 convolutions on 32x32 inputs, a linear head."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, stride=2, padding=1),
+                                  nn.ReLU(), nn.Conv2d(64, 64, 3, stride=2, padding=1), nn.ReLU())
+        self.head = nn.Linear(64, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).mean(dim=(2, 3)))
 
 
-def run_script(path: Path, knobs: wb.Knobs) -> float:
-    """Run a generated loop as its own `python` process (main thread, fresh allocator); its samples/s."""
+def own_parts() -> tuple:
+    """(model, dataset, loss_fn, make_optimizer) of the held-out CNN, seeded."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(1024, 3, 32, 32, generator=g), torch.randint(0, 10, (1024,), generator=g))
+    return ThreeConv(), data, nn.CrossEntropyLoss(), lambda p: torch.optim.AdamW(p, lr=1e-3)
+
+
+def benches(size: str, steps: int, warmup: int) -> dict[str, wb.Workbench]:
+    model, data, loss_fn, opt = own_parts()
+    own = wb.Workbench(model, data, loss_fn=loss_fn, optimizer=opt, log=None, name="own", steps=steps,
+                       warmup_steps=warmup, knobs=wb.Knobs(batch_size=64), device="cpu")
+    return {"cnn": wb.demo("cnn", size=size, log=None, steps=steps, warmup_steps=warmup), "own": own}
+
+
+def script_rate(name: str, size: str, knobs: wb.Knobs, workdir: Path, mode: str, steps: int, warmup: int) -> float:
+    """The exported script of `knobs` (allocator=mode in its header), run as a fresh `python` process
+    started as that header says; the samples/s it prints."""
+    pre = OWN_PREAMBLE.format(folder=str(ROOT / "benchmarks")) if name == "own" else \
+        DEMO_PREAMBLE.format(demo=name, size=size)
+    path = workdir / f"loop_{name}.py"
+    path.write_text(pre + knobs.to_code(steps=script_warmup(knobs, warmup) + steps, warmup=warmup))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for k, v in allocator_env(mode).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=600)
     m = re.search(r"([\d.]+) samples/s", out.stdout)
-    if out.returncode != 0 or m is None:
-        raise RuntimeError(f"the generated loop failed for {knobs}:\n{out.stderr[-2000:]}")
+    if out.returncode != 0 or m is None or "does not run allocator" in out.stderr:
+        raise RuntimeError(f"the generated loop failed or ran in another mode for {knobs}:\n{out.stderr[-2000:]}")
     return float(m.group(1))
 
 
-def agreement(w: list[float], s: list[float], margin: float = 0.10) -> tuple[str, str]:
-    """Does the workbench read like the script? From the per-round log-ratios log(wb/script).
-
-    (95% interval of wb/script, verdict): "agrees within ±10%" when the equivalence interval (two
-    one-sided tests, 90%) lies inside ±margin; "differs" when the 95% interval excludes 1 by more
-    than the margin allows; else "undecided" (more rounds would tell: per-trial noise here is 5-15%).
-    """
+def agreement(w: list[float], s: list[float], margin: float) -> tuple[str, str]:
+    """(95% interval of w/s, verdict) from per-round log-ratios: "agrees within ±5%" when the 90%
+    equivalence interval lies inside ±margin, "differs" when the 95% interval excludes ±margin."""
     d = [math.log(a / b) for a, b in zip(w, s) if a > 0 and b > 0 and math.isfinite(a / b)]
     if len(d) < 2:
         return "n/a", "undecided (fewer than 2 rounds)"
@@ -95,82 +137,71 @@ def agreement(w: list[float], s: list[float], margin: float = 0.10) -> tuple[str
     return interval, "undecided"
 
 
-def allocator_env() -> str:
-    """The glibc malloc variables this process (and the scripts it starts) run with: they decide
-    whether freed memory goes back to the OS and is faulted in again (docs/measurement.md 'Page faults')."""
-    named = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
-    return " ".join(f"{k}={v}" for k, v in sorted(named.items())) or "defaults"
-
-
-def kernel_of(shares: list[float]) -> str:
-    """' (kernel 3.1%)' for the last trial's kernel share of CPU time, '' when not measured."""
-    return f" (kernel {shares[-1]:.1%})" if shares else ""
+def measure(args: argparse.Namespace, sets: list, b: dict, tmp: Path) -> dict[int, dict[str, list[float]]]:
+    rates: dict[int, dict[str, list[float]]] = {i: {"kernel": [], "fresh": [], "script": []} for i in range(len(sets))}
+    for r in range(args.rounds):
+        order = list(range(len(sets)))[:: 1 if r % 2 == 0 else -1]
+        for i in order:
+            name, knobs = sets[i]
+            sides = ["kernel", "fresh", "script"][:: 1 if (r + i) % 2 == 0 else -1]  # A B A B
+            for side in sides:
+                if side == "kernel":
+                    res = b[name].run(knobs, progress=False)
+                    rates[i]["kernel"].append(res.samples_per_s if res.ok else float("nan"))
+                elif side == "fresh":
+                    res = b[name].run(knobs.replace(allocator=args.mode), progress=False)
+                    ok = res.ok and res.env.get("allocator") == args.mode
+                    rates[i]["fresh"].append(res.samples_per_s if ok else float("nan"))
+                else:
+                    rates[i]["script"].append(script_rate(name, args.size, knobs.replace(allocator=args.mode), tmp,
+                                                          args.mode, args.steps, args.warmup))
+            print(f"round {r + 1}, {name} {knobs.label(b[name].defaults)}: kernel {rates[i]['kernel'][-1]:,.0f}, "
+                  f"fresh {rates[i]['fresh'][-1]:,.0f}, script {rates[i]['script'][-1]:,.0f} samples/s "
+                  f"(load {os.getloadavg()[0]:.2f})", flush=True)
+    return rates
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--mode", default="glibc-kept", help="the allocator mode the fresh trials and scripts are pinned to")
     p.add_argument("--size", default="default", choices=["tiny", "default"])
-    p.add_argument("--margin", type=float, default=0.10, help="the equivalence margin of the verdicts (0.10: ±10%%)")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--margin", type=float, default=0.05)
+    p.add_argument("--workloads", nargs="+", default=["cnn", "own"], choices=["cnn", "own"])
     args = p.parse_args()
-    load_before = os.getloadavg()
-    t_start = time.perf_counter()
-    benches = {d: wb.demo(d, size=args.size, log=None, steps=STEPS, warmup_steps=WARMUP) for d in dict(KNOB_SETS)}
-    sets = [(d, benches[d].knobs(**ch)) for d, ch in KNOB_SETS]
-    rates: dict[int, dict[str, list[float]]] = {i: {"wb": [], "script": []} for i in range(len(sets))}
-    shares: dict[int, list[float]] = {i: [] for i in range(len(sets))}  # the wb trials' kernel share
+    load_before, t0 = os.getloadavg(), time.perf_counter()
+    b = benches(args.size, args.steps, args.warmup)
+    sets = [(name, b[name].knobs(**ch)) for name, ch in KNOB_SETS if name in args.workloads]
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            order = list(range(len(sets)))
-            if r % 2:
-                order.reverse()
-            for i in order:
-                demo, knobs = sets[i]
-                sides = ["wb", "script"] if r % 2 == 0 else ["script", "wb"]
-                for side in sides:
-                    if side == "wb":
-                        res = benches[demo].run(knobs)
-                        rates[i]["wb"].append(res.samples_per_s if res.ok else float("nan"))
-                        if res.extra.get("kernel_share") is not None:
-                            shares[i].append(res.extra["kernel_share"])
-                    else:
-                        rates[i]["script"].append(script_rate(demo, args.size, knobs, Path(tmp)))
-                print(f"round {r + 1}, {demo} {knobs.label(benches[demo].defaults)}: "
-                      f"workbench {rates[i]['wb'][-1]:,.1f}{kernel_of(shares[i])}, script {rates[i]['script'][-1]:,.1f} "
-                      f"samples/s  (load {os.getloadavg()[0]:.2f})", flush=True)
+        rates = measure(args, sets, b, Path(tmp))
 
     import pandas as pd
 
-    rows = []
-    ref: dict[str, int] = {}
-    for i, (demo, knobs) in enumerate(sets):
-        ref.setdefault(demo, i)
-        w, s = rates[i]["wb"], rates[i]["script"]
-        w0, s0 = rates[ref[demo]]["wb"], rates[ref[demo]]["script"]
-        wb_speedup = statistics.median(w) / statistics.median(w0)
-        sc_speedup = statistics.median(s) / statistics.median(s0)
-        rows.append({
-            "demo": demo, "knobs": knobs.label(benches[demo].defaults),
-            "workbench samples/s": statistics.median(w), "script samples/s": statistics.median(s),
-            "wb/script": statistics.median(a / b for a, b in zip(w, s)),
-            "wb/script 95%": agreement(w, s, args.margin)[0], "verdict": agreement(w, s, args.margin)[1],
-            "wb kernel": statistics.median(shares[i]) if shares[i] else float("nan"),
-            "wb speedup": wb_speedup, "script speedup": sc_speedup, "speedup ratio": wb_speedup / sc_speedup,
-            # the speedup round by round (each side over its own defaults in that round), wb against script
-            "speedup verdict": ("reference" if i == ref[demo] else agreement(
-                [b / a for a, b in zip(w0, w)], [b / a for a, b in zip(s0, s)], args.margin)[1]),
-        })
-    df = pd.DataFrame(rows)
-    env = environment(benches["cnn"].device)
-    print(f"\n{env['device_name']}, {os.cpu_count()} cores, torch {env['torch']}, Python {platform.python_version()}; "
-          f"{args.rounds} rounds, {STEPS} timed steps after {WARMUP} warm-up, size {args.size}; "
-          f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after; "
-          f"{time.perf_counter() - t_start:.0f} s; glibc malloc: {allocator_env()}")
-    with pd.option_context("display.width", 200):
-        print(df.to_string(index=False, float_format="{:.2f}".format))
-    worst = max(abs(df["wb/script"] - 1).max(), abs(df["speedup ratio"] - 1).max())
-    print(f"\nlargest deviation from the script: {worst:.1%} (goal: within {args.margin:.0%}); verdicts: "
-          + ", ".join(f"{v} {n}" for v, n in df["verdict"].value_counts().items()))
+    rows, ref = [], {}
+    for i, (name, knobs) in enumerate(sets):
+        ref.setdefault(name, i)
+        row = {"workload": name, "knobs": knobs.label(b[name].defaults)}
+        per_round = {}
+        for side in ("kernel", "fresh", "script"):
+            x, x0 = rates[i][side], rates[ref[name]][side]
+            row[f"{side} samples/s"] = statistics.median(x)
+            per_round[side] = [a / c for a, c in zip(x, x0)]
+            row[f"{side} speedup"] = statistics.median(per_round[side])
+        if i != ref[name]:
+            for side in ("fresh", "kernel"):
+                interval, verdict = agreement(per_round[side], per_round["script"], args.margin)
+                row[f"{side}/script"] = f"{statistics.median(a / c for a, c in zip(per_round[side], per_round['script'])):.2f} ({interval}) {verdict}"
+        rows.append(row)
+    env = environment(b["own"].device)
+    print(f"\n{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {env['device_name']}, "
+          f"{os.cpu_count()} cores ({env['cpu_capability']}), torch {env['torch']}, Python {platform.python_version()}; "
+          f"{args.rounds} rounds, {args.steps} timed steps after {args.warmup} warm-up, size {args.size}; pinned mode "
+          f"{args.mode!r}, this process (the kernel side) {process_allocator()!r}; load average {load_before[0]:.2f} "
+          f"before, {os.getloadavg()[0]:.2f} after; {time.perf_counter() - t0:.0f} s")
+    with pd.option_context("display.width", 250, "display.max_colwidth", 60):
+        print(pd.DataFrame(rows).to_string(index=False, float_format="{:.2f}".format))
 
 
 if __name__ == "__main__":

@@ -516,13 +516,15 @@ def _torchrun_trial(ctx: Context, *flags: str) -> dict[str, Any]:
     import subprocess
 
     root = Path(ctx.wb.__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ctx.tmp), str(root), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ctx.tmp), str(root), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONFAULTHANDLER": "1"}  # a rank that aborts prints its Python stacks, not just torchrun's summary
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "workbench",
            "run", "--model", "gck_fsdp:make", "--json", "--quiet", "--steps", str(ctx.size(STEPS, 6)),
            "--warmup-steps", "2", "--batch-size", str(ctx.size(256, 32)), "--log-path", str(ctx.tmp / "log"), *flags]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ctx.tmp, timeout=240)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ctx.tmp, timeout=480)
     if out.returncode != 0 or "{" not in out.stdout:
-        raise RuntimeError(f"torchrun exited {out.returncode}: {out.stderr.strip()[-400:]}")
+        # the whole stderr: each rank's traceback sits above torchrun's summary (error_file: <N/A>)
+        raise RuntimeError(f"torchrun exited {out.returncode}; its whole stderr:\n{out.stderr.strip()}")
     return json.JSONDecoder().raw_decode(out.stdout[out.stdout.index("{"):])[0]["result"]  # rank 0's document
 
 

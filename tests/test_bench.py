@@ -71,3 +71,16 @@ def test_run_rejects_unknown_knob(make_bench):
 def test_steps_must_allow_statistics(make_bench):
     with pytest.raises(ValueError, match="steps must be >= 2"):
         make_bench(steps=1)
+
+
+def test_a_first_trial_with_its_own_knobs_is_labelled_by_them(make_bench):
+    """Issue 40: labels name how knobs differ from the workbench's defaults, never "baseline"; which trial
+    is the baseline is the boolean `baseline` column (and the verdict word "baseline")."""
+    bench = make_bench(knobs=None)
+    first = bench.run(batch_size=16, channels_last=True)
+    bench.run()
+    df = bench.results.set_index("trial_id")
+    assert df.loc[first.trial_id, "label"] == "batch_size=16, channels_last"
+    assert df.loc[2, "label"] == "defaults" and bench.defaults.batch_size != 16
+    assert list(df["baseline"]) == [True, False] and df.loc[1, "verdict"] == "baseline"
+    assert df.loc[2, "verdict"] in ("faster", "slower", "same", "undecided")

@@ -53,7 +53,7 @@ def test_chart_frame_marks_baseline_failures_and_order(log: ResultLog) -> None:
     df = chart_frame(log.frame())
     assert list(df["trial_id"]) == [1, 2, 3, 4, 5]
     assert list(df["kind"]) == ["baseline", "ok", "nan", "oom", "interrupted"]
-    assert df["trial"].iloc[1] == "#2 num_workers=2"  # labelled by what differs from the baseline
+    assert df["trial"].iloc[1] == "#2 num_workers=2"  # labelled by what differs from the defaults
     assert df.loc[df["kind"] == "oom", "throughput"].item() == 0.0  # a failure still gets a mark, on zero
     assert df["throughput"].iloc[1] > df["throughput"].iloc[0]
 
@@ -65,7 +65,8 @@ def test_comparison_chart_has_band_baseline_linked_views_and_full_tooltip(log: R
     marks = [layer["mark"]["type"] for layer in throughput]
     assert marks == ["rule", "rule", "point", "text", "text"]  # band, baseline, trials, failure and "not steady" labels
     band = throughput[0]["encoding"]
-    assert band["y"]["field"] == "samples_per_s_low" and band["y2"]["field"] == "samples_per_s_high"
+    # the band is the throughput's (samples/s here; tokens/s for token batches: tests/test_hf.py)
+    assert band["y"]["field"] == "throughput_low" and band["y2"]["field"] == "throughput_high"
     assert "baseline" in json.dumps(throughput[1]["transform"])
     # one click selection, used by all three views (linked)
     (pick,) = spec["params"]  # altair hoists a concat's selection to the top, bound to the points view
@@ -112,7 +113,8 @@ def test_bench_chart_is_the_comparison_chart_of_its_results(tmp_path) -> None:
     chart = bench.chart()
     assert isinstance(chart, alt.VConcatChart)
     assert chart.to_dict() == comparison_chart(bench.results).to_dict()
-    assert list(chart_data(chart)["label"]) == ["baseline", "batch_size=16"]
+    assert list(chart_data(chart)["label"]) == ["defaults", "batch_size=16"]
+    assert list(chart_data(chart)["baseline"]) == [True, False]
 
 
 def _click(jchart, trial_id):
@@ -206,7 +208,10 @@ def test_legend_is_titled_for_what_it_shows_and_lists_only_kinds_that_occurred()
     assert scales and all(s["domain"] == ["baseline", "ok", "nan"] for s in scales)  # no error/oom/interrupted
     legends = [e["legend"]["title"] for layer in top for key, e in layer.get("encoding", {}).items()
                if key == "color" and e.get("legend")]
-    assert legends and set(legends) == {"baseline / status"}
+    assert legends and set(legends) == {"trial (baseline or status)"}
+    title = spec["vconcat"][0]["title"]  # the marks colour and shape do not name: the subtitle says what they are
+    assert title["text"] == "Throughput per trial" and any("band" in line and "repeat" in line for line in title["subtitle"])
+    assert any("dashed line: the baseline" in line and "cross on zero" in line for line in title["subtitle"])
 
 
 def test_a_new_kind_of_trial_rebuilds_the_legend_instead_of_swapping_data():

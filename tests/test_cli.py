@@ -27,7 +27,7 @@ def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
 def _document(out: subprocess.CompletedProcess, command: str) -> dict:
     doc = json.loads(out.stdout)  # exactly one JSON document: json.loads rejects anything more
     assert set(doc) == {"schema", "command", "version", "ok", "exit_code", "error", "result"}
-    assert doc["schema"] == 1 and doc["command"] == command and doc["exit_code"] == out.returncode
+    assert doc["schema"] == 2 and doc["command"] == command and doc["exit_code"] == out.returncode
     return doc
 
 
@@ -50,7 +50,10 @@ def test_run_json_with_a_trace():
     out = _cli("run", "--demo", "mlp-memory", *TINY, "--json", "--trace")
     rec = _document(out, "run")["result"]
     trace = json.loads(open(rec["trace_path"]).read())
-    assert trace["traceEvents"]
+    from workbench.launch.runner import TRACE_STEPS
+
+    steps = {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+    assert len(steps) == TRACE_STEPS  # the profiled optimizer steps, after the window, one event each
 
 
 def test_errors_are_one_json_document_too():
@@ -75,10 +78,10 @@ def test_diagnose_json():
 
 @pytest.mark.slow
 def test_tune_json():
-    out = _cli("tune", "--demo", "mlp-memory", *TINY, "--budget", "2", "--budget-s", "600", "--json")
+    out = _cli("tune", "--demo", "mlp-memory", *TINY, "--n-trials", "2", "--budget-s", "600", "--json")
     doc = _document(out, "tune")
     res = doc["result"]
-    assert doc["ok"] and res["trials_used"] <= 2 and res["budget"] == 2 and res["budget_s"] == 600
+    assert doc["ok"] and res["trials_used"] <= 2 and res["n_trials"] == 2 and res["budget_s"] == 600
     assert res["best_knobs"]["batch_size"] >= 1 and res["start"]["status"] == "ok"
     assert isinstance(res["steps"], list) and res["steps"][0]["stage"] == "start"
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rank_failures import job_output
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -132,7 +133,7 @@ def run_on_two_ranks(script, code: str) -> None:
     script.write_text(code)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            str(script)], capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, job_output(proc)
 
 
 @pytest.mark.slow

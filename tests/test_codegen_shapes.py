@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import ROOT, TinyNet
+from rank_failures import job_output
 from test_step import NOT_HERE, switched_on
 from torch import nn
 from torch.utils.data import Dataset
@@ -247,7 +248,7 @@ def make():
 def run_script(path, cwd) -> str:
     proc = subprocess.run([sys.executable, str(path)], cwd=cwd, capture_output=True, text=True, timeout=300,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, job_output(proc)
     return proc.stdout
 
 
@@ -259,7 +260,7 @@ def test_a_factory_workbenchs_script_runs_with_no_edits(tmp_path):
                            "--warmup-steps", "1", "--log", "none", "--quiet", "--batch-size", "8",
                            "--code", "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, job_output(proc)
     code = (tmp_path / "train.py").read_text()
     assert "load_parts('mytrain:make')" in code and "Knobs(batch_size=8)" in code
     assert "samples/s over" in run_script(tmp_path / "train.py", tmp_path)

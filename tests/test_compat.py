@@ -19,7 +19,7 @@ from workbench.core import compat
 def test_private_internal_still_exists(name):
     gone = compat.missing(name)
     assert gone is None, (f"torch {torch.__version__} no longer has {gone} (used by compat.{name}): "
-                          "update workbench/compat.py; its fallback keeps trials running meanwhile")
+                          "update workbench/core/compat.py; its fallback keeps trials running meanwhile")
 
 
 def test_missing_names_the_attribute_that_is_gone(monkeypatch):
@@ -53,9 +53,23 @@ def test_trial_with_workers_runs_when_the_sigchld_internal_is_gone(make_bench, m
     assert psutil.Process().children(recursive=True) == []
 
 
-def test_shutdown_workers_tolerates_iterators_without_the_hook():
+def test_shutdown_workers_stops_both_iterators_and_tolerates_missing_or_failing_hooks():
+    from types import SimpleNamespace
+
+    stopped = []
+    it = SimpleNamespace(_shutdown_workers=lambda: stopped.append("it"))
+    kept = SimpleNamespace(_shutdown_workers=lambda: stopped.append("loader's"))
+    loader = SimpleNamespace(_iterator=kept)
+    compat.shutdown_workers(loader, it)
+    assert stopped == ["it", "loader's"] and loader._iterator is None  # workers stopped, reference dropped
+
+    def dead():
+        raise RuntimeError("worker already gone")
+
+    loader = SimpleNamespace(_iterator=SimpleNamespace(_shutdown_workers=dead))
+    compat.shutdown_workers(loader, object())  # no hook on one, a failing hook on the other
+    assert loader._iterator is None
     compat.shutdown_workers(None, None)
-    compat.shutdown_workers(object(), object())
 
 
 def test_memory_events_raise_naming_the_internal():

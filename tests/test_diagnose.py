@@ -229,12 +229,31 @@ def test_decide_names_page_faults_as_evidence_with_the_fix(monkeypatch):
     v = decide(knobs, check_data(faulting, fake_result(2, 0.1), None), THREADS, device=cpu, has_conv=True)
     line = next(e for e in v.evidence if e.startswith("the kernel took"))
     assert "14%" in line and "9,000 page faults per step" in line and "wb.keep_freed_memory()" in line
+    # over 10% of the CPU time the allocator is named, and its next mode tried in a fresh process
+    assert v.bottleneck == "allocator" and set(v.next_knobs) == {"allocator"}
+    assert any("over 10% names the allocator" in e for e in v.evidence)
+    some = replace(faulting, extra={"kernel_share": 0.07, "page_faults_per_step": 9000.0})  # 5-10%: evidence only
+    v = decide(knobs, check_data(some, fake_result(2, 0.1), None), THREADS, device=cpu, has_conv=True)
     assert v.bottleneck == "compute" and v.next_knobs == {"channels_last": True}
+    assert any(e.startswith("the kernel took 7%") for e in v.evidence)
     calm = decide(knobs, check_data(quiet, fake_result(2, 0.1), None), THREADS, device=cpu, has_conv=True)
     assert not any("kernel took" in e for e in calm.evidence)
     monkeypatch.setattr(verdict, "keeps_freed_memory", lambda: True)  # already kept: no call to suggest
-    kept = decide(knobs, check_data(faulting, fake_result(2, 0.1), None), THREADS, device=cpu, has_conv=True)
+    kept = decide(knobs, check_data(some, fake_result(2, 0.1), None), THREADS, device=cpu, has_conv=True)
     assert any("kernel took" in e and "keep_freed_memory" not in e for e in kept.evidence)
+
+
+def test_allocator_fix_cites_the_modes_measured_here():
+    from dataclasses import replace
+
+    from workbench.diagnose.verdict import allocator_fix
+
+    k = wb.Knobs(batch_size=16)
+    glibc = replace(fake_result(1, 0.1), env={"allocator": "glibc"})
+    assert allocator_fix([glibc], k) is None  # one mode: nothing measured to cite
+    tc = replace(fake_result(2, 0.08), knobs=k.replace(allocator="tcmalloc"), env={"allocator": "tcmalloc"})
+    text = allocator_fix([glibc, tc], k)
+    assert text.startswith("measured here: allocator 'tcmalloc' 1.25x over 'glibc'") and "#2, #1" in text
 
 
 def test_verdict_cites_the_phase_split():

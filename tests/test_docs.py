@@ -116,10 +116,36 @@ def python_blocks(page: Path) -> list[str]:
     return [code for lang, code in FENCE.findall(page.read_text(encoding="utf-8")) if lang in ("python", "py")]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=_rel)
-def test_python_code_blocks_parse(page):
+def workbench_names(tree: ast.AST) -> set[tuple[str, str]]:
+    """(module, name) for every `from workbench... import name` and every `wb.name` in a code block."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "workbench":
+            found |= {(node.module, a.name) for a in node.names if a.name != "*"}
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "wb":
+            found.add(("workbench", node.attr))
+    return found
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "HISTORY.md"], ids=_rel)
+def test_python_code_blocks_parse_and_name_what_workbench_has(page):
+    """Each block parses, and each workbench name it imports or reads (`wb.X`) exists (HISTORY.md, a
+    record of past versions, may name what is gone)."""
+    import importlib
+
+    missing = []
     for code in python_blocks(page):
-        ast.parse(textwrap.dedent(code))  # a SyntaxError names the line; an excerpt of a class body is dedented
+        tree = ast.parse(textwrap.dedent(code))  # a SyntaxError names the line; a class body excerpt is dedented
+        for module, name in sorted(workbench_names(tree)):
+            if not hasattr(importlib.import_module(module), name) and importlib.util.find_spec(f"{module}.{name}") is None:
+                missing.append(f"{module}.{name}")
+    assert not missing, f"{_rel(page)} names what workbench does not have: {missing}"
+
+
+def test_the_name_check_finds_a_missing_name():
+    tree = ast.parse("import workbench as wb\nfrom workbench.results import ResultLog, Nope\nwb.Workbench; wb.gone")
+    assert workbench_names(tree) == {("workbench.results", "ResultLog"), ("workbench.results", "Nope"),
+                                     ("workbench", "Workbench"), ("workbench", "gone")}
 
 
 def test_readme_one_cell_example_runs_on_a_demo(tmp_path, monkeypatch):
@@ -167,3 +193,27 @@ def test_the_staleness_check_fails_on_a_stale_page(tmp_path, monkeypatch):
     monkeypatch.setattr(gen, "ROOT", tmp_path)
     assert gen.main(["--check"]) == 1
     assert gen.main([]) == 0 and gen.main(["--check"]) == 0
+
+
+def test_results_page_names_every_column_of_the_results(make_bench):
+    """Issue 40: docs/results.md names every column `bench.results` has (a real trial, a failed one, a
+    logged comparison); a knob's column is named by docs/knobs.md, which the page points to."""
+    import workbench as wb
+    from workbench.knobs import knob_names
+    from workbench.measure import TrialResult
+    from workbench.results.stats import decide
+
+    page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    knobs_page = (ROOT / "docs" / "knobs.md").read_text(encoding="utf-8")
+    bench = make_bench()
+    a = bench.run(progress=False)
+    b = bench.run(progress=False, batch_size=16)
+    bench.log.append(TrialResult(knobs=wb.Knobs(batch_size=4), status="oom", message="out of memory"))
+    bench.log.record_comparison(decide([100.0, 101.0], [120.0, 121.0], bench.noise, a_trials=[1], b_trials=[2]),
+                                a.knobs, b.knobs)
+    df = bench.results
+    assert {"decided_by", "baseline", "verdict"} <= set(df.columns) and "oom" in set(df["status"])
+    knobs = set(knob_names())
+    missing = [c for c in df.columns if (f"`{c}`" not in knobs_page if c in knobs else f"`{c}`" not in page)]
+    assert not missing, f"docs/results.md does not name these columns of bench.results: {missing}"
+    assert "knobs.md" in page and all(f"**{w}**" in page for w in ("faster", "slower", "same", "undecided"))

@@ -167,7 +167,9 @@ def test_bench_explain_uses_traces_and_adds_a_traced_repeat_when_missing(make_be
     assert e.phases["delta_ms"].sum() == pytest.approx(e.traced_delta_ms)
     assert e.ops["op"].str.startswith("aten::").any() and not e.ops["op"].str.startswith("ProfilerStep").any()
     assert e.measured_a_ms == pytest.approx(a.step_time_s * 1e3)  # the measured window, not the traced steps
-    assert isinstance(e.ops, pd.DataFrame) and str(e)
+    assert isinstance(e.ops, pd.DataFrame)
+    assert str(e).splitlines()[0] == " ".join(e.sentences())  # the printed form is the sentences, then notes
+    assert str(e).splitlines()[1:] == [f"note: {n}" for n in e.notes]
 
 
 def test_explain_refuses_failed_trials_and_bad_arguments(make_bench):

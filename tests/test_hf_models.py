@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT
+from rank_failures import job_output
 from test_codegen_shapes import script_losses_for, trial_window
 from torch.utils.data import Dataset
 
@@ -95,7 +96,7 @@ def test_the_exported_script_runs_with_the_users_objects_pasted_above_it(name, t
     script.write_text(SETUP[name] + bench.to_code(wb.Knobs(batch_size=8), steps=4, warmup=1))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, job_output(proc)
     assert re.search(r"samples/s over \d+ timed steps", proc.stdout), proc.stdout
 
 
@@ -109,5 +110,5 @@ def test_the_torchrun_scripts_take_dict_batches_and_the_models_loss(strategy, tm
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, job_output(proc)
     assert "samples/s (all ranks)" in proc.stdout

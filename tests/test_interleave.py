@@ -1,4 +1,4 @@
-"""Interleaved comparisons (workbench/interleave.py, stats.decide_interleaved): which pairs qualify,
+"""Interleaved comparisons (workbench/deciding/interleave.py, results/stats.decide_interleaved): which pairs qualify,
 the error rates under peeking (simulation, fixed seed), and real comparisons on a model whose step
 sleeps (so a known slowdown stays a known ratio on a loaded machine)."""
 
@@ -153,12 +153,12 @@ def test_trimmed_mean_and_alpha():
 
 
 def test_undecided_says_what_would_settle_it():
-    c = decide_interleaved([100, 104, 97, 101], [99, 103, 98, 104], a=1, b=2, seconds=2.0, block_steps=4,
+    c = decide_interleaved([100, 104, 97, 101], [99, 103, 98, 104], a=1, b=2, seconds=2.0, turn_steps=4,
                            look_every=4)
-    assert c.method == "interleaved" and c.blocks == 4 and c.block_steps == 4
+    assert c.method == "interleaved" and c.turns == 4 and c.turn_steps == 4
     text = str(c)
-    assert c.answer == "undecided" and "more pair" in text and "interleaved blocks of 4 steps" in text
-    assert "blocks, median" in c._repr_html_()
+    assert c.answer == "undecided" and "more pair" in text and "interleaved turns of 4 steps" in text
+    assert "turns, median" in c._repr_html_()
 
 
 # ---- real comparisons ---------------------------------------------------------------------------
@@ -214,8 +214,8 @@ def test_bad_arguments_are_refused(sleepy):
     k = bench.defaults
     with pytest.raises(ValueError, match="budget_s"):
         interleaved(bench.workload, k, k, budget_s=0)
-    with pytest.raises(ValueError, match="block_steps"):
-        interleaved(bench.workload, k, k, block_steps=0)
+    with pytest.raises(ValueError, match="turn_steps"):
+        interleaved(bench.workload, k, k, turn_steps=0)
     with pytest.raises(ValueError, match="cannot interleave"):
         interleaved(bench.workload, k, k.replace(num_workers=1))
 
@@ -227,14 +227,14 @@ def test_comparisons_go_into_the_log_and_survive_a_restart(tmp_path):
 
     log = ResultLog(tmp_path / "log.jsonl")
     a, b = Knobs(batch_size=8), Knobs(batch_size=8, channels_last=True)
-    c = decide_interleaved([100.0] * 8, [80.0, 81, 79, 80, 80, 82, 78, 80], a=1, b=2, seconds=4.0, block_steps=3)
+    c = decide_interleaved([100.0] * 8, [80.0, 81, 79, 80, 80, 82, 78, 80], a=1, b=2, seconds=4.0, turn_steps=3)
     assert c.answer == "slower"
     logged = log.record_comparison(c, a, b)
     again = ResultLog(tmp_path / "log.jsonl")  # a restarted kernel
     assert again.comparisons == [logged]
     got = again.comparisons[0]
-    assert (got.method, got.answer, got.blocks, got.a_knobs, got.b_knobs) == ("interleaved", "slower", 8, a, b)
-    assert got.how == "interleaved, 8 pairs of blocks, 4 s"
+    assert (got.method, got.answer, got.turns, got.a_knobs, got.b_knobs) == ("interleaved", "slower", 8, a, b)
+    assert got.how == "interleaved, 8 pairs of turns, 4 s"
     assert again.decided(b, a) is got and again.decided(a, a) is None
     kind, value = parse_record(json_line(logged))
     assert kind == "comparison" and value == logged
@@ -256,11 +256,11 @@ def test_the_table_verdict_uses_the_logged_comparison(make_bench):
     b = bench.run(progress=False, batch_size=16)
     before = bench.results.set_index("trial_id").loc[b.trial_id, "verdict"]
     c = decide_interleaved([100.0] * 8, [150.0, 151, 149, 150, 150, 152, 148, 150], a=a.trial_id, b=b.trial_id,
-                           seconds=3.0, block_steps=2)
+                           seconds=3.0, turn_steps=2)
     bench.log.record_comparison(c, a.knobs, b.knobs)
     row = bench.results.set_index("trial_id").loc[b.trial_id]
-    assert row["verdict"] == "beyond noise" and row["decided_speedup"] == pytest.approx(c.speedup)
-    assert row["decided_by"].startswith("interleaved") and before in ("beyond noise", "within noise", "same speed")
+    assert row["verdict"] == c.answer and row["decided_speedup"] == pytest.approx(c.speedup)
+    assert row["decided_by"].startswith("interleaved") and before in ("faster", "slower", "undecided", "same")
 
 
 @pytest.mark.slow

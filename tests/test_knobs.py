@@ -54,8 +54,8 @@ def test_checkpoint_normalised_to_tuple():
 def test_diff_and_label():
     a, b = Knobs(), Knobs(num_workers=2, pin_memory=True, checkpoint=("x", "y"))
     assert a.diff(b) == {"num_workers": (0, 2), "pin_memory": (False, True), "checkpoint": ([], ["x", "y"])}
-    assert b.label(a) == "num_workers=2 pin_memory ckpt=2"
-    assert a.label(a) == "baseline"
+    assert b.label(a) == "num_workers=2, pin_memory, ckpt=2"
+    assert a.label(a) == "defaults" and a.label() == "defaults"  # what differs: nothing (never "baseline")
     assert str(b).startswith("Knobs(num_workers=2")
 
 
@@ -201,7 +201,8 @@ def test_cudnn_benchmark_is_a_noted_no_op_on_cpu_and_restored_after(make_bench):
 def test_results_nullable_int_columns_come_from_the_registry():
     from workbench.results import OPTIONAL_INT_KNOBS
 
-    assert set(OPTIONAL_INT_KNOBS) == {"prefetch_factor", "cpu_threads", "ddp_bucket_cap_mb", "fsdp_prefetch"}
+    assert set(OPTIONAL_INT_KNOBS) == {"prefetch_factor", "cpu_threads", "ddp_bucket_cap_mb", "fsdp_prefetch",
+                                       "pad_to_multiple_of"}
 
 
 # ---- your own knobs (@wb.knob) -------------------------------------------------------------------

@@ -164,10 +164,67 @@ def test_the_face_check_catches_an_untyped_workbench(tmp_path):
     assert untyped_benches(path) == ["face.py:1 a(bench: Any)", "face.py:2 b(bench: Workbench)", "face.py:3 c(bench: None)"]
 
 
+def protocol_mismatches(protocol: type, obj: object) -> list[str]:
+    """Members of `protocol` that `obj` (an instance: data attributes are set in __init__) lacks, or whose signature cannot take every parameter the
+    protocol promises (same name, same kind; a keyword the protocol has must be accepted)."""
+    import inspect
+
+    bad, cls = [], type(obj)
+    for name in sorted(set(getattr(protocol, "__annotations__", {})) | set(vars(protocol))):
+        if name.startswith("_"):
+            continue
+        promised = inspect.getattr_static(protocol, name, None)
+        if not callable(promised) or isinstance(promised, property):
+            if not hasattr(obj, name) or (isinstance(promised, property) and not isinstance(inspect.getattr_static(cls, name, None), property)):
+                bad.append(f"{name}: missing or not a property")
+            continue
+        actual = inspect.getattr_static(cls, name, None)
+        if not callable(actual):
+            bad.append(f"{name}: missing")
+            continue
+        have = inspect.signature(actual).parameters
+        for p in inspect.signature(promised).parameters.values():
+            if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                if not any(q.kind == p.kind for q in have.values()):
+                    bad.append(f"{name}: no {p}")
+            elif p.name not in have and not any(q.kind == q.VAR_KEYWORD for q in have.values()):
+                bad.append(f"{name}: no parameter {p.name}")
+            elif p.name in have and have[p.name].kind != p.kind:
+                bad.append(f"{name}: {p.name} is {have[p.name].kind.description}, not {p.kind.description}")
+    return bad
+
+
 def test_the_workbench_satisfies_the_protocol(make_bench):
+    """Every member of Bench exists on Workbench with parameters that take what the protocol promises
+    (isinstance on a runtime_checkable Protocol checks names only)."""
     from workbench.results.protocol import Bench
 
-    assert isinstance(make_bench(), Bench)
+    bench = make_bench()
+    assert isinstance(bench, Bench)
+    assert protocol_mismatches(Bench, bench) == []
+
+
+def test_the_protocol_check_catches_a_changed_signature():
+    from typing import Protocol
+
+    class P(Protocol):
+        size: int
+
+        def run(self, knobs: int, /, *, budget_s: float = 1.0) -> None: ...
+
+    class Renamed:
+        size = 1
+
+        def run(self, knobs: int, /, *, seconds: float = 1.0) -> None: ...
+
+    class Positional:
+        size = 1
+
+        def run(self, knobs: int, /, budget_s: float = 1.0) -> None: ...
+
+    assert protocol_mismatches(P, Renamed()) == ["run: no parameter budget_s"]
+    assert protocol_mismatches(P, Positional()) == ["run: budget_s is positional or keyword, not keyword-only"]
+    assert protocol_mismatches(P, object()) == ["run: missing", "size: missing or not a property"]
 
 
 def test_no_function_is_longer_than_one_screen():

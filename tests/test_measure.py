@@ -23,12 +23,16 @@ def test_summarize_median_and_iqr():
     assert med == 3.0 and iqr == 2.0  # an outlier moves neither
 
 
-def test_step_clock_on_cpu():
+def test_step_clock_on_cpu(monkeypatch):
+    import workbench.core.measure as M
+
+    ticks = iter([10.0, 10.5, 10.75, 11.75])
+    monkeypatch.setattr(M.time, "perf_counter", lambda: next(ticks))
     clock = StepClock(torch.device("cpu"))
+    assert clock.durations_s() == []  # no step before two marks
     for _ in range(4):
         clock.mark()
-    d = clock.durations_s()
-    assert len(d) == 3 and all(x >= 0 for x in d)
+    assert clock.durations_s() == [0.5, 0.25, 1.0]  # the gaps between consecutive marks, in order
 
 
 def test_live_tensor_bytes_counts_shared_storage_once():
@@ -77,10 +81,20 @@ def test_cpu_load_is_never_negative_and_none_when_unreadable(monkeypatch):
 
 
 def test_cpu_load_reads_psutil_on_this_machine():
+    import psutil
+
+    before = psutil.cpu_times()
     reading = CpuLoad._read()
+    after = psutil.cpu_times()
     assert reading is not None, "psutil is a dependency: the reading should work here"
     busy, own, _ = reading
-    assert busy >= own >= 0
+
+    def busy_of(t):  # what _read counts as busy: all but idle, iowait and the guest time inside user
+        return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+
+    assert busy_of(before) <= busy <= busy_of(after)  # the machine's own counters, read between the two
+    mine = sum(psutil.Process().cpu_times()[:2])
+    assert 0 < own <= mine + 0.5  # this process has run (importing torch), and its tree is all of own
 
 
 def test_kernel_time_counts_the_faults_of_memory_touched_for_the_first_time():
@@ -139,6 +153,10 @@ def test_cpu_load_comes_from_psutil(monkeypatch):
     load = CpuLoad()
     foreign = load.foreign_cores()
     assert foreign is not None and foreign > 0
+    monkeypatch.setattr(psutil, "cpu_times", lambda: mac(12.0, 0.0, 6.0, 101.0))  # the same ticks again
+    load = CpuLoad()
+    load._start = (15.0, 1.0, load._start[2] - 2.0)  # 3 busy s (18 - 15), all foreign, over 2 s of wall
+    assert load.foreign_cores() == pytest.approx(1.5, rel=0.01)
 
 
 def test_trial_result_html_card():

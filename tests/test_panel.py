@@ -216,7 +216,7 @@ def test_failure_shows_status_and_message_never_a_traceback(panel: Panel, bench:
 def test_programmatic_runs_land_in_the_same_chart_and_table(panel: Panel, bench: wb.Workbench) -> None:
     bench.run()
     bench.run(batch_size=16)
-    assert list(chart_data(panel.chart)["label"]) == ["baseline", "batch_size=16"]
+    assert list(chart_data(panel.chart)["label"]) == ["defaults", "batch_size=16"]
     assert "batch_size=16" in panel.table.value
     assert not panel.busy  # a run from code does not queue a panel trial
 
@@ -233,7 +233,7 @@ def test_set_baseline_and_repeat_to_confirm(panel: Panel, bench: wb.Workbench) -
     assert rep is not None and rep["trial_id"] == 2 and rep["baseline_id"] == 1
     c = rep["comparison"]  # what the panel keeps and shows is the comparison's own answer, and it is coherent
     if c.method == "interleaved":  # batch_size can take turns in one process: no new trials, blocks instead
-        assert c.blocks >= 2 and len(bench.trials) == 2 and "interleaved blocks" in panel.status.value
+        assert c.turns >= 2 and len(bench.trials) == 2 and "interleaved turns" in panel.status.value
     else:
         n = rep["rounds"]
         assert 1 <= n <= 2 and len(c.a_rates) == len(c.b_rates) == 1 + n
@@ -287,7 +287,7 @@ def test_core_imports_and_runs_without_ipywidgets_or_altair() -> None:
         sys.modules["ipywidgets"] = None
         sys.modules["altair"] = None
         import torch, workbench as wb
-        from workbench import panel
+        from workbench.faces import panel
         b = wb.Workbench(torch.nn.Linear(4, 2), torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))),
                          loss_fn=torch.nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
                          log=None, steps=2, warmup_steps=0, knobs=wb.Knobs(batch_size=4))
@@ -409,3 +409,39 @@ def test_a_tune_trial_stops_at_the_deadline_or_at_stop() -> None:
     deadline.expire()
     assert Either(deadline, threading.Event()).reason == "stopped by the budget"
     deadline.cancel()
+
+
+def test_distributed_options_fold_away_at_one_process(bench: wb.Workbench) -> None:
+    """Issue 40: at world_size=1 the DDP/FSDP2 options sit in a collapsed accordion (world_size stays in view);
+    raising world_size opens it, lowering it folds it again."""
+    p = Panel(bench, debounce_s=3600)  # changes queue but never start
+    try:
+        acc = p.knob_controls.distributed
+        assert acc.selected_index is None and p.knob_controls.boxes["world_size"] not in acc.children[0].children
+        assert p.knob_controls.boxes["ddp_static_graph"] in acc.children[0].children
+        pin = p.knob_controls.boxes["pin_memory"]  # the page's title attribute: the reason shows on hover
+        assert pin.tooltip.startswith("disabled:") and pin.tooltip == p.controls["pin_memory"].tooltip
+        p.controls["world_size"].value = 2
+        assert acc.selected_index == 0
+        p.controls["world_size"].value = 1
+        assert acc.selected_index is None
+        assert "warm-up until steady" in p.widget.children[0].value and "5 warm-up" not in p.widget.children[0].value
+    finally:
+        p.close()
+
+
+def test_the_result_line_and_the_table_agree_on_a_trial(bench: wb.Workbench) -> None:
+    """Issue 40 (docs/panel.png said 0.83x in the line, 0.97x in the table): the line reads the trial's row,
+    which pools every repeat of each side's knobs, so both show one speedup and one verdict."""
+    from workbench.faces.panel.view import noise_html, result_line
+
+    bench.run(progress=False)
+    bench.run(progress=False, batch_size=16)
+    bench.run(progress=False)
+    r = bench.run(progress=False, batch_size=16)
+    row = bench.results.set_index("trial_id").loc[r.trial_id]
+    line = result_line(r, bench)
+    assert f"{row['speedup']:.2f}× baseline ({row['verdict']})" in line and row["label"] in line
+    assert "(the baseline)" in result_line(bench.trials[0], bench)
+    loud = dataclasses.replace(bench.noise, adjacent=0.5, adjacent_pairs=2)
+    assert "Too noisy" in noise_html(loud, []) and "±" not in noise_html(loud, [])

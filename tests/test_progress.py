@@ -70,7 +70,7 @@ def search_bars(monkeypatch):
 def test_search_bar_counts_trials_and_note_shows_the_analysis(make_bench, search_bars):
     made = search_bars
     bench = make_bench()
-    bench.tune(budget=2, progress=True, stages=("data",))
+    bench.tune(n_trials=2, progress=True, stages=("data",))
     (bar,) = made
     assert bar.bar.n == len(bench.trials) == len(bar.seen)
     assert bar.bar.total == bar.bar.n  # a search that used less than its budget ends complete, not red
@@ -80,13 +80,24 @@ def test_search_bar_counts_trials_and_note_shows_the_analysis(make_bench, search
 def test_search_off_silences_its_trials(make_bench, monkeypatch, capfd):
     monkeypatch.setattr(P, "_stderr_is_terminal", lambda: True)  # auto would show bars
     bench = make_bench()
-    bench.tune(budget=2, progress=False, stages=("data",))
+    bench.tune(n_trials=2, progress=False, stages=("data",))
     assert capfd.readouterr().err == ""
     assert P._context.off is False
 
 
-def test_note_without_a_search_is_a_no_op():
-    P.note("profiler")  # nothing to update, nothing raised
+def test_note_reaches_the_search_bar_and_is_a_no_op_without_one(monkeypatch):
+    seen = []
+
+    class Bar:
+        def note(self, text):
+            seen.append(text)
+
+    monkeypatch.setattr(P._context, "search", Bar(), raising=False)
+    P.note("profiler")
+    assert seen == ["profiler"]
+    monkeypatch.setattr(P._context, "search", None)
+    P.note("profiler")  # no bar: nothing made, nothing raised
+    assert seen == ["profiler"] and P._context.search is None
 
 
 @pytest.mark.parametrize("hz", [0, -1])

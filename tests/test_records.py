@@ -109,3 +109,15 @@ def test_parse_record_of_arbitrary_json_raises_only_bad_record(value):
                *got.data_wait_s]
     assert all(math.isfinite(x) and x >= 0 for x in figures if x is not None), figures
     assert wb.Knobs.from_dict(got.knobs.to_dict(), keep_unknown=True) == got.knobs
+
+
+def test_a_comparison_logged_before_round_5_reads_its_blocks_as_turns(tmp_path):
+    """Logs written before "turns" named the interleaved runs of steps kept them as blocks/block_steps."""
+    side = {**wb.Knobs().to_dict(), "user_knobs": []}
+    old = {"event": "comparison", "a": 1, "b": 2, "a_knobs": side, "b_knobs": {**side, "channels_last": True},
+           "method": "interleaved", "answer": "faster", "speedup": 1.2, "low": 1.1, "high": 1.3, "margin": 0.05,
+           "seconds": 3.0, "blocks": 40, "block_steps": 4, "rounds": 0, "note": "", "at": ""}
+    kind, c = parse_record(json.dumps(old))
+    assert kind == "comparison" and (c.turns, c.turn_steps) == (40, 4) and c.how.startswith("interleaved, 40 pairs of turns")
+    again = c.to_record()
+    assert (again["turns"], again["turn_steps"]) == (40, 4) and "blocks" not in again

@@ -401,7 +401,7 @@ def test_derive_notes_page_faults_only_when_the_kernel_took_a_real_share(monkeyp
     assert fields["extra"]["page_faults_per_step"] == 23_000 and fields["extra"]["kernel_share"] == 0.19
     monkeypatch.setattr(phases, "keeps_freed_memory", lambda: True)  # already kept: the fix is elsewhere
     note = next(n for n in derive(raw(0.19, 230_000), wb.Knobs(batch_size=8))[1] if n.startswith("page faults"))
-    assert "32 MiB" in note and "LD_PRELOAD" in note and "keep_freed_memory()" not in note
+    assert "32 MiB" in note and "allocator='tcmalloc'" in note and "keep_freed_memory()" not in note
     monkeypatch.setattr(phases, "keeps_freed_memory", lambda: False)
     _, notes = derive(raw(0.19, 230_000), wb.Knobs(batch_size=8, num_workers=2))
     assert any(n.startswith("page faults") and "shared memory" in n and MALLOC_ENV not in n for n in notes)

@@ -88,6 +88,8 @@ NOT_HERE = {
     "compile": "one compiled pair, not one per knob (a cold compile costs tens of seconds): "
                "test_a_compiled_trial_and_its_script_give_the_same_losses",
     "world_size": "multi-process: test_codegen.test_ddp_script_runs_under_torchrun_with_two_gloo_ranks",
+    "allocator": "a process knob: its trial runs in a fresh process (test_process.test_an_allocator_trial_runs_in_a_"
+                 "fresh_process_in_its_mode); its script's launch line: test_process.test_the_script_carries_the_launch_line_and_checks_the_mode",
 }
 NEEDS = {"checkpoint_mode": {"checkpoint": ("blocks.1",)}, "prefetch_factor": {"num_workers": 1},
          "persistent_workers": {"num_workers": 1}}
@@ -128,7 +130,7 @@ NOOP_ON_CPU = {"pin_memory": "no accelerator", "cudnn_benchmark": "cuDNN is NVID
 SINGLE_PROCESS = [n for n in wb.knob_names() if n not in NOT_HERE and not n.startswith(("ddp_", "fsdp_"))]
 
 
-# ddp_*/fsdp_* knobs need world_size > 1: test_distributed / test_strategy
+# ddp_*/fsdp_* knobs need world_size > 1: test_ranks / test_strategy
 @pytest.mark.fixed_warmup
 @pytest.mark.parametrize("name", SINGLE_PROCESS)
 def test_every_knob_gives_the_same_losses_in_generated_code_and_run_trial(name, tmp_path):

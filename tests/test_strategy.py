@@ -1,7 +1,7 @@
 """distributed/strategy.py: FSDP2 trials (strategy="fsdp2") beside DDP, and the fsdp_* knobs.
 
 The knob checks, the generated script's pieces and model_state_bytes are fast; the trials fork 2
-gloo ranks (`slow`), reusing test_distributed's tiny MLP, fault switch and orphan check.
+gloo ranks (`slow`), reusing test_ranks's tiny MLP, fault switch and orphan check.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import time
 
 import pytest
 import torch
-from test_distributed import FAULT, make_bench, no_children
+from rank_failures import why
+from test_ranks import FAULT, make_bench, no_children
 
 import workbench as wb
 from workbench.core.knobs import Knobs, device_notes
@@ -93,7 +94,7 @@ def test_fsdp2_trains_like_ddp_in_half_the_model_state_and_every_knob_runs(tmp_p
     bench = make_bench(tmp_path, optimizer=adamw, knobs=Knobs(batch_size=8, accum_steps=2))
     ddp = bench.run(world_size=2)
     fsdp = bench.run(**FSDP)
-    assert ddp.ok and fsdp.ok, (ddp.message, fsdp.message)
+    assert ddp.ok and fsdp.ok, why(ddp, fsdp)
     assert fsdp.losses == pytest.approx(ddp.losses, abs=1e-4, rel=0)  # fp32: the same training
     assert fsdp.model_state_bytes <= 0.65 * ddp.model_state_bytes
     d = fsdp.extra["distributed"]
@@ -101,7 +102,7 @@ def test_fsdp2_trains_like_ddp_in_half_the_model_state_and_every_knob_runs(tmp_p
     for knob in (dict(fsdp_reshard_after_forward=False, fsdp_prefetch=1), dict(fsdp_param_dtype="bf16",
                  fsdp_reduce_dtype="bf16", fsdp_cpu_offload=True, fsdp_shard=("net.2",), checkpoint=("net.0",))):
         r = bench.run(**FSDP, **knob)
-        assert r.ok, (knob, r.message)
+        assert r.ok, (knob, why(r))
     assert any("fsdp_cpu_offload is a no-op" in n for n in r.notes)
     assert no_children()
 
@@ -120,10 +121,11 @@ def test_a_failing_fsdp2_rank_ends_every_rank_and_the_next_trial_works(tmp_path,
         r = bench.run(**FSDP)
     finally:
         FAULT["kind"] = None
-    assert r.status == "error" and all(w in r.message for w in words), r.message
+    assert r.status == "error" and all(w in r.message for w in words), why(r)
     assert time.monotonic() - t0 < 60
     assert no_children()
-    assert bench.run(**FSDP).ok
+    nxt = bench.run(**FSDP)
+    assert nxt.ok, why(nxt)
 
 
 @pytest.mark.slow

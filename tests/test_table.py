@@ -53,8 +53,8 @@ def test_verdict_column_has_three_answers():
     c = compare(log.trials[:16], [t for t in log.trials if t.knobs == same.knobs], log=log)
     assert c.answer == "same" and "same speed within ±5%" in str(c)
     verdicts = log.frame().set_index("trial_id")["verdict"]
-    assert verdicts[same.trial_id] == "within noise" and verdicts[len(log.trials)] == "same speed"
-    assert verdicts[same.trial_id + 1] == "beyond noise"
+    assert verdicts[same.trial_id] == "undecided" and verdicts[len(log.trials)] == "same"
+    assert verdicts[same.trial_id + 1] in ("faster", "slower")
     words = str(log.noise)
     assert "back-to-back trials of identical knobs typically land within" in words and "pairs" in words
     assert "minutes apart" in words
@@ -78,7 +78,7 @@ def test_incremental_verdicts_equal_compare_after_appends_and_noise_changes():
                 c = compare(*_sides(log.trials, base, r), noise=noise)  # the table pools each side's repeats
                 assert verdict == c.verdict and speedup == pytest.approx(c.speedup, rel=1e-9), r.trial_id
     verdicts = set(log.frame()["verdict"])
-    assert {"beyond noise", "within noise"} <= verdicts  # both sides of the threshold were exercised
+    assert {"undecided"} <= verdicts and verdicts & {"faster", "slower"}  # both sides of the threshold were exercised
     log.set_baseline(5)
     df = log.frame()
     assert df.loc[df["trial_id"] == 5, "verdict"].item() == "baseline"

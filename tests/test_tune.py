@@ -99,7 +99,7 @@ def interaction(k: wb.Knobs) -> float:
 
 def test_tune_finds_an_interaction_of_two_knobs_neutral_alone():
     bench = FakeBench(interaction, lambda k: 1000 * k.batch_size, conv=True, noise=0.03)
-    res = tune(bench, budget=60, stages=("data", "precision", "batch"))
+    res = tune(bench, n_trials=60, stages=("data", "precision", "batch"))
     assert isinstance(res, TuneResult)
     assert res.best_knobs.channels_last and res.best_knobs.batch_size == 32, str(res)
     assert res.answer == "faster" and res.speedup == pytest.approx(1.45, rel=0.1)
@@ -115,7 +115,7 @@ def stack_model(k: wb.Knobs) -> float:
 
 def test_tune_stacks_near_misses_beyond_the_listed_pairs():
     bench = FakeBench(stack_model, lambda k: 1000.0, noise=0.02, seed=1)
-    res = tune(bench, budget=120, stages=("data", "kernels"))
+    res = tune(bench, n_trials=120, stages=("data", "kernels"))
     assert res.answer == "faster"
     assert res.best_knobs.optimizer_impl == "foreach" and res.best_knobs.cpu_threads == 1, str(res)
     assert "stack" in set(res.steps["stage"])
@@ -123,7 +123,7 @@ def test_tune_stacks_near_misses_beyond_the_listed_pairs():
 
 def test_tune_races_spend_trials_on_contenders_only():
     bench = FakeBench(speed_model, lambda k: 1000 * k.batch_size, noise=0.02)
-    res = tune(bench, budget=60, stages=("data", "batch"))
+    res = tune(bench, n_trials=60, stages=("data", "batch"))
     assert res.best_knobs.num_workers == 1 and res.best_knobs.batch_size >= 32 and res.answer == "faster"
     assert res.speedup == pytest.approx(1 / (0.5 * 0.7), rel=0.1)
     per = pd.Series([r.knobs for r in bench.trials]).value_counts()
@@ -137,7 +137,7 @@ def test_tune_races_spend_trials_on_contenders_only():
 
 def test_nothing_beats_the_start_is_a_confirmed_same_speed():
     bench = FakeBench(lambda k: 1e-3, lambda k: 1000.0, noise=0.01)
-    res = tune(bench, budget=60, stages=("data", "precision"))
+    res = tune(bench, n_trials=60, stages=("data", "precision"))
     assert res.best_knobs == bench.defaults and res.answer == "same", str(res)
     assert res.steps["decision"].str.startswith("nothing beats the start").any()
     assert res.speedup == 1.0  # the start kept: no change, whatever its trials' noise
@@ -149,7 +149,7 @@ def test_tune_budget_in_seconds_and_trial_cap(fake_clock):
     assert res.trials_used == len(bench.trials) <= 12 and res.budget_s == 12
     assert res.best_knobs.num_workers == 1  # the seeds' order puts the best data change in the first race
     bench = FakeBench(speed_model, lambda k: 1000 * k.batch_size)
-    res = tune(bench, budget=3, stages=("data",))
+    res = tune(bench, n_trials=3, stages=("data",))
     assert res.trials_used <= 3 and len(bench.trials) <= 3
     bench = fake_clock(FakeBench(speed_model, lambda k: 1000 * k.batch_size))
     res = tune(bench, budget_s=0.5, stages=("data",))  # smaller than one trial: the start alone, and why
@@ -161,26 +161,26 @@ def test_tune_budget_in_seconds_and_trial_cap(fake_clock):
 
 def test_tune_batch_stage_keeps_headroom_below_memory():
     bench = FakeBench(lambda k: 1e-3 / (1 + k.batch_size / 16), lambda k: 1000 * k.batch_size, noise=0.01)
-    res = tune(bench, budget=30, stages=("batch",), memory_budget=70_000)  # 64 x 1 kB = 64 kB > 90% of 70 kB
+    res = tune(bench, n_trials=30, stages=("batch",), memory_budget=70_000)  # 64 x 1 kB = 64 kB > 90% of 70 kB
     assert res.best_knobs.batch_size == 32, str(res)
     assert all(r.knobs.batch_size <= 32 for r in bench.trials)  # predicted over the headroom: never run
     assert res.steps["decision"].str.contains("headroom").any()
     bench = FakeBench(lambda k: 1e-3 / (1 + k.batch_size / 16), lambda k: 1000 * k.batch_size, noise=0.01)
-    res = tune(bench, budget=30, stages=("batch",), memory_budget=70_000, headroom=0.0)
+    res = tune(bench, n_trials=30, stages=("batch",), memory_budget=70_000, headroom=0.0)
     assert res.best_knobs.batch_size == 64
 
 
 def test_tune_batch_search_is_oom_safe():
     bench = FakeBench(lambda k: 1e-3 / (1 + k.batch_size / 16), lambda k: 1000 * k.batch_size, oom_at=40_000)
-    res = tune(bench, budget=20, stages=("batch",))
+    res = tune(bench, n_trials=20, stages=("batch",))
     assert res.best_knobs.batch_size == 32  # 64 runs out of memory: rejected
     assert res.steps["decision"].str.startswith("rejected: oom").any()
 
 
 def test_tune_validates_inputs():
     bench = FakeBench(speed_model, lambda k: 1.0)
-    with pytest.raises(ValueError, match="budget"):
-        tune(bench, budget=1)
+    with pytest.raises(ValueError, match="n_trials"):
+        tune(bench, n_trials=1)
     with pytest.raises(ValueError, match="budget_s"):
         tune(bench, budget_s=0)
     with pytest.raises(ValueError, match="stage"):
@@ -226,7 +226,7 @@ def test_fit_memory_follows_rescue_order_and_keeps_effective_batch():
         return 5000 + act
 
     bench = FakeBench(lambda k: 1e-3 * (1 + 0.3 * len(k.checkpoint)), peak)
-    fit = fit_memory(bench, budget_bytes=12_000, effective_batch=64)
+    fit = fit_memory(bench, max_bytes=12_000, effective_batch=64)
     assert isinstance(fit, FitResult) and fit.fits
     assert fit.knobs.batch_size * fit.knobs.accum_steps == 64
     assert fit.result.peak_memory_bytes <= 12_000
@@ -234,12 +234,12 @@ def test_fit_memory_follows_rescue_order_and_keeps_effective_batch():
     assert "accumulation" in set(fit.steps["step"])
     assert fit.steps["time_cost"].iloc[0] == pytest.approx(1.0)
     assert "Fits" in str(fit) and fit.to_code().startswith("#")
-    nothing = fit_memory(FakeBench(lambda k: 1e-3, lambda k: 1e9), budget_bytes=10, effective_batch=16, max_trials=4)
+    nothing = fit_memory(FakeBench(lambda k: 1e-3, lambda k: 1e9), max_bytes=10, effective_batch=16, max_trials=4)
     assert not nothing.fits and len(nothing.steps) <= 4 and "nothing fits" in str(nothing)
-    with pytest.raises(ValueError, match="budget_bytes"):
-        fit_memory(bench, budget_bytes=0, effective_batch=8)
+    with pytest.raises(ValueError, match="max_bytes"):
+        fit_memory(bench, max_bytes=0, effective_batch=8)
     with pytest.raises(ValueError, match="effective_batch"):
-        fit_memory(bench, budget_bytes=10, effective_batch=0)
+        fit_memory(bench, max_bytes=10, effective_batch=0)
 
 
 def test_fit_memory_keeps_headroom_below_the_budget():
@@ -247,12 +247,12 @@ def test_fit_memory_keeps_headroom_below_the_budget():
         return 1000 * k.batch_size  # 64 -> 64 kB, 32 -> 32 kB
 
     edge = FakeBench(lambda k: 1e-3, peak)
-    assert fit_memory(edge, budget_bytes=66_000, effective_batch=64, headroom=0.0).knobs.batch_size == 64
-    fit = fit_memory(FakeBench(lambda k: 1e-3, peak), budget_bytes=66_000, effective_batch=64)  # 10% by default
+    assert fit_memory(edge, max_bytes=66_000, effective_batch=64, headroom=0.0).knobs.batch_size == 64
+    fit = fit_memory(FakeBench(lambda k: 1e-3, peak), max_bytes=66_000, effective_batch=64)  # 10% by default
     assert fit.fits and fit.result.peak_memory_bytes <= 0.9 * 66_000 and fit.knobs.accum_steps > 1
     assert any("headroom" in n for n in fit.notes)
     with pytest.raises(ValueError, match="headroom"):
-        fit_memory(edge, budget_bytes=66_000, effective_batch=64, headroom=1.0)
+        fit_memory(edge, max_bytes=66_000, effective_batch=64, headroom=1.0)
 
 
 class Wide(nn.Module):
@@ -285,7 +285,7 @@ def test_fit_memory_real_model_reaches_a_budget():
 def test_tune_real_bench_lands_every_trial_in_results():
     bench = wb.Workbench(Net(), data(), loss_fn=nn.CrossEntropyLoss(), log=None, steps=3, warmup_steps=1,
                          knobs=wb.Knobs(batch_size=16), device="cpu")
-    res = bench.tune(budget=4, stages=("data", "batch"))
+    res = bench.tune(n_trials=4, stages=("data", "batch"))
     assert res.trials_used <= 4 and len(bench.results) == res.trials_used
     ran = set(res.steps["trial"].dropna().astype(int))  # decision rows (dropped, not entered) name no trial
     assert ran and ran <= set(bench.results["trial_id"])
@@ -295,7 +295,7 @@ def test_tune_real_bench_lands_every_trial_in_results():
 def test_tune_races_ddp_bucket_sizes_on_two_gloo_ranks():
     bench = wb.Workbench(Net(), data(), loss_fn=nn.CrossEntropyLoss(), log=None, steps=4, warmup_steps=1,
                          knobs=wb.Knobs(batch_size=16, world_size=2), device="cpu", collective_timeout_s=30.0)
-    res = bench.tune(budget=14, stages=("ddp",))
+    res = bench.tune(n_trials=14, stages=("ddp",))
     assert all(r.knobs.world_size == 2 and r.ok for r in bench.log.trials), str(res)
     raced = {r.knobs.ddp_bucket_cap_mb for r in bench.log.trials}
     assert {None, 1, 5, 50, 100} <= raced  # torch's default and every candidate size ran on 2 ranks
@@ -303,7 +303,8 @@ def test_tune_races_ddp_bucket_sizes_on_two_gloo_ranks():
     assert c is not None and res.answer == {"faster": "faster" if res.best_knobs != res.start.knobs else "undecided",
                                             "same": "same", "slower": "same", "undecided": "undecided"}[c.answer], (c, res)
     assert (res.best_knobs != res.start.knobs) == (res.answer == "faster") and res.best_knobs.world_size == 2
-    assert res.steps["stage"].iloc[-1] == "confirm" and res.confirmation.verdict in res.steps["decision"].iloc[-1]
+    confirm = res.steps[res.steps["stage"] == "confirm"]  # a kept winner is explained after it (an "explain" row)
+    assert len(confirm) and res.confirmation.verdict in confirm["decision"].iloc[-1], res.steps
     assert f"answer: {res.answer}" in str(res)
 
 
@@ -314,7 +315,7 @@ def test_tune_races_your_own_knob_with_choices():
 
     try:
         bench = FakeBench(lambda k: 1e-3 if k.kernel_path == "naive" else 0.5e-3, lambda k: 1000.0, noise=0.01)
-        res = tune(bench, budget=40, stages=("yours",))
+        res = tune(bench, n_trials=40, stages=("yours",))
         assert res.best_knobs.kernel_path == "fused" and res.answer == "faster", str(res)
         assert (res.steps["stage"] == "yours").any()
     finally:
@@ -343,7 +344,7 @@ def test_a_data_bound_start_enters_every_worker_count_first(monkeypatch):
     threads) before precision or kernels, and `steps` says why."""
     monkeypatch.setattr(tune_mod, "_cores", lambda: 2)
     bench = FakeBench(speed_model, lambda k: 1000, conv=True, wait=lambda k: 0.0 if k.num_workers else 0.6)
-    res = tune(bench, budget=12, stages=("data", "precision", "kernels"), confirm=False, explain=False)
+    res = tune(bench, n_trials=12, stages=("data", "precision", "kernels"), confirm=False, explain=False)
     why = res.steps[res.steps["decision"].str.startswith("entered first")]
     assert len(why) == 1 and "waits for data 60%" in why["decision"].iloc[0]
     raced = [t.knobs for t in bench.trials[1:]]
@@ -379,9 +380,55 @@ def test_a_small_budget_carries_candidates_it_could_not_enter_onto_the_leader(mo
         return speed_model(k) / (1.3 if k.optimizer_impl == "foreach" else 1.0)
 
     bench = FakeBench(speed, lambda k: 1000, conv=True, wait=lambda k: 0.0 if k.num_workers else 0.6)
-    res = tune(bench, budget=12, stages=("data", "kernels"), confirm=False, explain=False)
+    res = tune(bench, n_trials=12, stages=("data", "kernels"), confirm=False, explain=False)
     on_leader = res.steps[res.steps["stage"].str.endswith("on the leader") & res.steps["trial"].notna()]
     assert len(on_leader) >= 1
     assert not any(t.knobs.optimizer_impl == "foreach" and not t.knobs.num_workers for t in bench.trials)
     assert res.best_knobs.num_workers == 1 and res.best_knobs.optimizer_impl == "foreach"
     assert res.trials_used <= 12
+
+
+def test_page_faults_put_the_allocator_modes_first(make_bench):
+    """Over 10% of the CPU time in page faults, the tuner's first race starts with every allocator mode
+    available here (each a fresh-process trial); below it, no allocator axis at all."""
+    from workbench.core.system import available_allocators
+    from workbench.search.tune import _first_entries, _lead, stage_axes
+
+    bench = make_bench(log=None)
+    k = bench.defaults
+    calm = TrialResult(knobs=k, status="ok", samples_per_s=100.0, step_times_s=(0.08,) * 4, samples_per_step=8,
+                       extra={"kernel_share": 0.04})
+    bench.log.append(calm)
+    assert stage_axes(bench, "process", k) == []
+    faulting = TrialResult(knobs=k, status="ok", samples_per_s=100.0, step_times_s=(0.08,) * 4, samples_per_step=8,
+                           extra={"kernel_share": 0.22})
+    bench.log.append(faulting)
+    modes = [c["allocator"] for _, changes in stage_axes(bench, "process", k) for c in changes]
+    assert modes == list(available_allocators()) and "glibc" in modes
+
+    from types import SimpleNamespace
+
+    ctx = SimpleNamespace(bench=bench, rows=[])
+    lead = _lead(ctx, faulting)
+    assert lead == ("allocator",) and "page faults took 22%" in ctx.rows[0]["decision"]
+    axes_of = lambda stage, knobs: stage_axes(bench, stage, knobs)  # noqa: E731
+    first = _first_entries(axes_of, k, tune_mod.STAGES, lead)
+    assert [e.change for e in first[:len(modes)]] == [{"allocator": m} for m in modes]  # before compute knobs
+
+
+def test_old_keywords_warn_and_still_work():
+    """tune(budget=N) is tune(n_trials=N) and fit_memory(budget_bytes=) is fit_memory(max_bytes=), each with a
+    FutureWarning for one release; both names at once, or an unknown keyword, is a TypeError."""
+    bench = FakeBench(speed_model, lambda k: 1.0)
+    with pytest.warns(FutureWarning, match="n_trials"):
+        res = tune(bench, budget=3, stages=("data",))
+    assert res.n_trials == 3 and res.trials_used <= 3
+    with pytest.raises(TypeError, match="n_trials"):
+        tune(bench, n_trials=3, budget=3)
+    with pytest.raises(TypeError, match="unexpected"):
+        tune(bench, n_trial=3)
+    with pytest.warns(FutureWarning, match="max_bytes"):
+        fit = fit_memory(bench, budget_bytes=1 << 40, effective_batch=16)
+    assert fit.max_bytes == 1 << 40
+    with pytest.raises(TypeError, match="max_bytes"):
+        fit_memory(bench, effective_batch=16)

@@ -43,7 +43,7 @@ class InterleavingBench(FakeBench):
                 raise InterleaveFailed(f"side {side} ended {status}", side=side, status=status)
         rates = [[1 / self.speed(r.knobs) * math.exp(self.pair_rng.gauss(0, 0.01)) for _ in range(PAIRS)]
                  for r in (a, b)]
-        return decide_interleaved(*rates, margin=margin, a=a.trial_id, b=b.trial_id, seconds=budget_s, block_steps=4)
+        return decide_interleaved(*rates, margin=margin, a=a.trial_id, b=b.trial_id, seconds=budget_s, turn_steps=4)
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def decisions(res, change: str) -> list[str]:
 def test_a_slower_compute_candidate_is_dropped_by_an_interleaved_comparison(kernel_knob):
     kernel_knob("slow")
     bench = InterleavingBench(slow_kernel, lambda k: 1000.0, noise=0.05)
-    res = tune(bench, budget=12, stages=("yours",), explain=False)
+    res = tune(bench, n_trials=12, stages=("yours",), explain=False)
     dropped = [d for d in decisions(res, "kernel_path='slow'") if d.startswith("dropped")]
     assert dropped and dropped[0].startswith("dropped: 0.91x of the start, interleaved, 40 pairs"), str(res)
     assert sum(r.knobs.kernel_path == "slow" for r in bench.trials) == 1  # one trial, then interleaved: out
@@ -88,7 +88,7 @@ def test_data_pipeline_candidates_race_by_trials(monkeypatch):
     they run trials, and their drops say "by trials"; a compute-only candidate (fewer threads) may interleave."""
     monkeypatch.setattr("workbench.search.tune._cores", lambda: 2)
     bench = InterleavingBench(speed_model, lambda k: 1000.0, noise=0.02)
-    res = tune(bench, budget=30, stages=("data",), explain=False)
+    res = tune(bench, n_trials=30, stages=("data",), explain=False)
     assert all(why_not(a, b) is None for a, b, *_ in bench.calls), bench.calls
     assert not any(a.num_workers != b.num_workers or a.prefetch_factor != b.prefetch_factor for a, b, *_ in bench.calls)
     assert not any(a.cpu_threads != b.cpu_threads and (a.num_workers or b.num_workers) for a, b, *_ in bench.calls)
@@ -103,7 +103,7 @@ def test_a_side_failing_inside_an_interleaved_comparison_never_crashes_tune(kern
     fail = {"poison": "nan", "hog": "oom"}
     bench = InterleavingBench(lambda k: 1e-3, lambda k: 1000.0, noise=0.05,
                               fail=lambda k: fail.get(k.kernel_path))
-    res = tune(bench, budget=16, stages=("yours",), explain=False)
+    res = tune(bench, n_trials=16, stages=("yours",), explain=False)
     assert "dropped: ended nan while interleaved (kernel_path='poison')" in decisions(res, "kernel_path='poison'")
     assert not any("oom" in d for d in decisions(res, "kernel_path='hog'"))
     assert res.answer in ("same", "undecided", "faster")
@@ -134,7 +134,7 @@ def test_a_real_race_drops_a_slower_knob_by_interleaving(make_bench, monkeypatch
     monkeypatch.setattr(race_mod, "RACE_INTERLEAVE_S", (4.0, 10.0))  # room for its least cost on a loaded machine
     try:
         bench = make_bench(model=SleepNet(0.01), knobs=wb.Knobs(batch_size=8, cpu_threads=1))
-        res = bench.tune(budget=6, stages=("yours",), explain=False, progress=False)
+        res = bench.tune(n_trials=6, stages=("yours",), explain=False, progress=False)
         assert any(d.startswith("dropped: 0.") and "interleaved" in d for d in decisions(res, "nap=3.0")), str(res)
         logged = bench.log.comparisons[-1]
         assert logged.method == "interleaved" and logged.answer == "slower" and logged.b_knobs.nap == 3.0

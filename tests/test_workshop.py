@@ -144,7 +144,7 @@ def test_a_single_trial_each_is_within_noise(tmp_path):
     """One trial a side cannot beat run-to-run noise (±20% between identical trials): no verdict."""
     learner_log(tmp_path, "solo", [fake(0.010), fake(0.009, seed=1, num_workers=2)])
     df = gather(tmp_path).results
-    assert list(df["verdict"]) == ["baseline", "within noise"]
+    assert list(df["verdict"]) == ["baseline", "undecided"]
 
 
 def test_gather_summary_counts_machines_beyond_noise(tmp_path):

@@ -282,14 +282,16 @@ def data(p: Program) -> list[str]:
     elif p.shape.sampler:
         args.append("sampler=sampler")  # your DataLoader's sampler, as the trial reused it
     else:
-        args.append(f"shuffle={p.shuffle}")
-    if p.shape.collate_fn:
+        given = next((a.split("=", 1)[1] for a in p.extra["loader_args"] if a.startswith("sampler=")), None)
+        # a knob's sampler (group_by_length), when it gives one, replaces the shuffle
+        args.append(f"shuffle={p.shuffle}" if given is None else f"shuffle={p.shuffle} if {given} is None else False")
+    if p.shape.collate_fn and "collate_fn=collate_fn" not in p.extra["loader_args"]:
         args.append("collate_fn=collate_fn")
     if p.drop_last:
         args.append("drop_last=True")
     if p.seed is not None and not p.ddp and not p.shape.sampler:
         args.append(f"generator=torch.Generator().manual_seed({int(p.seed)})")
-    out += ["", "", "loader = DataLoader(" + ", ".join(args + p.extra["loader_args"]) + ")"]
+    out += ["", "", "loader = DataLoader(" + ", ".join(args + list(dict.fromkeys(p.extra["loader_args"]))) + ")"]
     return out
 
 

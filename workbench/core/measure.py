@@ -332,6 +332,8 @@ class TrialResult:
     compile_s: float | None = None  # warm-up steps' wall time (includes torch.compile)
     samples_per_step: int | None = None  # batch_size * accum_steps actually seen (last batch may be short)
     losses: tuple[float, ...] = ()  # per measured step (mean over its micro-batches)
+    tokens_per_s: float | None = None  # token batches: trained tokens in the window / its wall time
+    padding_share: float | None = None  # token batches: share of the window's input_ids slots that were padding
     notes: tuple[str, ...] = ()  # no-op knobs, warnings, noise flags
     env: dict[str, Any] = field(default_factory=dict)
     trial_id: int | None = None

@@ -41,6 +41,7 @@ from .progress import TrialProgress
 from .steady import WarmupRule, cycle_steps, is_steady
 from .step import BatchSource, LossBuffer, Stage, TrainStep
 from .system import KEEP_MMAP_BYTES, MALLOC_ENV, keeps_freed_memory
+from .tokens import window_figures
 from .workload import Workload
 
 NOISY = 0.10  # IQR / median above this gets a "noisy" note
@@ -92,6 +93,7 @@ class RawTrial:
     warmup_rule: dict[str, Any] = field(default_factory=dict)  # WarmupRule.outcome(): steps taken, why it ended
     warmup_note: str | None = None  # WarmupRule.note(): set when warm-up did not reach steady state
     loader_limit: float | None = None  # samples/s the workers can deliver at most (LoaderMeter), None without
+    tokens: dict[str, Any] | None = None  # token batches: the window's tokens, slots, tokens/s (tokens.window_figures)
 
 
 # ---- the phases: one runner for the single-process trial and for each rank ----------------------
@@ -151,12 +153,14 @@ def sort_failure(e: BaseException, stage: Stage, knobs: Knobs) -> tuple[str, str
 
 # ---- the four phases ----------------------------------------------------------------------------
 def build(workload: Workload, knobs: Knobs, stack: contextlib.ExitStack, *, stage: Stage, loader_timeout_s: float,
-          wrap: Callable[[Any, Any], Any] | None = None, sampler: Any = None) -> tuple[TrainStep, BatchSource]:
+          wrap: Callable[[Any, Any], Any] | None = None, sampler: Any = None,
+          window_steps: int | None = None) -> tuple[TrainStep, BatchSource]:
     """A fresh TrainStep and BatchSource, registered on `stack` for cleanup (workers, wrappers): the
-    single-process trial's, or (with `wrap`, the strategy, and `sampler`, its shard) a rank's."""
+    single-process trial's, or (with `wrap`, the strategy, and `sampler`, its shard) a rank's.
+    `window_steps`: the measured window's steps (token data cycles through a stratified sample)."""
     step = stack.enter_context(TrainStep(workload, knobs, stage=stage, wrap=wrap))
     source = stack.enter_context(BatchSource(workload, knobs, timeout_s=loader_timeout_s, stage=stage,
-                                             sampler=sampler))
+                                             sampler=sampler, window_steps=window_steps))
     return step, source
 
 
@@ -231,6 +235,7 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
     epochs = source.epochs
     meter = getattr(source, "meter", None)
     made = meter.read() if meter is not None else None
+    counted = source.tokens.snapshot() if hasattr(source, "tokens") else None
     t_start = last = time.perf_counter()
     clock.mark()
     measured = steps
@@ -256,12 +261,14 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
     peak = (torch.cuda.max_memory_allocated(device)
             if measure_memory and memory_meter(device.type) == "allocator" else None)
     limit = meter.limit(step.knobs.batch_size, since=made) if meter is not None else None
+    tokens = (window_figures(counted, source.tokens.snapshot(), wall, source.tokens.counted_from)
+              if counted is not None else None)
     return RawTrial(warmup_steps=warmup_steps, steps=measured, startup_s=0.0, warm_times_s=[], warmup_wall_s=0.0,
                     probe_s=0.0, step_times_s=clock.durations_s(), waits_s=waits,
                     losses=losses.values(divide_by=step.knobs.accum_steps),  # the one device->host read
                     samples=samples, wall_s=wall, epochs=source.epochs - epochs, foreign_cores=foreign, peak_bytes=peak,
                     page_faults=faults[0] if faults else None, kernel_share=faults[1] if faults else None,
-                    loader_limit=limit)
+                    loader_limit=limit, tokens=tokens)
 
 
 def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
@@ -305,6 +312,8 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
                              "warmup_rule": raw.warmup_rule,
                              "loader_limit_samples_per_s": raw.loader_limit,
                              "steady": window_steady and not raw.warmup_note}
+    if raw.tokens:
+        extra["tokens"] = {k: v for k, v in raw.tokens.items() if k not in ("tokens_per_s", "padding_share")}
     info = raw.compile_info
     if info:
         extra["compile"] = info
@@ -327,6 +336,8 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         compile_s=compile_s,
         samples_per_step=round(raw.samples / raw.steps),
         losses=tuple(raw.losses),
+        tokens_per_s=raw.tokens["tokens_per_s"] if raw.tokens else None,
+        padding_share=raw.tokens["padding_share"] if raw.tokens else None,
         extra=extra,
     )
     return fields_, notes
@@ -364,13 +375,14 @@ def page_fault_note(share: float, per_step: float, knobs: Knobs) -> str:
         return head + "; with several ranks part of it is the gradient exchange between the processes"
     if keeps_freed_memory():  # what still faults: blocks above glibc's mmap ceiling, mapped fresh each time
         return (head + f" although malloc keeps freed memory here: blocks above {KEEP_MMAP_BYTES >> 20} MiB "
-                "are still mapped afresh every step; a smaller batch, or jemalloc/tcmalloc through LD_PRELOAD, "
+                "are still mapped afresh every step; a smaller batch, or bench.run(allocator='tcmalloc') (a fresh process), "
                 "avoids it (docs/measurement.md 'Page faults')")
     return (head + ": freed memory went back to the OS and each step faulted it in again. Whether that "
             "happens depends on what ran before in this process, so the same knobs can read faster in "
             "another trial or in your own loop; to avoid it from now on in this process, call "
             "wb.keep_freed_memory(), or start Python (or Jupyter) with "
-            f"{MALLOC_ENV} (glibc), see docs/measurement.md 'Page faults'")
+            f"{MALLOC_ENV} (glibc); or measure the allocator modes, each in a fresh process: "
+            "bench.run(allocator='glibc-kept') or 'tcmalloc' (docs/measurement.md 'Page faults')")
 
 
 def check_cancel(cancel: threading.Event | None) -> None:

@@ -38,6 +38,7 @@ from .knobs import (
     wrap_model,
 )
 from .loadmeter import LoaderMeter
+from .tokens import Count, TokenMeter, count, token_window
 from .workload import LoaderSpec, Workload, batch_size_of, move_to
 
 NoSync = Callable[[], contextlib.AbstractContextManager]  # e.g. DistributedDataParallel.no_sync
@@ -68,22 +69,35 @@ def check_loss(loss: Any, stage: Stage | None = None) -> None:
 
 
 def build_loader(spec: LoaderSpec, knobs: Knobs, *, seed: int, device: torch.device, timeout_s: float = 0,
-                 sampler: Any = None, meter: LoaderMeter | None = None) -> DataLoader:
+                 sampler: Any = None, meter: LoaderMeter | None = None, workload: Workload | None = None,
+                 window_steps: int | None = None) -> DataLoader:
     """A DataLoader over the user's dataset with the knobs' keywords and a seeded data order.
 
     The generator fixes both the shuffle order and the workers' base seeds, so every trial with
     the same seed sees the same batches in the same order. `sampler` replaces the spec's sampler
     and shuffle (a DistributedSampler: each rank reads its own shard). Workers, pinning,
-    persistence, prefetch and the worker timeout come from the data knobs' hooks (knobs/data.py).
-    `meter` (with workers) times what the workers do, for the loader-limit check.
+    persistence, prefetch, the worker timeout and the length knobs' sampler and collate come from
+    the data knobs' hooks (knobs/data.py). `meter` (with workers) times what the workers do, for
+    the loader-limit check. `window_steps` (a measured trial on token data whose lengths vary):
+    the loader cycles through a length-stratified sample of batches (tokens.TokenWindow).
     """
     kwargs: dict[str, Any] = dict(batch_size=knobs.batch_size, collate_fn=spec.collate_fn, drop_last=spec.drop_last,
                                   generator=torch.Generator().manual_seed(seed))
-    kwargs.update(loader_kwargs(knobs, context(knobs, device, spec=spec, loader_timeout_s=timeout_s)))
+    about = workload.context_kwargs() if workload is not None else {"spec": spec}
+    window = None
+    if window_steps and about.get("token_data") and sampler is None and spec.sampler is None and not spec.iterable:
+        window = token_window(spec.dataset, batch_size=knobs.batch_size, accum_steps=knobs.accum_steps,
+                              steps=window_steps, seed=seed)
+    kwargs.update(loader_kwargs(knobs, context(knobs, device, loader_timeout_s=timeout_s, window=window, **about)))
+    if window is not None and "batch_sampler" not in kwargs:
+        kwargs["batch_sampler"] = window.sampler(grouped=False)
     timed = meter is not None and kwargs.get("num_workers", 0) > 0
     if timed:
-        kwargs["collate_fn"] = meter.collate(spec.collate_fn)
-    if not spec.iterable:
+        kwargs["collate_fn"] = meter.collate(kwargs["collate_fn"])
+    if "batch_sampler" in kwargs:  # exclusive with batch_size, drop_last, shuffle and sampler
+        kwargs.pop("batch_size")
+        kwargs.pop("drop_last")
+    elif not spec.iterable and "sampler" not in kwargs:
         if sampler is not None or spec.sampler is not None:
             kwargs["sampler"] = sampler if sampler is not None else spec.sampler
         else:
@@ -101,7 +115,7 @@ class BatchSource:
     """
 
     def __init__(self, workload: Workload, knobs: Knobs, *, timeout_s: float = 120.0,
-                 stage: Stage | None = None, sampler: Any = None) -> None:
+                 stage: Stage | None = None, sampler: Any = None, window_steps: int | None = None) -> None:
         self.device = workload.device
         self.knobs = knobs
         self.stage = stage or Stage()
@@ -111,7 +125,9 @@ class BatchSource:
         workers = traits(knobs)["workers"]
         self.meter = LoaderMeter(workers) if workers and knobs.data != "cached" else None
         self.loader = build_loader(workload.spec, knobs, seed=workload.seed, device=self.device, timeout_s=timeout_s,
-                                   sampler=sampler, meter=self.meter)
+                                   sampler=sampler, meter=self.meter, workload=workload, window_steps=window_steps)
+        self.tokens = TokenMeter()  # token batches: tokens, slots and sequences of every batch delivered
+        self.last: Count | None = None  # the figures of the batch next() returned last
         self.iterator: Iterator | None = None
         self.epochs = 0
         self.notes: list[str] = []  # fallbacks taken (see compat)
@@ -128,10 +144,14 @@ class BatchSource:
             self.notes.append(note)
 
     def next(self) -> Any:
-        """The next batch, moved to the device (channels_last applied to 4-D float tensors)."""
+        """The next batch, moved to the device (channels_last applied to 4-D float tensors); its token
+        figures (read on the host before the move) go into `self.tokens` and `self.last`."""
         if self._pending:
-            return self._pending.pop()
+            batch, self.last = self._pending.pop()
+            self.tokens.add(self.last)
+            return batch
         if self._cached is not None:
+            self.tokens.add(self.last)
             return self._cached
         self.stage.name = "data"
         if self.iterator is None:
@@ -146,6 +166,8 @@ class BatchSource:
             except StopIteration:
                 raise ValueError("the data loader yields no batches: the dataset is empty or shorter "
                                  "than one batch with drop_last") from None
+        self.last = count(batch)
+        self.tokens.add(self.last)
         # With non_blocking copies this returns before the copy has landed: data-wait measured
         # around next() is host time blocked on the loader, not the H2D copy itself.
         batch = move_to(batch, self.device, **self.move)
@@ -155,7 +177,7 @@ class BatchSource:
 
     def push_back(self, batch: Any) -> None:
         """Return a batch to the source: the next `next()` gives it again (the startup batch)."""
-        self._pending.append(batch)
+        self._pending.append((batch, self.last))
 
     @property
     def cached(self) -> list[Any]:
@@ -297,7 +319,8 @@ class TrainStep:
             # host seconds in next(): the loader wait plus a blocking H2D copy; a non_blocking copy
             # (pinned memory) is queued here and lands during compute, so it is not included
             wait += time.perf_counter() - tw
-            samples += batch_size_of(batch)
+            told = getattr(source, "last", None)  # a packed row holds several samples
+            samples += told.sequences if told is not None else batch_size_of(batch)
             skip_sync = self.no_sync is not None and micro < k - 1
             with self.no_sync() if skip_sync else _NO_CONTEXT:
                 loss = self.forward_backward(batch)

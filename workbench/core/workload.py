@@ -214,6 +214,13 @@ class Workload:
         self.pristine = copy.deepcopy(model).to("cpu")
         self.has_conv = any(isinstance(m, (nn.Conv2d, nn.Conv3d, nn.Conv1d)) for m in model.modules())
         self.blocks = blocks_of(self.pristine)
+        self.token_data = has_token_batches(self.spec)  # the length knobs act only on token batches
+        self.forward_params = forward_params(self.pristine)
+
+    def context_kwargs(self) -> dict[str, Any]:
+        """What the knobs' hooks know of this workload (besides the device): knobs.Context's fields."""
+        return {"spec": self.spec, "blocks": self.blocks, "has_conv": self.has_conv, "token_data": self.token_data,
+                "forward_params": self.forward_params}
 
     def compute_loss(self, model: nn.Module, batch: Any, stage: Any) -> Any:
         """Batch -> loss, recording in `stage.name` which part of the user's code is running."""
@@ -245,6 +252,35 @@ class Workload:
                 "pass e.g. `optimizer=lambda params: torch.optim.SGD(params, lr=0.1)`"
             )
         return opt
+
+
+def forward_params(model: nn.Module) -> frozenset:
+    """The names the model's forward takes (empty when they cannot be read, or it takes **kwargs only)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return frozenset()
+    return frozenset(n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
+def has_token_batches(spec: LoaderSpec) -> bool:
+    """Whether the data's batches hold `input_ids`: its samples are dicts with them, or the collate_fn
+    makes them from the first sample (an IterableDataset is peeked at through a fresh iterator)."""
+    from .tokens import first_item, is_token_item
+
+    try:
+        item = next(iter(spec.dataset)) if spec.iterable else first_item(spec.dataset)
+    except Exception:  # an iterable that cannot restart, or fails: no token knobs
+        return False
+    if item is None or is_token_item(item):
+        return item is not None
+    if spec.collate_fn is None:
+        return False
+    try:
+        batch = spec.collate_fn([item])
+    except Exception:  # a collate that needs more than one sample: decided by the sample alone
+        return False
+    return isinstance(batch, Mapping) and "input_ids" in batch
 
 
 def blocks_of(model: nn.Module) -> dict[str, int]:

@@ -51,7 +51,7 @@ def check_budget_s(budget_s: object) -> None:
         raise ValueError(f"budget_s must be a positive number of seconds (e.g. budget_s=120), got {budget_s!r}")
     if not math.isfinite(budget_s) or budget_s <= 0:
         raise ValueError(f"budget_s must be a positive, finite number of seconds (e.g. budget_s=120), got {budget_s!r}; "
-                         "pass budget=N to cap the number of trials instead")
+                         "pass n_trials=N to cap the number of trials instead")
 
 
 def cost_class(knobs: Knobs) -> tuple[bool, bool, int]:

@@ -1,4 +1,4 @@
-"""Interleaved comparisons: two configurations take turns in short blocks in one process, so a
+"""Interleaved comparisons: two configurations take turns of a few steps each in one process, so a
 verdict comes in seconds instead of minutes of separate trials.
 
     why_not(a, b)                  -> None, or why the pair cannot share a process (then: trials)
@@ -6,15 +6,15 @@ verdict comes in seconds instead of minutes of separate trials.
 
 Both sides are built once (each its own fresh model copy, optimizer, GradScaler and compiled step:
 the user's model is never touched, and neither side sees the other's weights or optimizer state)
-and warmed. Then blocks of a few steps alternate A B, B A, A B, ... on prepared batches (the same
-seeded batches for both sides, replayed from memory), each block under its own side's process
-settings (threads, matmul precision, cuDNN flags). Block i of A and block i of B form a pair; drift
-over seconds moves both blocks of a pair, and cancels in their log-ratio. `stats.decide_interleaved`
+and warmed. Then turns of a few steps alternate A B, B A, A B, ... on prepared batches (the same
+seeded batches for both sides, replayed from memory), each turn under its own side's process
+settings (threads, matmul precision, cuDNN flags). Turn i of A and turn i of B form a pair; drift
+over seconds moves both turns of a pair, and cancels in their log-ratio. `stats.decide_interleaved`
 looks at the pairs at times planned before the first pair (spread over the budget), spending the 5%
 error rate evenly over at most `looks` looks, and the comparison stops at the first decided look or
 when the time budget ends.
 
-What the ratio is, and is not: the two models share the machine's caches, and each block starts
+What the ratio is, and is not: the two models share the machine's caches, and each turn starts
 with the other side's weights in them; prepared batches leave the data loader out of both sides.
 The ratio is therefore that of the training step itself. Absolute samples/s (and anything the
 loader changes) still come from trials, which is why data-pipeline knobs never interleave.
@@ -41,8 +41,8 @@ from ..launch.runner import check_knobs, sort_failure
 from ..results.stats import INTERLEAVE_LOOKS, MARGIN, Comparison, decide_interleaved
 
 BUDGET_S = 30.0  # default seconds for a whole interleaved comparison, build and warm-up included
-BLOCK_S = 0.03  # a block lasts about this long (at least one step, at most MAX_BLOCK_STEPS)
-MAX_BLOCK_STEPS = 32
+TURN_S = 0.03  # a turn lasts about this long (at least one step, at most MAX_TURN_STEPS)
+MAX_TURN_STEPS = 32
 MIN_PAIRS = 6  # the first look needs at least this many pairs (a t interval from fewer is too wide to use)
 REPLAY_BATCHES = 8  # prepared batches per side, replayed in a cycle
 INTERLEAVE_WARMUP = 3  # warm-up steps per side at most (each side's first trial already ran: compile caches are warm)
@@ -132,7 +132,7 @@ class _Side:
     replay: Replay
     losses: LossBuffer
     stage: Stage
-    rates: list[float] = field(default_factory=list)  # samples/s of each measured block
+    rates: list[float] = field(default_factory=list)  # samples/s of each measured turn
 
 
 def _prepared(workload: Workload, knobs: Knobs, n: int) -> list[Any]:
@@ -167,7 +167,7 @@ def _build(workload: Workload, name: str, knobs: Knobs, stack: contextlib.ExitSt
     return _Side(name, knobs, step, Replay(batches), LossBuffer(1, workload.device), stage)
 
 
-def _block(side: _Side, steps: int, lead_in: bool) -> float:
+def _turn(side: _Side, steps: int, lead_in: bool) -> float:
     """Run `steps` optimizer steps of one side under its settings; its samples/s (raises on failure).
 
     `lead_in`: one unmeasured step first (after the other side changed a process setting such as
@@ -190,7 +190,7 @@ def _checked(side: _Side, run: Callable[[], float], pairs: Callable[[], Comparis
     """run() for `side`, turning an exception or a non-finite loss into InterleaveFailed."""
     try:
         rate = run()
-        total = float(side.losses.sums[0].item())  # one host read per block, outside the timed steps
+        total = float(side.losses.sums[0].item())  # one host read per turn, outside the timed steps
         side.losses.sums.zero_()
     except Exception as e:
         status, message = sort_failure(e, side.stage, side.knobs)
@@ -207,11 +207,11 @@ def _warm(sides: list[_Side], warmup_steps: int) -> float:
     side's seconds per step, timed on those last steps."""
     per_step = []
     for side in sides:
-        _checked(side, lambda s=side: _block(s, max(1, warmup_steps), False), lambda: None)
+        _checked(side, lambda s=side: _turn(s, max(1, warmup_steps), False), lambda: None)
     for side in sides:
         t0, n = time.perf_counter(), 0
         while n < 2 or time.perf_counter() - t0 < WARMUP_S:
-            _checked(side, lambda s=side: _block(s, 1, False), lambda: None)
+            _checked(side, lambda s=side: _turn(s, 1, False), lambda: None)
             n += 1
         per_step.append((time.perf_counter() - t0) / n)
     return max(per_step)
@@ -219,13 +219,13 @@ def _warm(sides: list[_Side], warmup_steps: int) -> float:
 
 def interleaved(workload: Workload, a: Knobs, b: Knobs, *, a_id: int | None = None, b_id: int | None = None,
                 margin: float = MARGIN, budget_s: float = BUDGET_S, warmup_steps: int = 5,
-                block_steps: int | None = None, looks: int = INTERLEAVE_LOOKS,
+                turn_steps: int | None = None, looks: int = INTERLEAVE_LOOKS,
                 cancel: threading.Event | None = None) -> Comparison:
-    """B against A by interleaved blocks in this process, until decided or `budget_s` seconds end.
+    """B against A by interleaved turns in this process, until decided or `budget_s` seconds end.
 
     Raises ValueError when the pair cannot interleave (see `why_not`) and InterleaveFailed when a
-    side fails (its status, and the pairs measured before). `block_steps`: steps per block (None:
-    about BLOCK_S seconds). `a_id`/`b_id` label the result (the trials the knobs came from). A set
+    side fails (its status, and the pairs measured before). `turn_steps`: steps per turn (None:
+    about TURN_S seconds). `a_id`/`b_id` label the result (the trials the knobs came from). A set
     `cancel` event ends it at the next pair: the pairs so far are judged (InterleaveFailed with status
     "interrupted" when fewer than 2).
     """
@@ -235,10 +235,10 @@ def interleaved(workload: Workload, a: Knobs, b: Knobs, *, a_id: int | None = No
         raise ValueError(f"cannot interleave these two: {reason}")
     if not budget_s > 0:
         raise ValueError(f"budget_s must be a number of seconds > 0, got {budget_s!r}")
-    if block_steps is not None and (isinstance(block_steps, bool) or not isinstance(block_steps, int)
-                                    or block_steps < 1):
-        raise ValueError(f"block_steps must be an int >= 1 (or None for about {BLOCK_S * 1000:.0f} ms), "
-                         f"got {block_steps!r}")
+    if turn_steps is not None and (isinstance(turn_steps, bool) or not isinstance(turn_steps, int)
+                                    or turn_steps < 1):
+        raise ValueError(f"turn_steps must be an int >= 1 (or None for about {TURN_S * 1000:.0f} ms), "
+                         f"got {turn_steps!r}")
     check_knobs(workload, a)
     check_knobs(workload, b)
     compiled = a.compile != "off" or b.compile != "off"
@@ -248,7 +248,7 @@ def interleaved(workload: Workload, a: Knobs, b: Knobs, *, a_id: int | None = No
             shared = first.replay.batches if _batch_key(a) == _batch_key(b) else None  # read-only: both may use them
             sides = [first, _build(workload, "B", b, stack, shared)]
             return _alternate(sides, t0, margin=margin, budget_s=budget_s, warmup_steps=warmup_steps,
-                              block_steps=block_steps, looks=looks, ids=(a_id, b_id), cancel=cancel)
+                              turn_steps=turn_steps, looks=looks, ids=(a_id, b_id), cancel=cancel)
     finally:
         if compiled:
             gc.collect()  # compiled graphs hold reference cycles
@@ -258,11 +258,11 @@ def interleaved(workload: Workload, a: Knobs, b: Knobs, *, a_id: int | None = No
 
 
 def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float, warmup_steps: int,
-               block_steps: int | None, looks: int, ids: tuple[int | None, int | None],
+               turn_steps: int | None, looks: int, ids: tuple[int | None, int | None],
                cancel: threading.Event | None = None) -> Comparison:
-    """Warm both sides, then pairs of blocks (A B, B A, ...), looking at the pairs at planned times."""
+    """Warm both sides, then pairs of turns (A B, B A, ...), looking at the pairs at planned times."""
     step_s = _warm(sides, warmup_steps)
-    k = block_steps or max(1, min(MAX_BLOCK_STEPS, round(BLOCK_S / max(step_s, 1e-6))))
+    k = turn_steps or max(1, min(MAX_TURN_STEPS, round(TURN_S / max(step_s, 1e-6))))
     # The looks are planned from the clock and the warm-up's timing alone, before any pair is measured
     # (so they cannot chase the data): as many as the budget holds pairs for (at least MIN_PAIRS a look,
     # at most `looks`), each spending an equal share of the error rate, spread evenly over the time
@@ -280,7 +280,7 @@ def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float,
         if n < 2:
             return None
         return decide_interleaved(a.rates[:n], b.rates[:n], looks=looks, margin=margin, a=ids[0], b=ids[1],
-                                  seconds=time.perf_counter() - t0, block_steps=k, look_every=look_every, note=note)
+                                  seconds=time.perf_counter() - t0, turn_steps=k, look_every=look_every, note=note)
 
     c, look, pairs = None, 0, 0
     while look < looks:
@@ -292,14 +292,14 @@ def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float,
         if cancel is not None and cancel.is_set():  # a Stop button: judge what there is
             c = judge("Stopped by the user.")
             if c is None:
-                raise InterleaveFailed("stopped by the user before two pairs of blocks ran", status="interrupted")
+                raise InterleaveFailed("stopped by the user before two pairs of turns ran", status="interrupted")
             break
         order = sides if pairs % 2 == 0 else sides[::-1]  # A B, then B A: a linear drift cancels over two pairs
         for side in order:
-            side.rates.append(_checked(side, lambda s=side, n=k: _block(s, n, switch), judge))
+            side.rates.append(_checked(side, lambda s=side, n=k: _turn(s, n, switch), judge))
         pairs += 1
-        if pairs == MIN_PAIRS and block_steps is None:  # the warm-up's timing was a guess: size blocks from the pairs
-            k = max(k, min(MAX_BLOCK_STEPS, round(BLOCK_S * 2 * k * pairs / max(time.perf_counter() - started, 1e-6))))
+        if pairs == MIN_PAIRS and turn_steps is None:  # the warm-up's timing was a guess: size turns from the pairs
+            k = max(k, min(MAX_TURN_STEPS, round(TURN_S * 2 * k * pairs / max(time.perf_counter() - started, 1e-6))))
         if pairs < MIN_PAIRS or time.perf_counter() - started < (look + 1) * span / looks:
             continue
         look += 1
@@ -307,7 +307,7 @@ def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float,
         if c is None or c.answer != "undecided":
             break
     if c is None:
-        raise InterleaveFailed("no pair of blocks was measured")
+        raise InterleaveFailed("no pair of turns was measured")
     return c
 
 

@@ -29,6 +29,8 @@ def explain_compile(info: dict[str, Any] | None, *, speedup: float | None = None
         g, b, r = info.get("graph_count", 0), info.get("graph_breaks", 0), info.get("recompiles", 0)
         lines.append(f"{g} graph(s) compiled, {b} graph break(s), {r} recompile(s)")
         lines += break_lines(info)
+        if r:
+            lines.append(recompile_line(info))
         for reason in info.get("recompile_reasons", [])[:3]:
             lines.append(f"recompile: {reason} (varying shapes? a last short batch? drop_last=True helps)")
         for fail in info.get("fallback", [])[:3]:
@@ -49,6 +51,19 @@ def explain_compile(info: dict[str, Any] | None, *, speedup: float | None = None
             why.append("the step is dominated by large matmuls/convs that were already efficient")
         lines.append(f"compiled but no faster ({speedup:.2f}x): " + "; ".join(why))
     return lines
+
+
+RECOMPILE_FIX = ("pad_to_multiple_of=8 (fewer distinct sequence lengths), bucketing by length (group_by_length=True), "
+                 "or torch.compile(model, dynamic=True) (one graph for every length)")
+
+
+def recompile_line(info: dict[str, Any]) -> str:
+    """The trial's recompiles, what they cost (dynamo's own compile seconds in this trial) and the fixes."""
+    r = int(info.get("recompiles", 0))
+    cost = info.get("dynamo_compile_s")
+    spent = f", {cost:.1f} s of compilation in this trial" if cost else ""
+    return (f"{r} recompile{'s' if r != 1 else ''} in this trial{spent}: each new input shape (a batch of another "
+            f"sequence length) compiles a graph again; try {RECOMPILE_FIX}")
 
 
 def break_lines(info: dict[str, Any] | None, limit: int = 5) -> list[str]:

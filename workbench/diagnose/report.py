@@ -33,7 +33,7 @@ from .flops import flops_per_step, mfu_frame, peak_flops
 from .memory import block_activation_bytes, memory_breakdown
 from .profile import profile_step
 from .threads import thread_check, thread_frame
-from .verdict import Verdict, cite_phases, decide
+from .verdict import Verdict, allocator_fix, cite_phases, decide
 
 
 @dataclass
@@ -245,7 +245,7 @@ def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, pr
         v = flop_df.set_index("figure")["value"].get("MFU")
         mfu = None if v is None or pd.isna(v) else float(v)
     verdict = cite_phases(decide(knobs, data, threads, device=wl.device, ops=ops, mfu=mfu, has_conv=wl.has_conv,
-                                 compile_info=compile_info), stages)  # the evidence cites the phase split
+                                 compile_info=compile_info, measured_fix=allocator_fix(bench.trials, knobs)), stages)  # the evidence cites the phase split
     return Diagnosis(knobs=knobs, data=data, threads=threads, verdict=verdict, stages=stages, ops=ops,
                      memory=mem, block_activations=blocks, flops=flop_df, compile=compile_lines, problems=problems,
                      trace_path=trace_path, spent=allow.spent, budget_notes=allow.notes)

@@ -12,20 +12,21 @@ import torch
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult
 from ..core.phases import KERNEL_SHARE
-from ..core.system import keeps_freed_memory
+from ..core.system import available_allocators, keeps_freed_memory
 from .data import DATA_WAIT_LIMIT, DataCheck
 
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
             "cudaMemcpy", "aten::nonzero")
 SYNC_SHARE = 0.10  # sync-type ops above this share of device/CPU self time => sync-bound
 MEMORY_FULL = 0.85  # peak above this share of device memory => memory is the constraint
+ALLOCATOR_SHARE = 0.10  # page faults (kernel time) above this share of the CPU time => the allocator is named
 
 
 @dataclass(frozen=True)
 class Verdict:
     """Which bottleneck, the evidence, and the next knob change to try."""
 
-    bottleneck: str  # data | cpu-threads | compile | memory | sync | compute | failed
+    bottleneck: str  # data | cpu-threads | allocator | compile | memory | sync | compute | failed
     summary: str
     evidence: tuple[str, ...] = ()
     next_knobs: dict[str, Any] = field(default_factory=dict)  # changes to pass to bench.run(**...)
@@ -110,10 +111,21 @@ def _data_fix(knobs: Knobs, threads: dict[str, Any], base: TrialResult, device: 
             "samples in RAM, pack small files into one array and np.load(mmap_mode='r'))")
 
 
+def _recompile_verdict(knobs: Knobs, compile_info: dict[str, Any]) -> Verdict:
+    """torch.compile recompiled for new shapes: fewer distinct lengths, or a dynamic graph."""
+    from .compile import recompile_line
+
+    change = {"pad_to_multiple_of": 8} if knobs.pad_to_multiple_of is None else {"group_by_length": True}
+    return Verdict("compile", "torch.compile recompiles for new input shapes (varying sequence lengths)",
+                   (recompile_line(compile_info), *compile_info.get("recompile_reasons", [])[:2]), change,
+                   "fewer distinct shapes mean fewer compiles; or torch.compile(model, dynamic=True)")
+
+
 def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: torch.device,
            ops: pd.DataFrame | None = None, mfu: float | None = None, has_conv: bool = False,
-           compile_info: dict[str, Any] | None = None) -> Verdict:
-    """Walk the decision tree: failure → compile fallback → data → threads → sync → memory → compute."""
+           compile_info: dict[str, Any] | None = None, measured_fix: str | None = None) -> Verdict:
+    """Walk the decision tree: failure → compile fallback → recompiles → data → threads → allocator → sync →
+    memory → compute. `measured_fix`: what the log measured of the allocator modes on these knobs (`allocator_fix`)."""
     base: TrialResult = data.baseline
     cores = int(threads["cores"])
     if not base.ok and base.status == "oom":
@@ -121,7 +133,7 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
                        {"amp": "bf16"} if knobs.amp == "off" else {"batch_size": max(1, knobs.batch_size // 2),
                                                                    "accum_steps": knobs.accum_steps * 2},
                        "lower precision activations first, then accumulation and checkpointing "
-                       "(or let bench.fit_memory(budget, effective_batch) search)")
+                       "(or let bench.fit_memory(max_bytes, effective_batch) search)")
     if not base.ok:
         return Verdict("failed", f"the baseline trial ended with status {base.status!r}", (base.message,),
                        why="fix the error first: see result.traceback")
@@ -130,6 +142,9 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
         return Verdict("compile", "torch.compile fell back to eager for part of the model",
                        tuple(compile_info["fallback"][:3]), {"compile": "off"},
                        "a partly compiled model pays the compile time without the speed; run eager or fix the failing op")
+
+    if compile_info and compile_info.get("recompiles"):
+        return _recompile_verdict(knobs, compile_info)
 
     evidence = data_evidence(data)
 
@@ -141,6 +156,10 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
         return Verdict("cpu-threads", "more runnable threads than cores", tuple(evidence),
                        {"cpu_threads": threads["suggest_cpu_threads"]},
                        f"{threads['threads_wanted']} threads on {cores} cores slow each other down")
+
+    faulting = allocator_verdict(knobs, base, evidence, device, measured_fix)
+    if faulting is not None:
+        return faulting
 
     if ops is not None and not ops.empty and "share" in ops:
         sync_share = float(ops[ops["op"].isin(SYNC_OPS)]["share"].sum())
@@ -178,3 +197,44 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
     return Verdict("compute", "the step itself is the bottleneck (the data keeps up)", tuple(evidence),
                    {"batch_size": knobs.batch_size * 2},
                    "a larger batch amortises per-step overhead (check the loss still trains well)")
+
+
+def allocator_verdict(knobs: Knobs, base: TrialResult, evidence: list[str], device: torch.device,
+                      measured_fix: str | None = None) -> Verdict | None:
+    """The allocator, named when page faults took more than ALLOCATOR_SHARE of a one-process CPU trial's
+    CPU time (freed memory given back and faulted in again): the next trial tries another mode, each in a
+    fresh process (`allocator`); `bench.tune()` races the modes first. None when the faults are small."""
+    share = base.extra.get("kernel_share")
+    if device.type != "cpu" or share is None or share <= ALLOCATOR_SHARE or knobs.world_size > 1:
+        return None
+    modes = [m for m in ("tcmalloc", "glibc-kept", "jemalloc") if m in available_allocators()
+             and m != (base.env.get("allocator") or knobs.allocator)]
+    if not modes:
+        return None
+    mode = base.env.get("allocator") or "this process's"
+    lines = [*evidence, f"page faults took {share:.0%} of the CPU time in the {mode} allocator mode "
+                        f"(rule: over {ALLOCATOR_SHARE:.0%} names the allocator)"]
+    if measured_fix:
+        lines.append(measured_fix)
+    return Verdict("allocator", "the C heap gives freed memory back and each step faults it in again",
+                   tuple(lines), {"allocator": modes[0]},
+                   f"each allocator mode runs in a fresh process (available here: {', '.join(modes)}); "
+                   "bench.tune() races them first when page faults are this high")
+
+
+def allocator_fix(trials: list[TrialResult], knobs: Knobs) -> str | None:
+    """'measured here: tcmalloc 1.31x over glibc (trials #4, #7)': the best allocator mode against the
+    baseline's mode among ok trials of these knobs (allocator aside), or None before two modes ran."""
+    best: dict[str, TrialResult] = {}
+    for r in trials:
+        if r.ok and r.samples_per_s and r.env.get("allocator") and \
+                r.knobs.replace(allocator=None) == knobs.replace(allocator=None):
+            mode = r.env["allocator"]
+            if mode not in best or r.samples_per_s > best[mode].samples_per_s:
+                best[mode] = r
+    if len(best) < 2:
+        return None
+    ranked = sorted(best.values(), key=lambda r: r.samples_per_s or 0.0)
+    low, high = ranked[0], ranked[-1]
+    return (f"measured here: allocator {high.env['allocator']!r} {high.samples_per_s / low.samples_per_s:.2f}x "
+            f"over {low.env['allocator']!r} (trials #{high.trial_id}, #{low.trial_id})")

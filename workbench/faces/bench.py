@@ -123,6 +123,7 @@ class Workbench:
         """Append trials from now on to `log` (a folder, a .jsonl file, or None for memory only),
         under this workbench's participant folder when it has a participant."""
         self.log = ResultLog(_log_path(log, self.name, self.participant), participant=self.participant)
+        self.log.defaults = self.defaults  # labels name what differs from this workbench's defaults
 
     def _jobs_now(self) -> Any:
         """The jobs of the current `executor` (None: trials run here); made anew when it was replaced."""
@@ -207,7 +208,8 @@ class Workbench:
         k = self.knobs(knobs, **changes)
         check_knobs(self.workload, k)  # a ValueError here, in the caller's thread, records nothing
         if threading.current_thread() is threading.main_thread():  # a cell or a script: warn there, once
-            loud = [n for n in device_notes(k, self.device.type, has_conv=self.workload.has_conv)
+            loud = [n for n in device_notes(k, self.device.type, has_conv=self.workload.has_conv,
+                                             token_data=self.workload.token_data)
                     if n.startswith(LOUD_NOTES)]
             hopeless = self.expect_slow(k)  # a known hopeless trial, with this machine's earlier factor
             if hopeless:  # one warning: the note (if any), then what to expect here
@@ -286,6 +288,9 @@ class Workbench:
         seeded like the trials. None takes the fastest finished trial. Keywords go to `knobs_to_code` (steps, warmup, model=..., setup=...)."""
         from ..core.codegen import knobs_to_code
 
+        style = kwargs.pop("style", "loop")
+        if style not in ("loop", "trainer"):
+            raise ValueError(f"to_code(style={style!r}): use 'loop' (a plain PyTorch loop) or 'trainer' (a Trainer script)")
         if trial is None:  # the fastest trial that finished, else the defaults
             done = [t for t in self.log.trials if t.ok and t.samples_per_s]
             trial = max(done, key=lambda t: t.samples_per_s) if done else self.defaults
@@ -295,8 +300,34 @@ class Workbench:
             trial = trial.pinned_knobs()  # the allocator mode its process ran in, carried into the script
         if not isinstance(trial, Knobs):
             raise TypeError(f"to_code takes a trial id, a TrialResult or a Knobs value, got {type(trial).__name__}")
+        if style == "trainer":
+            from .hf import trainer_script
+
+            return trainer_script(self, trial, **kwargs)
         kwargs.setdefault("seed", self.workload.seed)
         return knobs_to_code(trial, shape=self.step_shape, **kwargs)
+
+    @classmethod
+    def from_trainer(cls, trainer: Any, **workbench_kwargs: Any) -> Workbench:
+        """A Workbench on a Hugging Face Trainer: its model, train dataset, collator and optimizer, its
+        TrainingArguments as the starting knobs; one warning lists what cannot be mapped (workbench/hf.py)."""
+        from .hf import from_trainer
+
+        return from_trainer(cls, trainer, **workbench_kwargs)
+
+    def to_training_arguments(self, trial: int | TrialResult | Knobs | None = None) -> dict[str, Any]:
+        """Keyword arguments for transformers.TrainingArguments with a trial's knobs (default: the
+        fastest); `.left_out` and a warning list what they cannot say (workbench/hf.py)."""
+        from .hf import to_training_arguments
+
+        if trial is None:
+            done = [t for t in self.log.trials if t.ok and t.samples_per_s]
+            trial = max(done, key=lambda t: t.samples_per_s) if done else self.defaults
+        knobs = self.log.get(trial).knobs if isinstance(trial, int) and not isinstance(trial, bool) else trial
+        knobs = knobs.knobs if isinstance(knobs, TrialResult) else knobs
+        if not isinstance(knobs, Knobs):
+            raise TypeError(f"to_training_arguments takes a trial id, a TrialResult or Knobs, got {type(trial).__name__}")
+        return to_training_arguments(self, knobs)
 
     @property
     def trials(self) -> list[TrialResult]:
@@ -304,7 +335,9 @@ class Workbench:
 
     @property
     def results(self) -> pd.DataFrame:
-        """One row per trial: knobs, metrics, speedup vs baseline, status."""
+        """One row per trial: knobs, metrics, speedup vs baseline, verdict, status (docs/results.md names
+        every column). `label` says how a trial's knobs differ from this workbench's defaults."""
+        self.log.defaults = self.defaults  # `defaults` may have been replaced since (the CLI does)
         return self.log.frame()
 
     @property
@@ -323,7 +356,7 @@ class Workbench:
 
         `rounds="auto"` decides until it can: when the two differ only in knobs that can share a
         process (compute knobs: amp, compile, channels_last, ...; see workbench/interleave.py), both
-        are built once and take turns in short blocks in this process, and the answer usually comes
+        are built once and take turns of a few steps in this process, and the answer usually comes
         in seconds (`budget_s`, default 30). Otherwise (data-pipeline or distributed knobs, or
         `interleave=False`) it runs alternating trials (B A, A B, ...) until decided, or until
         `max_rounds` (or `budget_s` seconds) run out, and the result's note says why. `.answer` is
@@ -331,7 +364,7 @@ class Workbench:
         rates hold however often it looks. `rounds=N` runs exactly N rounds of each and decides
         once. `interleave=True` refuses (ValueError) a pair that cannot interleave. `run` replaces
         `self.run` for trials (the panel passes its own runner); a set `cancel` event stops the
-        interleaved blocks at the next pair (the panel's Stop button).
+        interleaved turns at the next pair (the panel's Stop button).
         """
         check_budget_s(budget_s)  # the same cap as tune()'s wherever a budget_s is taken
         ra = a if isinstance(a, TrialResult) else self.log.get(a)
@@ -374,7 +407,7 @@ class Workbench:
 
     def interleave(self, a: TrialResult, b: TrialResult, *, margin: float = MARGIN, budget_s: float | None = None,
                    cancel: threading.Event | None = None) -> Comparison:
-        """B's knobs against A's by interleaved blocks in this process (workbench/interleave.py), on the
+        """B's knobs against A's by interleaved turns in this process (workbench/interleave.py), on the
         trial thread like a trial; `budget_s` seconds at most (default 30), build and warm-up included.
 
         Records nothing (`compare(rounds="auto")` and the tuner log what they use). Raises ValueError
@@ -461,23 +494,29 @@ class Workbench:
 
         return explain(self, a, b, progress=progress)
 
-    def tune(self, budget: int | None = None, *, progress: bool | None = None, **kwargs: Any) -> Any:
-        """Race candidates within `budget_s=` seconds (`budget` caps trials); keep a winner beyond noise."""
-        from ..search.tune import tune
+    def tune(self, n_trials: int | None = None, *, progress: bool | None = None, **kwargs: Any) -> Any:
+        """Race candidates within `budget_s=` seconds (`n_trials` caps trials); keep a winner only when
+        it is faster than the start. (`budget=` is the old name of `n_trials`: FutureWarning.)"""
+        from ..search.tune import n_trials_of, tune
 
-        with search(progress, "tune", log=self.log, total=budget if isinstance(budget, int) else None,
+        old = {k: kwargs.pop(k) for k in ("budget",) if k in kwargs}
+        n_trials = n_trials_of(n_trials, old)
+        with search(progress, "tune", log=self.log, total=n_trials if isinstance(n_trials, int) else None,
                     budget_s=kwargs.get("budget_s")):
-            return tune(self, budget=budget, **kwargs)
+            return tune(self, n_trials=n_trials, **kwargs)
 
-    def fit_memory(self, budget_bytes: int, effective_batch: int, *, progress: bool | None = None,
-                   **kwargs: Any) -> Any:
-        """A configuration within `budget_bytes` at `effective_batch` samples per optimizer step."""
-        from ..search.fit import fit_memory
+    def fit_memory(self, max_bytes: int | None = None, effective_batch: int | None = None, *,
+                   progress: bool | None = None, **kwargs: Any) -> Any:
+        """A configuration whose peak stays within `max_bytes` at `effective_batch` samples per optimizer
+        step. (`budget_bytes=` is the old name of `max_bytes`: FutureWarning.)"""
+        from ..search.fit import fit_memory, max_bytes_of
 
+        old = {k: kwargs.pop(k) for k in ("budget_bytes",) if k in kwargs}
+        max_bytes = max_bytes_of(max_bytes, old)
         total = kwargs.get("max_trials", 12)
         with search(progress, "fit_memory", log=self.log, total=total if isinstance(total, int) else None,
                     budget_s=kwargs.get("budget_s")):
-            return fit_memory(self, budget_bytes=budget_bytes, effective_batch=effective_batch, **kwargs)
+            return fit_memory(self, max_bytes=max_bytes, effective_batch=effective_batch, **kwargs)
 
     def to_tensorboard(self, logdir: str | os.PathLike = "runs") -> list[Path]:
         """One TensorBoard run per trial under `logdir/<name>/` (knobs as hparams, per-step scalars);

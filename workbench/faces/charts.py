@@ -27,6 +27,11 @@ UNSTEADY_COLOR = "#b279a2"  # the "not steady" mark under a throughput point
 KIND_SHAPES = ["diamond", "circle", "triangle-up", "cross", "cross", "cross"]
 FAILED = ("interrupted", "error", "oom")  # no throughput: drawn as a cross on the zero line
 
+# The legend of the marks that colour and shape do not name (docs/results.md, "The chart", explains each).
+MARKS_LEGEND = ["point: one trial's samples/s · band: where a repeat of it would land (95%, this machine's noise)",
+                "dashed line: the baseline · cross on zero: a failed trial, its status above it · "
+                "'not steady': see docs/results.md"]
+
 LAST_N = 30  # the default chart: the baseline, the last LAST_N trials and the best of each configuration
 DATASET = "trials"  # the chart's one dataset, by a fixed name so a data update can replace it
 PICK = "trial_pick"  # the click selection; a JupyterChart reports it as chart.selections.trial_pick
@@ -38,7 +43,9 @@ def chart_frame(results: pd.DataFrame) -> pd.DataFrame:
     """The rows the chart draws: one per trial, with plot-ready columns added.
 
     `trial` is the x label ("#3 num_workers=2"), `kind` is baseline/ok/<failure status> and
-    `throughput` is samples/s with failed trials at 0 so they still get a mark.
+    `throughput` is samples/s with failed trials at 0 so they still get a mark; tokens/s when every
+    finished trial counted tokens (token batches: padding and packing make samples/s lie), and then
+    the frame has a `tokens_per_s` column (the chart's axis says which).
     """
     if results.empty:
         return pd.DataFrame(columns=["trial_id", "trial", "kind", "throughput"])
@@ -47,11 +54,25 @@ def chart_frame(results: pd.DataFrame) -> pd.DataFrame:
     if "window" in df.columns:  # a trial stopped early (earlystop.py) says so on its axis label
         window = df["window"].fillna("").astype(str)
         df["trial"] = df["trial"] + window.map(lambda w: f" (stopped early {w})" if w else "")
-    df["kind"] = df["status"].astype(str).where(df["verdict"] != "baseline", "baseline")  # status is categorical
-    df["throughput"] = pd.to_numeric(df["samples_per_s"], errors="coerce").fillna(0.0)
+    is_base = df["baseline"].fillna(False).astype(bool) if "baseline" in df.columns else df["verdict"] == "baseline"
+    df["kind"] = df["status"].astype(str).where(~is_base, "baseline")  # status is categorical
+    samples = pd.to_numeric(df["samples_per_s"], errors="coerce")
+    df["throughput"] = samples.fillna(0.0)
+    ratio = pd.Series(1.0, index=df.index)
+    ok = df["status"].astype(str) == "ok"
+    if "tokens_per_s" in df.columns and ok.any() and df.loc[ok, "tokens_per_s"].notna().all():
+        tokens = pd.to_numeric(df["tokens_per_s"], errors="coerce")
+        df["throughput"] = tokens.fillna(0.0)
+        ratio = (tokens / samples).fillna(1.0)
+    else:
+        df = df.drop(columns=[c for c in ("tokens_per_s", "padding_share") if c in df.columns])
+    for end in ("low", "high"):
+        if f"samples_per_s_{end}" in df.columns:
+            df[f"throughput_{end}"] = pd.to_numeric(df[f"samples_per_s_{end}"], errors="coerce") * ratio
     df["speedup_pct"] = (pd.to_numeric(df["speedup"], errors="coerce") - 1.0) * 100.0
-    keep = ["trial_id", "trial", "kind", "throughput", "samples_per_s", "samples_per_s_low",
-            "samples_per_s_high", "speedup", "speedup_pct", "verdict", "steady", "window", "status", "label",
+    keep = ["trial_id", "trial", "kind", "baseline", "throughput", "samples_per_s", "samples_per_s_low",
+            "samples_per_s_high", "throughput_low", "throughput_high", "tokens_per_s", "padding_share", "speedup",
+            "speedup_pct", "verdict", "steady", "window", "status", "label",
             "step_time_ms", "step_time_iqr_ms", "peak_memory_mb", "data_wait_share", "final_loss",
             "message", "decided_speedup", "decided_by", *knob_names()]
     return df[[c for c in keep if c in df.columns]]
@@ -69,7 +90,7 @@ def chart_view(results: pd.DataFrame, last: int | None = LAST_N) -> pd.DataFrame
             raise ValueError(f"last must be >= 0 trials (or None for all), got {last}")
         keep = pd.Series(False, index=results.index)
         keep.iloc[total - last:] = True
-        keep |= results["verdict"] == "baseline"
+        keep |= results["baseline"] if "baseline" in results.columns else results["verdict"] == "baseline"
         rate = pd.to_numeric(results["samples_per_s"], errors="coerce")
         best = rate.groupby(results["label"].astype(str)).idxmax().dropna()
         keep.loc[best.to_numpy()] = True
@@ -129,7 +150,7 @@ def _chart_shape(columns: tuple[str, ...], width: int, kinds: tuple[str, ...]) -
               axis=alt.Axis(labelAngle=-25, labelLimit=180))
     # The legend names what a mark's colour and shape say, and only the kinds these trials have.
     seen = list(kinds)
-    legend = alt.Legend(title="baseline / status", symbolOpacity=1)  # not faded by the band's or bars' opacity
+    legend = alt.Legend(title="trial (baseline or status)", symbolOpacity=1)  # not faded by the band's or bars' opacity
     color = alt.Color("kind:N", scale=alt.Scale(domain=seen, range=[KIND_COLORS[KINDS.index(k)] for k in seen]),
                       legend=legend)
     shape = alt.Shape("kind:N", scale=alt.Scale(domain=seen, range=[KIND_SHAPES[KINDS.index(k)] for k in seen]),
@@ -140,11 +161,12 @@ def _chart_shape(columns: tuple[str, ...], width: int, kinds: tuple[str, ...]) -
     tooltip = _tooltip(data)
 
     # ---- throughput: interquartile band (from step-time quartiles), median point, baseline line
-    band = base.transform_filter("isValid(datum.samples_per_s_low)").mark_rule(
+    band = base.transform_filter("isValid(datum.throughput_low)").mark_rule(
         strokeWidth=7, opacity=0.35
-    ).encode(y=alt.Y("samples_per_s_low:Q"), y2="samples_per_s_high:Q", color=color)
+    ).encode(y=alt.Y("throughput_low:Q"), y2="throughput_high:Q", color=color)
+    unit = "tokens / s" if "tokens_per_s" in columns else "samples / s"  # chart_frame's choice
     points = base.mark_point(filled=True, size=110).encode(
-        y=alt.Y("throughput:Q", title="samples / s"), color=color, shape=shape, opacity=highlight,
+        y=alt.Y("throughput:Q", title=unit), color=color, shape=shape, opacity=highlight,
         tooltip=tooltip,
     ).add_params(picked)
     failed_text = base.transform_filter(alt.FieldOneOfPredicate("kind", list(FAILED))).mark_text(
@@ -155,9 +177,10 @@ def _chart_shape(columns: tuple[str, ...], width: int, kinds: tuple[str, ...]) -
     ).encode(y="throughput:Q", text=alt.value("not steady"))
     baseline_rule = base.transform_filter(alt.datum.kind == "baseline").mark_rule(
         strokeDash=[5, 4], color=KIND_COLORS[0]
-    ).encode(y="samples_per_s:Q", x=alt.value(0), x2=alt.value(width))
+    ).encode(y="throughput:Q", x=alt.value(0), x2=alt.value(width))
     throughput = alt.layer(band, baseline_rule, points, failed_text, unsteady_text).properties(
-        width=width, height=220, title="Throughput per trial (band: middle half of steps; dashed: baseline)"
+        width=width, height=220, title=alt.Title("Throughput per trial", subtitle=MARKS_LEGEND, subtitleFontSize=10,
+                                                 anchor="start")
     )
 
     # ---- linked views: same trials on x, highlighted together ------------------------------
@@ -208,6 +231,8 @@ def _tooltip(data: pd.DataFrame) -> list[alt.Tooltip]:
         alt.Tooltip("trial_id:O", title="trial"),
         alt.Tooltip("status:N"),
         alt.Tooltip("samples_per_s:Q", title="samples/s", format=",.1f"),
+        *([alt.Tooltip("tokens_per_s:Q", title="tokens/s", format=",.0f"),
+           alt.Tooltip("padding_share:Q", title="padding", format=".0%")] if "tokens_per_s" in data.columns else []),
         alt.Tooltip("speedup:Q", title="speedup vs baseline", format=".2f"),
         alt.Tooltip("verdict:N"),
         *([alt.Tooltip("steady:N", title="steady state")] if "steady" in data.columns else []),

@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for cmd, text in (("run", "run one measured trial and print its result"),
                       ("diagnose", "find the bottleneck: short-circuit test, profiler, memory, FLOPs, verdict"),
-                      ("tune", "race candidates (the recommended order, pairs, stacks of near-misses) and keep a win beyond noise"),
+                      ("tune", "race candidates (the recommended order, pairs, stacks of near-misses) and keep a winner only if it is faster than the start"),
                       ("explain", "why B is faster than A (the defaults): traced steps compared by phase and op")):
         p = sub.add_parser(cmd, help=text, description=text, epilog=epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -111,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="also write the trial's plain-PyTorch training script to FILE (runs as it is "
                                 "with --demo or --model)")
         if cmd == "tune":
-            p.add_argument("--budget", type=int, default=None,
+            p.add_argument("--n-trials", type=int, default=None, dest="n_trials",
                            help="maximum number of trials (default 24 without --budget-s, else no cap)")
+            p.add_argument("--budget", type=int, default=None, dest="old_budget", help=argparse.SUPPRESS)
             p.add_argument("--budget-s", type=float, default=None, dest="budget_s",
                            help="seconds the search may take (the primary budget; e.g. 300)")
         if cmd == "explain":
@@ -121,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-JSON_SCHEMA = 1  # bump when a key of the --json document changes meaning or disappears
+JSON_SCHEMA = 2  # bump when a key of the --json document changes meaning or disappears
 
 
 def jsonable(obj: Any) -> Any:
@@ -308,7 +309,11 @@ def _run(args: argparse.Namespace, as_json: bool = False, rank: int = 0) -> Any:
         if args.command == "diagnose":
             out = bench.diagnose(progress=progress)
         else:
-            out = bench.tune(budget=args.budget, budget_s=args.budget_s, progress=progress)
+            n_trials = args.n_trials
+            if args.old_budget is not None:  # the old name of --n-trials: works one more release
+                print("warning: --budget is now --n-trials (a cap on trials; seconds are --budget-s)", file=sys.stderr)
+                n_trials = args.old_budget if n_trials is None else n_trials
+            out = bench.tune(n_trials=n_trials, budget_s=args.budget_s, progress=progress)
         if as_json:
             return 0, out
         print(str(out))

@@ -330,7 +330,7 @@ class Workshop:
     # ---- views --------------------------------------------------------------------------------
     def summary(self) -> pd.DataFrame:
         """Per knob change (vs each learner's baseline): on how many machines it helped, ran at the
-        same speed, hurt or stayed undecided (within noise), how many failed, and the median speedup.
+        same speed, hurt or stayed undecided, how many failed, and the median speedup.
 
         When a learner ran the same change twice, their latest trial counts.
         """
@@ -343,7 +343,7 @@ class Workshop:
             latest = g.sort_values("trial_id").groupby("participant").tail(1)
             ok = latest[latest["speedup"].notna()]
             speedup = pd.to_numeric(ok["speedup"])
-            beyond, same = ok["verdict"] == "beyond noise", ok["verdict"] == "same speed"
+            beyond, same = ok["verdict"].isin(["faster", "slower"]), ok["verdict"] == "same"
             rows.append({
                 "workload": workload,
                 "knob": knob,
@@ -379,8 +379,8 @@ class Workshop:
         data["who"] = data["participant"]
         x = alt.X("who:N", title=None, axis=alt.Axis(labelAngle=-40))
         y = alt.Y("speedup:Q", title="speedup vs own baseline", scale=alt.Scale(type="log", zero=False))
-        colour = alt.Color("verdict:N", scale=alt.Scale(domain=["beyond noise", "same speed", "within noise"],
-                                                         range=["#4c78a8", "#54a24b", "#bbbbbb"]))
+        colour = alt.Color("verdict:N", scale=alt.Scale(domain=["faster", "slower", "same", "undecided"],
+                                                         range=["#2e7d32", "#c62828", "#1565c0", "#bbbbbb"]))
         tooltip = ["participant:N", "machine:N", "knob:N", alt.Tooltip("speedup:Q", format=".2f"),
                    alt.Tooltip("speedup_low:Q", format=".2f", title="95% low"),
                    alt.Tooltip("speedup_high:Q", format=".2f", title="95% high"), "verdict:N", "torch:N"]

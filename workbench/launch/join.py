@@ -42,12 +42,13 @@ def run_joined(workload: Workload, knobs: Knobs, *, warmup_steps: int, steps: in
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = "nccl" if workload.device.type == "cuda" else "gloo"
     started = now_iso()
-    if not dist.is_initialized():
+    owned = not dist.is_initialized()  # a group this call makes, this call ends
+    if owned:
         if workload.device.type == "cuda":
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=collective_timeout_s))
     device = rank_device(workload, local_rank)
-    notes = device_notes(knobs, device.type, has_conv=workload.has_conv)
+    notes = device_notes(knobs, device.type, has_conv=workload.has_conv, token_data=workload.token_data)
     env = {**environment(device), "world_size": ws, "backend": backend,
            "nodes": int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1)}
     report = rank_trial(workload, knobs, rank=rank, world_size=ws, local_rank=local_rank, warmup_steps=warmup_steps,
@@ -58,6 +59,12 @@ def run_joined(workload: Workload, knobs: Knobs, *, warmup_steps: int, steps: in
     gathered: list | None = [None] * ws if rank == 0 else None
     dist.gather_object(report, gathered, dst=0)
     dist.barrier()
+    if owned:
+        # Every rank closes its group before returning, as forked ranks do. Left open, the group is torn
+        # down by the interpreter's exit while the peer may still be talking to it; a gloo transport
+        # thread that meets a closed connection there can abort its process (SIGABRT, and torchrun then
+        # SIGTERMs the other rank): the signature of the fsdp2 dry run's failure on a busy CI machine.
+        dist.destroy_process_group()
     if rank != 0:
         return forwarded_result(knobs, rank, ws, env=env, started=started, notes=notes)
     reports = {rep["rank"]: rep for rep in gathered}  # type: ignore[union-attr]

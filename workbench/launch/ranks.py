@@ -106,7 +106,7 @@ def run_distributed(workload: Workload, knobs: Knobs, *, warmup_steps: int, step
 
     ws = knobs.world_size
     started = now_iso()
-    notes = device_notes(knobs, workload.device.type, has_conv=workload.has_conv)
+    notes = device_notes(knobs, workload.device.type, has_conv=workload.has_conv, token_data=workload.token_data)
     backend = "nccl" if workload.device.type == "cuda" else "gloo"
     total = warmup_steps + steps
     ctx = multiprocessing.get_context("fork")

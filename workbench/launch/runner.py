@@ -149,7 +149,7 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
          trace: bool = False, trace_dir: str | os.PathLike | None = None,
          stop: StopRule | None = None) -> TrialResult:
     device = workload.device
-    notes = device_notes(knobs, device.type, has_conv=workload.has_conv)
+    notes = device_notes(knobs, device.type, has_conv=workload.has_conv, token_data=workload.token_data)
     started = now_iso()
     stage = Stage()
     total = warmup_steps + steps
@@ -160,7 +160,8 @@ def _run(workload: Workload, knobs: Knobs, warmup_steps: int, steps: int, progre
             stack.enter_context(seeded(workload.seed))
             env = environment(device)
             trace_to = tracing.trace_file(trace_dir, type(workload.pristine).__name__) if trace else None
-            step, source = build(workload, knobs, stack, stage=stage, loader_timeout_s=loader_timeout_s)
+            step, source = build(workload, knobs, stack, stage=stage, loader_timeout_s=loader_timeout_s,
+                                 window_steps=steps)
             raw = run_phases(step, source, stage, progress, warmup_steps, steps, cancel, measure_memory=measure_memory,
                              stop=stop)
             if stop is not None and stop.stopped_at is not None:
@@ -313,7 +314,7 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
                     f"{knob} names unknown block {name!r}; choose from bench.blocks: "
                     f"{', '.join(workload.blocks) or '(none found)'}"
                 )
-    check_run(knobs, context(knobs, workload.device, spec=workload.spec, blocks=workload.blocks))  # device refusals
+    check_run(knobs, context(knobs, workload.device, **workload.context_kwargs()))  # device and data refusals
     if knobs.world_size > 1:
         from .ranks import check_launch
 

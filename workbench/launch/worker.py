@@ -13,6 +13,7 @@ import contextlib
 import copy
 import ctypes
 import datetime
+import faulthandler
 import gc
 import os
 import signal
@@ -220,6 +221,7 @@ def forked_rank(rank: int, workload: Workload, knobs: Knobs, port: int, backend:
     Forked, so it inherits the notebook's objects (lambdas, classes defined in cells) unpickled.
     """
     _die_with_parent()
+    faulthandler.enable()  # a rank that aborts (SIGABRT/SIGSEGV) prints every thread's Python stack to stderr
     gc.freeze()  # the kernel's objects, inherited: keep the collector from walking (and copying) them
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it stops every rank
     torch.set_num_threads(1)  # as torchrun: 1 intra-op thread per rank; cpu_threads' settings hook sets its own

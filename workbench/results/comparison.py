@@ -27,6 +27,28 @@ class HasNoise(Protocol):
     def noise(self) -> Noise: ...
 
 
+LENGTH_KNOBS = ("group_by_length", "pad_to_multiple_of", "packing")  # knobs that change how batches are padded
+PADDING_GAP = 0.01  # padding shares further apart than this: the sides pad differently
+
+
+def rate_for(runs_a: Sequence[TrialResult], runs_b: Sequence[TrialResult]) -> str:
+    """"tokens/s" when every trial counted tokens and the sides pad or pack their batches differently
+    (a length knob differs, or the padding shares do): samples/s would credit padding as work.
+    Else "samples/s"."""
+    runs = [*runs_a, *runs_b]
+    if not runs or not all(r.tokens_per_s for r in runs):
+        return "samples/s"
+    a, b = runs_a[-1].knobs, runs_b[-1].knobs
+    shares = [r.padding_share or 0.0 for r in runs]
+    differ = any(getattr(a, n, None) != getattr(b, n, None) for n in LENGTH_KNOBS)
+    return "tokens/s" if differ or max(shares) - min(shares) > PADDING_GAP else "samples/s"
+
+
+def rates(runs: Sequence[TrialResult], rate: str) -> list[float]:
+    """Each trial's figure in `rate` ("samples/s" or "tokens/s")."""
+    return [float((r.tokens_per_s if rate == "tokens/s" else r.samples_per_s) or 0.0) for r in runs]
+
+
 def usable(r: TrialResult) -> bool:
     """True when a trial can be compared: ok, with a samples/s figure and at least 2 step times."""
     return r.ok and bool(r.samples_per_s) and len(r.step_times_s) >= 2
@@ -116,6 +138,8 @@ def judge(a: Trials, b: Trials, *, log: HasNoise | None = None, noise: Noise | N
     if noise is None:
         noise = log.noise if log is not None else noise_of([*runs_a, *runs_b])
     note = caveats(runs_a, runs_b, note)
-    return decide([r.samples_per_s or 0.0 for r in runs_a], [r.samples_per_s or 0.0 for r in runs_b], noise,
-                  a_trials=[r.trial_id for r in runs_a], b_trials=[r.trial_id for r in runs_b], rounds=rounds,
-                  note=note, margin=margin, seconds=seconds)
+    rate = rate_for(runs_a, runs_b)
+    c = decide(rates(runs_a, rate), rates(runs_b, rate), noise,
+               a_trials=[r.trial_id for r in runs_a], b_trials=[r.trial_id for r in runs_b], rounds=rounds,
+               note=note, margin=margin, seconds=seconds)
+    return replace(c, rate=rate)

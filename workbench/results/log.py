@@ -56,6 +56,7 @@ class ResultLog:
         self.trials: list[TrialResult] = []
         self.comparisons: list[LoggedComparison] = []  # comparisons that measured, in the order they ended
         self._baseline_id: int | None = None
+        self.defaults: Knobs | None = None  # a workbench's default knobs: labels name what differs from them
         self._observers: list[Callable[[TrialResult], None]] = []
         self._offset = 0  # bytes of the file already read into `trials`
         self._unsaved: list[bytes] = []  # records a failed write kept in memory (written with the next append)
@@ -311,13 +312,13 @@ class ResultLog:
         `trial_id` is a column (the index is a plain 0..n-1 range): `df.set_index("trial_id")`
         looks trials up by id. `speedup` is samples/s over the baseline's; `verdict` is exactly
         `compare(a, b)` of every ok trial so far with the baseline's knobs against every ok trial so far
-        with this trial's knobs (just the two trials until repeats exist): "beyond noise", "same speed"
-        or "within noise". `samples_per_s_low/high` bound where a repeat of the trial
+        with this trial's knobs (just the two trials until repeats exist): "faster", "slower", "same"
+        or "undecided" ("baseline" for the baseline, "" for a failed trial). `samples_per_s_low/high` bound where a repeat of the trial
         would land (95%, from the between-trial noise); `df.attrs["noise"]` holds that noise.
         Kept up to date as trials arrive: a new trial adds its row, a new noise re-judges cheaply.
         """
         table = self._table.sync(self.trials)
-        df = table.frame(self.baseline, table.noise())
+        df = table.frame(self.baseline, table.noise(), self.defaults)
         return self._with_decided(df) if self.comparisons else df
 
     def _with_decided(self, df: pd.DataFrame) -> pd.DataFrame:
@@ -327,11 +328,11 @@ class ResultLog:
         df["decided_speedup"], df["decided_by"] = np.nan, ""
         if base is None or len(df) != len(self.trials):
             return df
-        words = {"faster": "beyond noise", "slower": "beyond noise", "same": "same speed"}
+        flip = {"faster": "slower", "slower": "faster"}  # the comparison may have run the other way round
         for i, r in enumerate(self.trials):
             c = self.decided(base.knobs, r.knobs) if r.ok and r.trial_id != base.trial_id else None
             if c is not None:
-                df.loc[i, "verdict"] = words[c.answer]
+                df.loc[i, "verdict"] = c.answer if c.b_knobs == r.knobs else flip.get(c.answer, c.answer)
                 df.loc[i, "decided_speedup"] = c.speedup if c.b_knobs == r.knobs else 1 / c.speedup
                 df.loc[i, "decided_by"] = c.how
         return df

@@ -149,8 +149,8 @@ class LoggedComparison:
     high: float
     margin: float
     seconds: float | None = None
-    blocks: int = 0  # interleaved: pairs of blocks
-    block_steps: int = 0
+    turns: int = 0  # interleaved: pairs of turns ("blocks" in logs before round 5)
+    turn_steps: int = 0
     rounds: int = 0  # trials: alternating rounds
     note: str = ""
     at: str = ""  # when it was decided (UTC, ISO 8601)
@@ -159,14 +159,14 @@ class LoggedComparison:
     def of(cls, c: Comparison, a_knobs: Knobs, b_knobs: Knobs) -> LoggedComparison:
         """The log's form of a Comparison between configurations `a_knobs` and `b_knobs`."""
         return cls(c.a, c.b, a_knobs, b_knobs, c.method, c.answer, c.speedup, c.low, c.high, c.margin, c.seconds,
-                   c.blocks, c.block_steps, c.rounds, c.note, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                   c.turns, c.turn_steps, c.rounds, c.note, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     @property
     def how(self) -> str:
         """How it was decided, in a few words (the table's `decided_by` column)."""
         secs = f", {self.seconds:.0f} s" if self.seconds is not None else ""
         if self.method == "interleaved":
-            return f"interleaved, {self.blocks} pairs of blocks{secs}"
+            return f"interleaved, {self.turns} pairs of turns{secs}"
         return f"trials, {self.rounds} round{'s' if self.rounds != 1 else ''}{secs}"
 
     def to_record(self) -> dict[str, Any]:
@@ -178,7 +178,7 @@ class LoggedComparison:
         return {"event": "comparison", "a": self.a, "b": self.b, "a_knobs": side(self.a_knobs),
                 "b_knobs": side(self.b_knobs), "method": self.method, "answer": self.answer,
                 "speedup": self.speedup, "low": self.low, "high": self.high, "margin": self.margin,
-                "seconds": self.seconds, "blocks": self.blocks, "block_steps": self.block_steps,
+                "seconds": self.seconds, "turns": self.turns, "turn_steps": self.turn_steps,
                 "rounds": self.rounds, "note": self.note, "at": self.at}
 
     @classmethod
@@ -191,7 +191,7 @@ class LoggedComparison:
                 raise BadRecord(f"a comparison's {key} is not a number > 0")
         for key in ("seconds",):
             _check_number(rec, key, (int, float))
-        for key in ("a", "b", "blocks", "block_steps", "rounds"):
+        for key in ("a", "b", "turns", "turn_steps", "blocks", "block_steps", "rounds"):  # blocks: older logs
             _check_number(rec, key, int)
         if not isinstance(rec.get("note", ""), str) or not isinstance(rec.get("at", ""), str):
             raise BadRecord("a comparison's note is not text")
@@ -204,7 +204,8 @@ class LoggedComparison:
             raise BadRecord(f"a comparison's knobs fail validation ({type(e).__name__})") from None
         return cls(rec.get("a"), rec.get("b"), a_knobs, b_knobs, rec["method"], rec["answer"], float(rec["speedup"]),
                    float(rec["low"]), float(rec["high"]), float(rec["margin"]), rec.get("seconds"),
-                   rec.get("blocks") or 0, rec.get("block_steps") or 0, rec.get("rounds") or 0,
+                   rec.get("turns", rec.get("blocks")) or 0, rec.get("turn_steps", rec.get("block_steps")) or 0,
+                   rec.get("rounds") or 0,
                    rec.get("note", ""), rec.get("at", ""))
 
 

@@ -4,7 +4,7 @@ that account for it.
 Why between trials: the steps inside one trial are not independent draws of the next trial. Load
 from other processes, thread placement, allocator state and the data pipeline's phase shift a
 whole trial by several percent (identical trials measured up to 20% apart on a 2-core machine),
-so a bootstrap over one trial's steps calls such pairs "beyond noise". The unit of evidence here
+so a bootstrap over one trial's steps calls such pairs different. The unit of evidence here
 is the trial: each trial contributes one number, log(samples/s), and
 
     log(samples/s of a trial) = log(true rate of its knobs) + e,   e ~ Normal(0, sigma^2)
@@ -12,9 +12,9 @@ is the trial: each trial contributes one number, log(samples/s), and
 `sigma` (the between-trial noise) is learnt from repeats of identical knobs (the log's own
 repeats, the alternating rounds of `compare(..., rounds=N)`, a re-run baseline), pooled across
 configurations and blended with a conservative prior that dominates until evidence exists. A
-difference is "beyond noise" when a Student-t interval of the log-ratio of the two configurations'
-mean rates excludes zero *and* the ratio is at least MIN_EFFECT away from 1; "same speed" when the
-interval lies within ±margin; otherwise undecided ("within noise"). That is the one-look rule of the
+B is "faster" (or "slower") when a Student-t interval of the log-ratio of the two configurations'
+mean rates excludes zero *and* the ratio is at least MIN_EFFECT away from 1; "same" (speed) when the
+interval lies within ±margin; otherwise "undecided". That is the one-look rule of the
 table's verdicts and of `compare(..., rounds=N)`.
 
 Identical trials also drift: the level shifts for a while, then shifts back. `compare(...,
@@ -48,9 +48,11 @@ PRIOR_WEIGHT = 4.0  # the prior counts as this many degrees of freedom of eviden
 MIN_NOISE = 0.01  # never believe identical trials agree better than 1% (sd), however quiet the log
 MAX_ROUNDS_HINT = 20  # beyond this many rounds a gap is called too small to settle
 MARGIN = 0.05  # "same speed": the whole interval lies within ±MARGIN (symmetric in log: 1/1.05 … 1.05)
-ANSWER_WORDS = {"faster": "faster", "slower": "slower", "same": "same speed", "undecided": "undecided (within noise)"}
+ANSWER_WORDS = {"faster": "faster", "slower": "slower", "same": "same speed", "undecided": "undecided"}
+VERDICTS = ("baseline", "faster", "slower", "same", "undecided")  # the results table's verdict column (failed: "")
 PAIRED_PRIOR_SD = 0.10  # sd of log(B/A) between back-to-back trials assumed before any pair is measured
 PAIRED_PRIOR_DF = 2.0  # the paired prior counts as this many degrees of freedom (weak: data win by round 3)
+TOO_NOISY = 0.25  # identical trials landing further apart than ±25%: too noisy to decide small differences
 PAIRED_PRIOR_MAX_DF = 6.0  # a paired sd learnt from the log's back-to-back repeats counts as at most this many
 
 
@@ -126,7 +128,34 @@ class Noise:
     adjacent: float | None = None  # sd of one trial's log(samples/s) against the identical trial just before it
     adjacent_pairs: int = 0  # back-to-back pairs of identical knobs behind `adjacent`
 
+    @property
+    def adjacent_spread(self) -> float | None:
+        """How far apart two back-to-back identical trials land in 95% of cases (None without pairs)."""
+        if self.adjacent is None:
+            return None
+        return math.exp(statistics.NormalDist().inv_cdf(0.975) * math.sqrt(2) * self.adjacent) - 1
+
+    @property
+    def too_noisy(self) -> bool:
+        """True when this machine's own evidence says identical trials land more than TOO_NOISY apart
+        (back-to-back, or minutes apart from 2+ repeats): too noisy to decide a small difference."""
+        measured = (math.exp(critical(max(self.repeats, 1)) * math.sqrt(2) * self.measured) - 1
+                    if self.measured is not None and self.repeats >= 2 else 0.0)
+        return (self.adjacent_spread or 0.0) > TOO_NOISY or measured > TOO_NOISY
+
+    def advice(self, busy_cores: float | None = None) -> str:
+        """What to do on a machine too noisy to decide: who took the CPU (when known), and the fix."""
+        who = (f"other processes kept {busy_cores:.1f} cores busy during the last trials: close them" if busy_cores
+               else "something else is using this machine: close other programs")
+        return (f"{who}, or decide with bench.compare(a, b, rounds=\"auto\"), which pairs "
+                "back-to-back trials (or interleaves turns in one process) so slow drifts cancel")
+
     def __str__(self) -> str:
+        if self.too_noisy:
+            seen = [w for w in (self._adjacent_spread_words(), self.spread_words if self.repeats >= 2 else "") if w]
+            return (f"too noisy to decide small differences: identical trials here landed {seen[0]} apart "
+                    f"(from {self.repeats} repeat{'s' if self.repeats != 1 else ''} of {self.configs} "
+                    f"configuration{'s' if self.configs != 1 else ''}); {self.advice()}")
         if not self.repeats:
             return (f"identical trials here may differ by {self.spread_words} (a conservative prior: no repeated "
                     "knobs yet; bench.compare(a, b, rounds='auto') or re-running the baseline teaches the workbench "
@@ -141,17 +170,25 @@ class Noise:
         """Back-to-back identical trials in words (what alternating rounds pair against each other)."""
         if self.adjacent is None:
             return "no back-to-back repeats of identical knobs yet (alternating rounds measure them)"
-        spread = math.exp(statistics.NormalDist().inv_cdf(0.975) * math.sqrt(2) * self.adjacent) - 1
         n = self.adjacent_pairs
-        return (f"back-to-back trials of identical knobs typically land within ±{spread:.0%} of each other "
-                f"({self.adjacent:.1%} sd, from {n} pair{'s' if n != 1 else ''})")
+        return (f"back-to-back trials of identical knobs typically land within {self._adjacent_spread_words()} of "
+                f"each other ({self.adjacent:.1%} sd, from {n} pair{'s' if n != 1 else ''})")
+
+    def _adjacent_spread_words(self) -> str:
+        spread = self.adjacent_spread
+        return "" if spread is None else words_of_spread(spread)
 
     __repr__ = __str__
 
     @property
     def spread_words(self) -> str:
         """The spread as people say it: ±12% when small, 'up to 2.6×' (a factor) when large."""
-        return f"±{self.spread:.0%}" if self.spread < 0.5 else f"up to {1 + self.spread:.1f}×"
+        return words_of_spread(self.spread)
+
+
+def words_of_spread(spread: float) -> str:
+    """A spread as people say it: ±12% when small, 'up to 2.6×' (a factor) when large (never ±103%)."""
+    return f"±{spread:.0%}" if spread < 0.5 else f"up to {1 + spread:.1f}×"
 
 
 def estimate_noise(groups: Sequence[Sequence[float]]) -> Noise:
@@ -205,9 +242,10 @@ class Comparison:
     margin: float = MARGIN  # "same speed" means the interval lies within ±margin
     seconds: float | None = None  # wall time the rounds of this comparison took
     max_rounds: int | None = None  # rounds="auto": the most rounds it could run (None: a fixed design)
-    method: str = "trials"  # "trials" (separate trials) or "interleaved" (blocks taking turns in one process)
-    blocks: int = 0  # interleaved: pairs of blocks (A B or B A) behind the verdict
-    block_steps: int = 0  # interleaved: optimizer steps in each block
+    method: str = "trials"  # "trials" (separate trials) or "interleaved" (turns of a few steps in one process)
+    rate: str = "samples/s"  # the rate compared: "tokens/s" when the sides pad or pack token batches differently
+    turns: int = 0  # interleaved: pairs of turns (A B or B A) behind the verdict
+    turn_steps: int = 0  # interleaved: optimizer steps in each turn
 
     @property
     def same(self) -> bool:
@@ -223,22 +261,22 @@ class Comparison:
 
     @property
     def verdict(self) -> str:
-        """The table's three answers: "beyond noise", "same speed" or "within noise" (undecided)."""
-        return {"faster": "beyond noise", "slower": "beyond noise", "same": "same speed"}.get(self.answer,
-                                                                                             "within noise")
+        """The results table's word for this comparison: the answer itself (faster, slower, same, undecided)."""
+        return self.answer
 
     def _evidence(self) -> str:
         if self.method == "interleaved":
             secs = f", {self.seconds:.0f} s" if self.seconds is not None else ""
-            return (f"{self.blocks} pairs of interleaved blocks of {self.block_steps} step"
-                    f"{'s' if self.block_steps != 1 else ''}{secs}; an interval valid at every look")
+            return (f"{self.turns} pairs of interleaved turns of {self.turn_steps} step"
+                    f"{'s' if self.turn_steps != 1 else ''}{secs}; an interval valid at every look")
         na, nb = len(self.a_rates), len(self.b_rates)
         each = f"{na} trial{'s' if na != 1 else ''} each" if na == nb else f"{na} vs {nb} trials"
         how = f" in {self.rounds} alternating round{'s' if self.rounds != 1 else ''}" if self.rounds else ""
         secs = f", {self.seconds:.0f} s" if self.seconds is not None else ""
         seq = ("; paired back-to-back rounds, an interval valid at every look"
                if self.max_rounds is not None else "")
-        return f"{each}{how}{secs}{seq}"
+        unit = ", compared in tokens/s (the sides pad or pack differently)" if self.rate == "tokens/s" else ""
+        return f"{each}{how}{secs}{seq}{unit}"
 
     def _settle(self) -> str:
         ids = f"{self.a}, {self.b}" if self.a is not None and self.b is not None else "a, b"
@@ -248,9 +286,9 @@ class Comparison:
                 return (f"many more pairs would be needed at this noise: a quieter machine (close other programs), "
                         f"or a margin wider than ±{self.margin:.0%}, would settle it")
             more = ""
-            if self.seconds and self.blocks:
-                more = f" (bench.compare({ids}, rounds='auto', budget_s={math.ceil(self.seconds * (1 + n / self.blocks))}))"
-            return f"about {n} more pair{'s' if n != 1 else ''} of blocks would settle it{more}"
+            if self.seconds and self.turns:
+                more = f" (bench.compare({ids}, rounds='auto', budget_s={math.ceil(self.seconds * (1 + n / self.turns))}))"
+            return f"about {n} more pair{'s' if n != 1 else ''} of turns would settle it{more}"
         if self.max_rounds is not None:  # rounds="auto" ran out of rounds or budget
             n = self.rounds_needed
             if n is None:
@@ -275,17 +313,17 @@ class Comparison:
             return (f"#{self.b} vs #{self.a}: same speed within ±{self.margin:.0%} ({pct:+.1f}%, {CONFIDENCE:.0%} "
                     f"interval {interval}, {self._evidence()}).{tail}")
         if answer == "undecided":
-            return (f"#{self.b} vs #{self.a}: within noise ({pct:+.1f}%, {CONFIDENCE:.0%} interval {interval}, "
-                    f"{self._evidence()}); undecided: no winner, and not shown to be the same speed within "
+            return (f"#{self.b} vs #{self.a}: undecided ({pct:+.1f}%, {CONFIDENCE:.0%} interval {interval}, "
+                    f"{self._evidence()}): no winner, and not shown to be the same speed within "
                     f"±{self.margin:.0%} either: {self._settle()}.{tail}")
-        return (f"#{self.b} is {abs(pct):.1f}% {answer} than #{self.a} (beyond noise: {CONFIDENCE:.0%} interval "
+        return (f"#{self.b} is {abs(pct):.1f}% {answer} than #{self.a} ({CONFIDENCE:.0%} interval "
                 f"{interval}, {self._evidence()}).{tail}")
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        if self.method == "interleaved":  # hundreds of blocks: each side's median block, not every one
-            rows = "".join(f"<tr><td>{side}</td><td>#{t}</td><td>{len(r)} blocks, median "
+        if self.method == "interleaved":  # hundreds of turns: each side's median turn, not every one
+            rows = "".join(f"<tr><td>{side}</td><td>#{t}</td><td>{len(r)} turns, median "
                            f"{statistics.median(r) if r else float('nan'):,.1f}</td></tr>"
                            for side, t, r in (("A", self.a, self.a_rates), ("B", self.b, self.b_rates)))
         else:
@@ -313,8 +351,9 @@ class Looks(NamedTuple):
 
     @property
     def verdicts(self) -> list[str]:
-        """The table's words per comparison: "beyond noise", "same speed" or "within noise" (undecided)."""
-        return np.where(self.beyond, "beyond noise", np.where(self.same, "same speed", "within noise")).tolist()
+        """The table's words per comparison (B against A): "faster", "slower", "same" or "undecided"."""
+        return np.where(self.beyond, np.where(self.log_ratio > 0, "faster", "slower"),
+                        np.where(self.same, "same", "undecided")).tolist()
 
 
 def one_look(n_a: Sequence[float], mean_a: Sequence[float], ss_a: Sequence[float], n_b: Sequence[float],
@@ -472,7 +511,7 @@ BUILD_NOISE = 0.0075
 def interleave_alpha(looks: int) -> float:
     """The error rate each look of an interleaved comparison spends: 1 - CONFIDENCE split evenly over `looks`.
 
-    A union bound, like `look_alpha`, but flat: blocks are cheap, so a large gap should be called at
+    A union bound, like `look_alpha`, but flat: turns are cheap, so a large gap should be called at
     the first look (a few seconds) rather than wait for the late looks that quadratic spending favours.
     """
     if isinstance(looks, bool) or not isinstance(looks, int) or looks < 1:
@@ -486,8 +525,8 @@ TRIM = 0.2  # interleaved pairs: the share of log-ratios trimmed from each end (
 def trimmed(d: Sequence[float], trim: float = TRIM) -> tuple[float, float, float]:
     """(trimmed mean, its standard error, degrees of freedom) of paired differences: Yuen's test.
 
-    A block that another program's burst lands on is an outlier, not a draw from the same spread:
-    on a shared 2-core machine identical sides' block log-ratios were bimodal (±0.6 at the 10th and
+    A turn that another program's burst lands on is an outlier, not a draw from the same spread:
+    on a shared 2-core machine identical sides' turn log-ratios were bimodal (±0.6 at the 10th and
     90th percentiles, the middle near 0). Trimming `trim` of the pairs from each end and using the
     winsorized variance keeps the test's error rates under such bursts and loses little without them.
     """
@@ -517,12 +556,12 @@ def _interleaved_answer(d: np.ndarray, alpha: float, margin: float, extra: int =
 
 def decide_interleaved(a_rates: Sequence[float], b_rates: Sequence[float], *, looks: int = INTERLEAVE_LOOKS,
                        margin: float = MARGIN, a: int | None = None, b: int | None = None,
-                       seconds: float | None = None, block_steps: int = 1, look_every: int = 1, note: str = "",
+                       seconds: float | None = None, turn_steps: int = 1, look_every: int = 1, note: str = "",
                        noise: Noise = PRIOR) -> Comparison:
-    """B against A from interleaved blocks: pair i is A's and B's samples/s in two adjacent blocks (A B or B A).
+    """B against A from interleaved turns: pair i is A's and B's samples/s in two adjacent turns (A B or B A).
 
-    The verdict rests on the pairs' log-ratios log(B_i / A_i): drift over seconds moves both blocks
-    of a pair and cancels; their 20%-trimmed mean and Yuen's interval (`trimmed`) keep blocks that a
+    The verdict rests on the pairs' log-ratios log(B_i / A_i): drift over seconds moves both turns
+    of a pair and cancels; their 20%-trimmed mean and Yuen's interval (`trimmed`) keep turns that a
     burst of other work landed on from deciding; BUILD_NOISE widens it by what separates two builds
     of one configuration, which no number of pairs removes. It may be asked after every `look_every` pairs, up to `looks` times: each
     look spends an equal share of the 5% error rate (`interleave_alpha`), so stopping at the first
@@ -549,7 +588,7 @@ def decide_interleaved(a_rates: Sequence[float], b_rates: Sequence[float], *, lo
     return Comparison(a, b, math.exp(mean), math.exp(mean - shown), math.exp(mean + shown),
                       answer in ("faster", "slower"), (a,), (b,), tuple(float(v) for v in a_rates),
                       tuple(float(v) for v in b_rates), 0, noise, needed, note, margin, seconds, None,
-                      method="interleaved", blocks=n, block_steps=block_steps)
+                      method="interleaved", turns=n, turn_steps=turn_steps)
 
 
 __all__ = ["ANSWER_WORDS", "BUILD_NOISE", "CONFIDENCE", "MARGIN", "MIN_EFFECT", "PRIOR", "PRIOR_NOISE", "Comparison", "Looks", "Noise",

@@ -1,7 +1,7 @@
 """The results table: `ResultLog.frame()` kept up to date as trials arrive.
 
 Each trial's fixed columns are built once; labels and speedups are per baseline; the verdicts
-("beyond noise", "same speed", "within noise") are re-judged, when the noise changes, in one
+("faster", "slower", "same", "undecided"; "baseline" for the baseline) are re-judged, when the noise changes, in one
 vectorised pass of `stats.one_look` (the rule `stats.decide` and `compare` use) over running sums
 per configuration.
 """
@@ -26,7 +26,8 @@ from .stats import Noise, adjacent_noise, critical, estimate_noise, one_look
 
 # The columns a reader wants first; knobs and details follow.
 SUMMARY_COLUMNS = [
-    "trial_id", "label", "status", "samples_per_s", "speedup", "verdict", "steady", "window", "step_time_ms",
+    "trial_id", "label", "baseline", "status", "samples_per_s", "tokens_per_s", "padding_share", "speedup", "verdict",
+    "steady", "window", "step_time_ms",
     "step_time_iqr_ms", "data_wait_share", "peak_memory_mb", "model_state_mb", "startup_s", "compile_s",
     "final_loss", "message",
 ]
@@ -59,7 +60,8 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
     rows = []
     for r in trials:
         row = {
-            "trial_id": r.trial_id, "label": "", "status": r.status, "samples_per_s": r.samples_per_s,
+            "trial_id": r.trial_id, "label": "", "baseline": False, "status": r.status, "samples_per_s": r.samples_per_s,
+            "tokens_per_s": r.tokens_per_s, "padding_share": r.padding_share,  # token batches only (else empty)
             "speedup": None, "verdict": "", "steady": r.steady, "window": _window(r),
             "step_time_ms": _ms(r.step_time_s),
             "step_time_iqr_ms": _ms(r.step_time_iqr_s), "data_wait_share": r.data_wait_share,
@@ -121,7 +123,8 @@ class Table:
         self.labels: list[str] = []
         self.speedups: list[float | None] = []
         self.verdicts: list[str] = []
-        self.label_of: dict[int, str] = {}  # id(knobs) -> label against the current baseline
+        self.label_of: dict[int, str] = {}  # id(knobs) -> label against `defaults`
+        self.defaults: Knobs | None = None  # what the labels name differences from (a workbench's defaults)
         self.sides: list[Any] = []  # per row: ((knobs, repeats), (knobs, repeats)) of its comparison, or None
         self.ids: dict[Knobs, list[int]] = {}  # usable trials' ids per knobs, in log order
         self.rates: dict[Knobs, list[float]] = {}  # their samples/s
@@ -170,17 +173,22 @@ class Table:
                                       adjacent_pairs=len(pairs))
             return self._noise
 
-    def frame(self, base: TrialResult | None, noise: Noise) -> pd.DataFrame:
-        """The table against baseline `base` under `noise` (see `ResultLog.frame`)."""
+    def frame(self, base: TrialResult | None, noise: Noise, defaults: Knobs | None = None) -> pd.DataFrame:
+        """The table against baseline `base` under `noise`, labels naming what differs from `defaults`
+        (see `ResultLog.frame`)."""
         with self.lock:
             if self.static is None:
                 df = pd.DataFrame(columns=SUMMARY_COLUMNS)
                 df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
+                df["baseline"] = df["baseline"].astype(bool)
                 df.attrs["noise"] = noise
                 return df
+            if defaults != self.defaults:  # labels name differences from the defaults: all of them again
+                self.defaults, self.label_of, self.base_key = defaults, {}, ("defaults changed",)
             self._judge(base, noise)
             df = self.static.copy()
             df["label"] = self.labels
+            df["baseline"] = (df["trial_id"] == base.trial_id) if base is not None else False
             df["speedup"] = np.array([np.nan if v is None else v for v in self.speedups], dtype=float)
             df["verdict"] = self.verdicts
         df["mode_differs"] = mode_differs(df, base)
@@ -199,7 +207,6 @@ class Table:
             self.labels, self.speedups, self.verdicts, self.label_of, self.sides = [], [], [], {}, []
             self.ids, self.rates, self.cums, self.rate_by_id = {}, {}, {}, {}
         start = len(self.labels)
-        base_knobs = base.knobs if base is not None else None
         comparable = base is not None and usable(base)
         new = self.trials[start:]
         count = []  # each new trial's place among its knobs' repeats (1 = the first)
@@ -212,7 +219,7 @@ class Table:
         for r, n in zip(new, count):
             label = self.label_of.get(id(r.knobs))
             if label is None:  # repeats share one Knobs object (the reader caches them)
-                label = self.label_of[id(r.knobs)] = r.knobs.label(base_knobs)
+                label = self.label_of[id(r.knobs)] = r.knobs.label(self.defaults)
             self.labels.append(label)
             speedup, verdict, sides = None, "", None
             if comparable and usable(r):

@@ -4,6 +4,7 @@ a budget at a fixed effective batch (AMP -> accumulation -> checkpointing the he
 from __future__ import annotations
 
 import html
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ class FitResult:
 
     knobs: Knobs | None
     result: TrialResult | None
-    budget_bytes: int
+    max_bytes: int
     effective_batch: int
     steps: pd.DataFrame
     notes: list[str] = field(default_factory=list)
@@ -54,15 +55,15 @@ class FitResult:
 
     def to_code(self, **kwargs: Any) -> str:
         if self.knobs is None:
-            raise ValueError("nothing fits the budget: raise budget_bytes or lower effective_batch")
+            raise ValueError("nothing fits max_bytes: raise it or lower effective_batch")
         if self.result is not None and self.result.knobs == self.knobs:
             return self.result.to_code(**kwargs)  # the step the trial measured (its batch format and loss)
         return self.knobs.to_code(**kwargs)
 
     def __str__(self) -> str:
-        head = (f"Fits {fmt_bytes(self.budget_bytes)} at effective batch {self.effective_batch}: {self.knobs}"
+        head = (f"Fits {fmt_bytes(self.max_bytes)} at effective batch {self.effective_batch}: {self.knobs}"
                 if self.fits else
-                f"Nothing tried fits {fmt_bytes(self.budget_bytes)} at effective batch {self.effective_batch}")
+                f"Nothing tried fits {fmt_bytes(self.max_bytes)} at effective batch {self.effective_batch}")
         cols = ["step", "change", "trial", "status", "peak", "fits", "samples_per_s", "time_cost"]
         with pd.option_context("display.width", 140, "display.max_colwidth", 50, "display.float_format", "{:,.2f}".format):
             body = self.steps[cols].to_string(index=False) if len(self.steps) else "(no trials)"
@@ -92,11 +93,11 @@ def accum_options(effective_batch: int, min_micro_batch: int) -> Iterator[int]:
             return
 
 
-def _first_knobs(bench: Bench, budget_bytes: float, effective_batch: int, headroom: float, base: Knobs | None) -> Knobs:
+def _first_knobs(bench: Bench, max_bytes: float, effective_batch: int, headroom: float, base: Knobs | None) -> Knobs:
     """Validate fit_memory's arguments; the first configuration: the whole batch at once, or
     accumulated from the start when the batch exceeds the dataset."""
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) or budget_bytes <= 0:
-        raise ValueError(f"budget_bytes must be a positive number of bytes (e.g. 2 * 1024**3), got {budget_bytes!r}")
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, float)) or max_bytes <= 0:
+        raise ValueError(f"max_bytes must be a positive number of bytes (e.g. 2 * 1024**3), got {max_bytes!r}")
     if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
         raise ValueError(f"effective_batch must be an int >= 1 (samples per optimizer step), got {effective_batch!r}")
     if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
@@ -133,24 +134,50 @@ class _OutOfTime(Exception):
     """A fit_memory trial did not fit the seconds left, or was stopped at its deadline (budget_s)."""
 
 
-def fit_memory(bench: Bench, budget_bytes: int, effective_batch: int, *, base: Knobs | None = None,
-               min_micro_batch: int | None = None, max_trials: int = 12, headroom: float = DEFAULT_HEADROOM,
-               budget_s: float | None = None) -> FitResult:
-    """The first configuration (in rescue order) whose measured peak fits `budget_bytes`.
+def renamed(fn: str, new: str, value: Any, old: dict[str, Any], old_name: str, hint: str = "") -> Any:
+    """`value` of keyword `new`, or of its old name `old_name` (in `old`, the caller's **kwargs) with a
+    FutureWarning for one release; TypeError for both at once or any other unknown keyword."""
+    unknown = sorted(set(old) - {old_name})
+    if unknown:
+        raise TypeError(f"{fn}() got unexpected keyword argument(s) {unknown}")
+    if old_name not in old:
+        return value
+    if value is not None:
+        raise TypeError(f"pass {new}= only ({old_name}= is its old name)")
+    warnings.warn(f"{fn}({old_name}=...) is now {fn}({new}=...){hint}; {old_name}= stops working in the next release",
+                  FutureWarning, stacklevel=4)
+    return old[old_name]
+
+
+def max_bytes_of(max_bytes: int | None, old: dict[str, Any]) -> int:
+    """`max_bytes`, or the old keyword `budget_bytes=` (FutureWarning); TypeError when neither is given."""
+    max_bytes = renamed("fit_memory", "max_bytes", max_bytes, old, "budget_bytes")
+    if max_bytes is None:
+        raise TypeError("fit_memory() needs max_bytes: the most memory a trial may use, in bytes (e.g. 2 * 1024**3)")
+    return max_bytes
+
+
+def fit_memory(bench: Bench, max_bytes: int | None = None, effective_batch: int | None = None, *,
+               base: Knobs | None = None, min_micro_batch: int | None = None, max_trials: int = 12,
+               headroom: float = DEFAULT_HEADROOM, budget_s: float | None = None, **old: Any) -> FitResult:
+    """The first configuration (in rescue order) whose measured peak fits `max_bytes`.
 
     Effective batch = batch_size x accum_steps stays `effective_batch` throughout. Order: as is →
     AMP → accumulation (micro-batch down to `min_micro_batch`, default effective_batch // 8) →
     checkpointing the blocks that save the most activations, one more block per trial. Each row
     reports the time cost vs the first trial that ran (per-sample time ratio, 1.25 = 25% slower).
-    A configuration fits when its peak stays `headroom` (a share, default 10%) below the budget,
+    A configuration fits when its peak stays `headroom` (a share, default 10%) below max_bytes,
     so the answer does not sit on the OOM edge; headroom=0 fits up to the budget itself.
     `budget_s` caps the seconds (budget.py, as in tune()): the first trial runs whole, a later one only
     when its estimate fits the seconds left, under a deadline; the search then ends with a note, and
     `FitResult.spent` says how the seconds went.
     """
-    k = _first_knobs(bench, budget_bytes, effective_batch, headroom, base)
+    max_bytes = max_bytes_of(max_bytes, old)
+    if effective_batch is None:
+        raise TypeError("fit_memory() needs effective_batch: samples per optimizer step (batch_size x accum_steps)")
+    k = _first_knobs(bench, max_bytes, effective_batch, headroom, base)
     allow = Allowance(budget_s, "fit_memory")
-    limit = budget_bytes * (1 - headroom)  # the peak a fitting configuration may reach
+    limit = max_bytes * (1 - headroom)  # the peak a fitting configuration may reach
     rows: list[dict[str, Any]] = []  # one per trial run
     notes: list[str] = []
     ref: list[TrialResult] = []  # the first ok trial: time costs are relative to it
@@ -178,7 +205,7 @@ def fit_memory(bench: Bench, budget_bytes: int, effective_batch: int, *, base: K
     except _OutOfTime:
         notes.append(f"the seconds ran out (budget_s={budget_s:g}) before a configuration fit: raise budget_s")
         r, knobs = None, None
-    return FitResult(knobs, r, int(budget_bytes), effective_batch, pd.DataFrame(rows), notes + allow.notes,
+    return FitResult(knobs, r, int(max_bytes), effective_batch, pd.DataFrame(rows), notes + allow.notes,
                      allow.spent)
 
 
@@ -227,6 +254,6 @@ def _rescue(bench: Bench, k: Knobs, effective_batch: int, min_micro: int, max_tr
             return r, knobs
     if len(rows) >= max_trials:
         notes.append(f"stopped after max_trials={max_trials}")
-    notes.append("nothing fits: raise the budget, lower effective_batch, or pass min_micro_batch=1 "
+    notes.append("nothing fits: raise max_bytes, lower effective_batch, or pass min_micro_batch=1 "
                  "to accumulate over smaller micro-batches")
     return None, None

@@ -8,7 +8,7 @@ seconds), runs every trial through `bench.run` (so each lands in the results and
 keeps the path's rows. tune.py builds the candidates and calls these; this module never imports it.
 
 Interleaved drops (issue 34): after a round's trials, a contender that the trials leave undecided
-against the leader is compared with it by interleaved blocks (`bench.interleave`, a few seconds in
+against the leader is compared with it by interleaved turns (`bench.interleave`, a few seconds in
 one process) when the two differ only in knobs that can take turns (`interleave.why_not`; on CUDA
 both peaks fit in free memory) and the seconds fit; the slower side of a decided comparison drops at
 once, instead of after more rounds of separate trials. Data-pipeline knobs and `world_size` keep
@@ -250,7 +250,7 @@ def _drop_round(ctx: Ctx, ok: list[Entry], leader: Entry, log: ResultLog | None)
             continue
         ans, c = answer_of(leader.trials, e.trials, log=log)
         if ans == "slower":
-            why = f"dropped: {c.speedup:.2f}x of the leader ({leader.label}), beyond noise by trials ({_trials(c)})"
+            why = f"dropped: {c.speedup:.2f}x of the leader ({leader.label}), slower by trials ({_trials(c)})"
         elif e is not start and start is not None and answer_of(start.trials, e.trials, log=log)[0] == "same":
             why = f"parked: the same speed as the start within ±{SAME_MARGIN:.0%} (a near-miss for stacking)"
         else:
@@ -273,7 +273,7 @@ def interleave_seconds(ctx: Ctx, a: Entry, b: Entry) -> float | None:
     It gets what one more round of the two sides' trials would cost (within RACE_INTERLEAVE_S), and
     never more than the seconds left less two trials (kept for the confirmation). It does not start
     when that is below its least cost: both sides built and warmed (a compiled side compiles again:
-    about its trial's seconds) and MIN_PAIRS pairs of one-step blocks (then trials decide).
+    about its trial's seconds) and MIN_PAIRS pairs of one-step turns (then trials decide).
     """
     trial_s = [estimate(e.knobs, ctx.spent.measured) or 0.0 for e in (a, b)]
     step_s = sum(e.trials[-1].step_time_s or 0.0 for e in (a, b))  # seconds per step, both sides
@@ -287,9 +287,9 @@ def interleave_seconds(ctx: Ctx, a: Entry, b: Entry) -> float | None:
 
 
 def qualifies(a: Knobs, b: Knobs) -> bool:
-    """Whether the race may decide `a` against `b` by interleaved blocks: they differ only in knobs that
+    """Whether the race may decide `a` against `b` by interleaved turns: they differ only in knobs that
     can take turns in one process (interleave.why_not), and not in compute threads beside loader
-    workers (the blocks replay prepared batches without the loader, so they cannot see worker
+    workers (the turns replay prepared batches without the loader, so they cannot see worker
     processes competing with the threads for the cores: the tuner's workers x threads axis)."""
     if why_not(a, b) is not None:
         return False
@@ -297,7 +297,7 @@ def qualifies(a: Knobs, b: Knobs) -> bool:
 
 
 def interleaved_answer(ctx: Ctx, a: Entry, b: Entry, purpose: str) -> tuple[Comparison | None, Entry | None, str]:
-    """B against A by interleaved blocks (`bench.interleave`), at most once per pair in a tune() call:
+    """B against A by interleaved turns (`bench.interleave`), at most once per pair in a tune() call:
     (the comparison, or None when the pair does not qualify or it failed; the side that failed with
     NaN or an error, which drops; what happened). Its seconds count under `purpose`; it goes in the log.
     An OOM (two models in memory at once) decides nothing: trials decide."""
@@ -329,7 +329,7 @@ def interleaved_answer(ctx: Ctx, a: Entry, b: Entry, purpose: str) -> tuple[Comp
 
 
 def _interleave_round(ctx: Ctx, alive: list[Entry], leader: Entry) -> bool:
-    """After a round: each contender (the start included) against the leader by interleaved blocks
+    """After a round: each contender (the start included) against the leader by interleaved turns
     when the pair qualifies (`interleaved_answer`); the slower side of a decided comparison drops, and
     so does a side that ended NaN or in an error; a contender the same speed as the leader within
     ±SAME_MARGIN is out (parked as a near-miss when the start leads). True when the start and the
@@ -352,20 +352,20 @@ def _interleave_round(ctx: Ctx, alive: list[Entry], leader: Entry) -> bool:
             if e is start:
                 return True
             word, ref = ("parked", "the start") if a is start else ("out", f"the leader ({a.label})")
-            _out(ctx, e, f"{word}: the same speed as {ref} within ±{SAME_MARGIN:.0%}, interleaved, {c.blocks} pairs",
+            _out(ctx, e, f"{word}: the same speed as {ref} within ±{SAME_MARGIN:.0%}, interleaved, {c.turns} pairs",
                  c.speedup)
             continue
         if c.answer == "undecided":  # the seconds it took show in the path; trials race on
             if fresh:
                 ctx.rows.append({"stage": e.stage, "change": e.label, "trial": None, "samples_per_s": None,
                                  "speedup": c.speedup if e is b else 1 / c.speedup,  # e against the other
-                                 "decision": f"kept: within noise of {_ref(a, b, e, start)}, "
-                                 f"interleaved, {c.blocks} pairs in {c.seconds or 0:.1f} s; trials race on"})
+                                 "decision": f"kept: undecided against {_ref(a, b, e, start)}, "
+                                 f"interleaved, {c.turns} pairs in {c.seconds or 0:.1f} s; trials race on"})
             continue
         slower, faster = (a, b) if c.answer == "faster" else (b, a)
         ratio = c.speedup if slower is b else 1 / c.speedup
         who = "the start" if faster is start else f"the leader ({faster.label})"
-        _out(ctx, slower, f"dropped: {ratio:.2f}x of {who}, interleaved, {c.blocks} pairs", ratio)
+        _out(ctx, slower, f"dropped: {ratio:.2f}x of {who}, interleaved, {c.turns} pairs", ratio)
         leader = faster
     return False
 
@@ -443,14 +443,14 @@ def confirm_winner(ctx: Ctx, leader: Entry, rivals: list[Entry]) -> tuple[str, C
         return "undecided", None
     ans, c = answer_of(start.trials, other.trials, log=log)
     ctx.purpose = "confirm"
-    if ans == "undecided":  # interleaved blocks first when the pair qualifies (the race's own, if it ran one)
+    if ans == "undecided":  # interleaved turns first when the pair qualifies (the race's own, if it ran one)
         inter = interleaved_answer(ctx, start, other, "confirm")[0]
         if inter is not None and inter.answer != "undecided":
             ans, c = inter.answer, inter
     if ans == "undecided" and ctx.affordable() >= 2:
         ans, c = answer_of(start.trials, other.trials, rounds=min(CONFIRM_ROUNDS, ctx.affordable() // 2), run=ctx.run, log=log)
     if leader is start or ans != "faster":
-        what = {"same": "the same speed", "slower": "slower", "faster": "faster"}.get(ans, "not faster beyond noise")
+        what = {"same": "the same speed", "slower": "slower", "faster": "faster"}.get(ans, "not yet shown faster")
         ctx.rows.append({"stage": "confirm", "change": other.label, "trial": c.b_trials[-1], "samples_per_s": None,
                          "speedup": c.speedup, "decision": f"nothing beats the start: the best rival is {what} "
                          f"({c.verdict}, {_how(c)})"})
@@ -462,5 +462,5 @@ def confirm_winner(ctx: Ctx, leader: Entry, rivals: list[Entry]) -> tuple[str, C
 
 def _how(c: Comparison) -> str:
     """What a confirmation rests on, for its row."""
-    return f"interleaved, {c.blocks} pairs" if c.method == "interleaved" else f"{c.rounds} extra round(s)"
+    return f"interleaved, {c.turns} pairs" if c.method == "interleaved" else f"{c.rounds} extra round(s)"
 

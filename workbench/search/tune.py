@@ -27,14 +27,17 @@ import torch
 from ..core.knobs import Knobs, tunable_knobs
 from ..core.measure import TrialResult
 from ..core.stepshape import StepShape
+from ..core.system import available_allocators
 from ..deciding.budget import EXPLAIN_PRIOR, Spend, check_budget_s, work_clock
+from ..diagnose.verdict import ALLOCATOR_SHARE
 from ..results.protocol import Bench
 from ..results.stats import Comparison
-from .fit import DEFAULT_HEADROOM, FitResult, fit_memory, memory_ceiling  # the memory rescue lives in fit.py
+from .fit import DEFAULT_HEADROOM, FitResult, fit_memory, memory_ceiling, renamed  # the memory rescue lives in fit.py
 from .race import ANSWERS, SAME_MARGIN, Ctx, Entry, admit, answer_of, confirm_winner, near_misses, race, settled
 
-STAGES = ("data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
+STAGES = ("process", "data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
 DEFAULT_TRIALS = 24  # the trial cap when neither budget nor budget_s is given
+PADDED = 0.3  # a start whose token batches are this much padding gets the length knobs first
 MAX_GENERATIONS = 3  # races: singles and pairs, then stacks on the leader (twice)
 BUCKET_SIZES_MB = (1, 5, 50, 100)  # DDP bucket sizes raced against torch's 25 MB default
 
@@ -79,6 +82,8 @@ def stage_axes(bench: Bench, stage: str, knobs: Knobs, max_batch_size: int | Non
     pin_memory / matmul precision / CUDA-graph compile modes only on CUDA, buckets only under DDP.
     """
     dev, cores, keep, axes = bench.device, _cores(), axes, []
+    if stage == "process" and faulting(bench, knobs) is not None:
+        axes.append(("allocator", [{"allocator": m} for m in available_allocators()]))
     if stage == "data" and knobs.data == "loader":
         workers = []
         for w in sorted({max(1, cores // 2), cores}):  # half the cores first, leaving workers their cores
@@ -89,6 +94,11 @@ def stage_axes(bench: Bench, stage: str, knobs: Knobs, max_batch_size: int | Non
         axes += [("workers", workers), ("prefetch", [{"prefetch_factor": 4}])]
         if dev.type == "cuda":
             axes.append(("pin", [{"pin_memory": True}]))
+        if getattr(bench.workload, "token_data", False):  # how token batches are padded: the length knobs
+            length = [{"group_by_length": True}]
+            if "position_ids" in getattr(bench.workload, "forward_params", ()):
+                length.append({"packing": True})
+            axes += [("length", length), ("pad", [{"pad_to_multiple_of": 8}])]
     elif stage == "precision":
         if dev.type == "cuda" and not _bf16_worth_trying(dev):
             axes.append(("amp", [{"amp": "fp16"}]))
@@ -146,7 +156,7 @@ class TuneResult:
     start: TrialResult
     steps: pd.DataFrame
     trials_used: int
-    budget: int
+    n_trials: int  # the trial cap the search ran under
     answer: str = "undecided"  # the best vs the start: faster | same | undecided (ANSWERS)
     confirmation: Comparison | None = None  # the comparison behind `answer`
     seconds: float = 0.0
@@ -162,6 +172,8 @@ class TuneResult:
             return 1.0
         if self.confirmation is not None:
             return self.confirmation.speedup
+        if self.start.tokens_per_s and self.best.tokens_per_s:  # token batches: tokens/s (padding, packing)
+            return self.best.tokens_per_s / self.start.tokens_per_s
         if not self.start.samples_per_s or not self.best.samples_per_s:
             return None
         return self.best.samples_per_s / self.start.samples_per_s
@@ -278,8 +290,33 @@ def _explain(ctx: Ctx, start: TrialResult, best: TrialResult) -> Any:
 DATA_BOUND = 0.2  # a start that waits for data this share of its window enters every worker option first
 
 
+def faulting(bench: Bench, knobs: Knobs) -> float | None:
+    """The page-fault share of CPU time of the latest one-process CPU trial of `knobs` when above the
+    diagnosis's ALLOCATOR_SHARE (the allocator is then raced first, each mode in a fresh process)."""
+    if bench.device.type != "cpu" or knobs.world_size > 1 or knobs.allocator is not None:
+        return None
+    last = next((r for r in reversed(bench.trials) if r.ok and r.knobs == knobs), None)
+    share = last.extra.get("kernel_share") if last is not None else None
+    return share if share is not None and share > ALLOCATOR_SHARE else None
+
+
 def _lead(ctx: Ctx, start: TrialResult) -> tuple[str, ...]:
-    """The axes the start's bottleneck names, entered first, and a row saying why (data-bound: workers)."""
+    """The axes the start's bottleneck names, entered first, and a row saying why (data-bound: workers;
+    page faults over ALLOCATOR_SHARE of the CPU time: the allocator modes, before the compute knobs; token
+    batches mostly padding: the length knobs)."""
+    share = faulting(ctx.bench, start.knobs)
+    if share is not None:
+        ctx.rows.append({"stage": "process", "change": "every allocator mode", "trial": None, "samples_per_s": None,
+                         "speedup": None, "decision": f"entered first: page faults took {share:.0%} of the start's "
+                         "CPU time; each allocator mode runs in a fresh process, alternating, before the compute "
+                         "knobs"})
+        return ("allocator",)
+    padding = start.padding_share or 0.0
+    if padding >= PADDED:
+        ctx.rows.append({"stage": "data", "change": "length grouping and packing", "trial": None, "samples_per_s": None,
+                         "speedup": None, "decision": f"entered first: {padding:.0%} of the start's token slots are "
+                         "padding: group_by_length and packing before workers, precision or kernels"})
+        return ("length",)
     wait = start.data_wait_share or 0.0
     if wait >= DATA_BOUND:
         ctx.rows.append({"stage": "data", "change": "every worker count", "trial": None, "samples_per_s": None,
@@ -288,11 +325,11 @@ def _lead(ctx: Ctx, start: TrialResult) -> tuple[str, ...]:
     return ("workers",) if wait >= DATA_BOUND else ()
 
 
-def _check(budget: int | None, budget_s: float | None, stages: tuple[str, ...], memory_budget: int | None,
+def _check(n_trials: int | None, budget_s: float | None, stages: tuple[str, ...], memory_budget: int | None,
            headroom: float) -> int:
     """Validate tune()'s arguments; returns the trial cap."""
-    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 2):
-        raise ValueError(f"budget must be an int >= 2 (a cap on trials, the start included), got {budget!r}")
+    if n_trials is not None and (not isinstance(n_trials, int) or isinstance(n_trials, bool) or n_trials < 2):
+        raise ValueError(f"n_trials must be an int >= 2 (a cap on trials, the start included), got {n_trials!r}")
     check_budget_s(budget_s)
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
@@ -301,7 +338,12 @@ def _check(budget: int | None, budget_s: float | None, stages: tuple[str, ...], 
         raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
     if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
         raise ValueError(f"headroom must be a share of memory in [0, 1) (e.g. headroom=0.1), got {headroom!r}")
-    return budget if budget is not None else (DEFAULT_TRIALS if budget_s is None else 10_000)
+    return n_trials if n_trials is not None else (DEFAULT_TRIALS if budget_s is None else 10_000)
+
+
+def n_trials_of(n_trials: int | None, old: dict[str, Any]) -> int | None:
+    """`n_trials`, or the old keyword `budget=` (a trial count) with a FutureWarning."""
+    return renamed("tune", "n_trials", n_trials, old, "budget", " (a cap on trials; seconds are budget_s)")
 
 
 def _check_parallel(bench: Bench, parallel: object) -> None:
@@ -314,11 +356,11 @@ def _check_parallel(bench: Bench, parallel: object) -> None:
                          "this process run one at a time")
 
 
-def tune(bench: Bench, budget: int | None = None, *, budget_s: float | None = None, start: Knobs | None = None,
+def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = None, start: Knobs | None = None,
          memory_budget: int | None = None, stages: tuple[str, ...] = STAGES, max_batch_size: int | None = None,
          headroom: float = DEFAULT_HEADROOM, axes: tuple[str, ...] | None = None, confirm: bool = True,
-         explain: bool = True, stop_early: bool = True, parallel: int = 1) -> TuneResult:
-    """Race candidates under noise within `budget_s` seconds (and `budget` trials); returns the best.
+         explain: bool = True, stop_early: bool = True, parallel: int = 1, **old: Any) -> TuneResult:
+    """Race candidates under noise within `budget_s` seconds (and `n_trials` trials); returns the best.
 
     The first race holds the start, each stage's options and cross-stage pairs; later races stack
     the leader with its near-misses. The winner is kept only when it is faster than the start
@@ -334,7 +376,7 @@ def tune(bench: Bench, budget: int | None = None, *, budget_s: float | None = No
     `parallel=N` (a Workbench with an executor, docs/cluster.md) keeps up to N jobs in flight in each race
     round; the path's `node` column says which node measured each trial.
     """
-    limit = _check(budget, budget_s, stages, memory_budget, headroom)
+    limit = _check(n_trials_of(n_trials, old), budget_s, stages, memory_budget, headroom)
     _check_parallel(bench, parallel)
     ceiling = memory_ceiling(bench, memory_budget)
     ctx = Ctx(bench, limit, budget_s, None if ceiling is None else ceiling * (1 - headroom), memory_budget,

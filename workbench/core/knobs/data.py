@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .. import tokens
 from .spec import Context, Fuzz, declare
 
 DATA_MODES = ("loader", "cached")
@@ -121,6 +122,141 @@ def prefetch_code(k: Any) -> dict[str, list[str]]:
     return {"loader_args": [f"prefetch_factor={k.prefetch_factor}"]}
 
 
+# ---- the length knobs: group_by_length, pad_to_multiple_of, packing (token batches only) ------------
+NOT_TOKENS = "{} is a no-op here: the batches have no input_ids (it acts on token sequences)"
+
+
+def grouped_loader(value: bool, ctx: Context) -> dict[str, Any]:
+    """The Trainer's length-grouped order: the trial's stratified window of grouped batches, or
+    (outside a measured trial: diagnose, interleave) a length-grouped sampler over the dataset."""
+    if not value or not ctx.token_data or ctx.spec is None or ctx.spec.iterable:
+        return {}
+    if ctx.window is not None:
+        return {"batch_sampler": ctx.window.sampler(grouped=True)}
+    indices, lengths = tokens.length_pool(ctx.spec.dataset, 0)
+    return {"sampler": tokens.GroupedSampler(lengths, indices, ctx.knobs.batch_size * ctx.knobs.accum_steps, 0)}
+
+
+def grouped_check(value: bool, ctx: Context) -> None:
+    if not value or ctx.spec is None or not ctx.token_data:
+        return
+    if ctx.spec.iterable:
+        raise ValueError("group_by_length=True needs a dataset with a length: an IterableDataset of unknown length "
+                         "cannot be sorted into length groups; use a map-style dataset, or set group_by_length=False")
+    tokens.lengths_of(ctx.spec.dataset, [0])  # raises naming what it needs when samples carry no lengths
+
+
+def grouped_note(value: bool, ctx: Context) -> str | None:
+    return NOT_TOKENS.format("group_by_length") if value and not ctx.token_data else None
+
+
+TOKEN_TEST = ("token_data = isinstance(dataset[0], dict) and 'input_ids' in dataset[0]  "
+              "# the length knobs act on token samples only")
+GROUPED_SOURCE = '''def length_grouped(lengths, group, seed=0):
+    """Indices grouped by length as transformers' LengthGroupedSampler does: a seeded permutation cut
+    into mega-batches of min(n // (4 * group), 50) groups, each sorted longest first."""
+    n = len(lengths)
+    size = (min(n // (group * 4), 50) or 1) * group
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    megas = [sorted(perm[i:i + size], key=lambda j: lengths[j], reverse=True) for i in range(0, n, size)]
+    top = max(range(len(megas)), key=lambda m: lengths[megas[m][0]])
+    megas[0][0], megas[top][0] = megas[top][0], megas[0][0]
+    return [j for mega in megas for j in mega]'''
+
+
+def grouped_code(k: Any) -> dict[str, list[str]]:
+    if not k.group_by_length:
+        return {}
+    return {"functions": [GROUPED_SOURCE],
+            "setup": [TOKEN_TEST,
+                      f"length_order = (length_grouped([len(s['input_ids']) for s in dataset], {k.batch_size * k.accum_steps})"
+                      "\n                if token_data else None)  # group_by_length: token data only"],
+            "loader_args": ["sampler=length_order"]}
+
+
+def pad_loader(value: int | None, ctx: Context) -> dict[str, Any]:
+    if value is None or not ctx.token_data or ctx.knobs.packing or ctx.spec is None:
+        return {}
+    return {"collate_fn": tokens.PadToMultiple(ctx.spec.collate_fn, value)}
+
+
+def pad_note(value: int | None, ctx: Context) -> str | None:
+    if value is None:
+        return None
+    if not ctx.token_data:
+        return NOT_TOKENS.format("pad_to_multiple_of")
+    return "pad_to_multiple_of is a no-op with packing=True (a packed row has no padding)" if ctx.knobs.packing else None
+
+
+PAD_SOURCE = '''def pad_to_multiple(collate, multiple, pad_id=0):
+    """Your collate_fn, then every [batch, seq] tensor padded at the end to a multiple of `multiple`."""
+    collate = collate or torch.utils.data.default_collate
+
+    def padded(features):
+        batch = collate(features)
+        if not isinstance(batch, dict) or "input_ids" not in batch:
+            return batch
+        ids = batch["input_ids"]
+        extra = -ids.shape[1] % multiple
+        if extra:
+            fill = {"input_ids": pad_id, "labels": -100}
+            batch = {key: torch.nn.functional.pad(t, (0, extra), value=fill.get(key, 0))
+                     if torch.is_tensor(t) and t.shape == ids.shape else t for key, t in batch.items()}
+        return batch
+    return padded'''
+
+
+def pad_code(k: Any) -> dict[str, list[str]]:
+    if k.pad_to_multiple_of is None or k.packing:
+        return {}
+    return {"functions": [PAD_SOURCE],
+            "setup": ["collate_fn = globals().get('collate_fn')  # yours, or None (torch's default_collate)",
+                      f"collate_fn = pad_to_multiple(collate_fn, {k.pad_to_multiple_of}, "
+                      "getattr(getattr(collate_fn, 'tokenizer', None), 'pad_token_id', None) or 0)"],
+            "loader_args": ["collate_fn=collate_fn"]}
+
+
+def packing_loader(value: bool, ctx: Context) -> dict[str, Any]:
+    return {"collate_fn": tokens.Packed()} if value and ctx.token_data else {}
+
+
+def packing_check(value: bool, ctx: Context) -> None:
+    if not value or not ctx.token_data:
+        return
+    if ctx.spec is not None and not ctx.spec.iterable and not tokens.is_token_item(tokens.first_item(ctx.spec.dataset)):
+        raise ValueError("packing=True concatenates each sample's input_ids, but the samples are not dicts with "
+                         "'input_ids' (your collate_fn makes them): tokenize in the dataset, or set packing=False")
+    if ctx.forward_params and "position_ids" not in ctx.forward_params:
+        raise ValueError("packing=True needs a model whose forward takes position_ids (they restart at 0 for each "
+                         "packed sample); this model's forward takes "
+                         f"({', '.join(sorted(ctx.forward_params))}): set packing=False (and try group_by_length)")
+
+
+def packing_note(value: bool, ctx: Context) -> str | None:
+    return NOT_TOKENS.format("packing") if value and not ctx.token_data else None
+
+
+PACK_SOURCE = '''def packed(features):
+    """A batch as one row with no padding (transformers' DataCollatorWithFlattening): position_ids
+    restart at 0 for each sample, labels are -100 at each sample's first token."""
+    ids, labels, pos = [], [], []
+    for f in features:
+        x = [int(v) for v in f["input_ids"]]
+        y = [int(v) for v in f["labels"]] if "labels" in f else x
+        ids += x
+        labels += [-100] + y[1:]
+        pos += list(range(len(x)))
+    return {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels]), "position_ids": torch.tensor([pos])}'''
+
+
+def packing_code(k: Any) -> dict[str, list[str]]:
+    if not k.packing:
+        return {}
+    return {"functions": [PACK_SOURCE],
+            "setup": [TOKEN_TEST, "collate_fn = packed if token_data else globals().get('collate_fn')  # packing"],
+            "loader_args": ["collate_fn=collate_fn"]}
+
+
 # ---- the declarations: Knobs (value.py) inherits these fields, in this order ---------------------------
 @dataclass(frozen=True, init=False)
 class DataKnobs:
@@ -146,3 +282,14 @@ class DataKnobs:
         code=prefetch_code, kind="int", minimum=1, optional=True, group="Data pipeline", widget="dropdown",
         options=(None, 1, 2, 4, 8), probe=4, fuzz=Fuzz((None, 1, 2, 3, 4), (0,)),
         help="batches buffered per worker; None = torch's default (2); costs host memory")
+    group_by_length: bool = declare(False, loader=grouped_loader, check_run=grouped_check, note=grouped_note,
+        code=grouped_code, kind="bool", group="Data pipeline", widget="checkbox", probe=True, fuzz=Fuzz((False, True)),
+        help="batches of similar lengths (the Trainer's length-grouped sampler): less padding on token data")
+    pad_to_multiple_of: int | None = declare(None, loader=pad_loader, note=pad_note, code=pad_code, kind="int",
+        minimum=1, optional=True, group="Data pipeline", widget="dropdown", options=(None, 8, 64), probe=8,
+        fuzz=Fuzz((None, 1, 8, 64), (0,)),
+        help="pad token batches to a multiple of this length (fewer distinct shapes: tensor cores, fewer recompiles)")
+    packing: bool = declare(False, loader=packing_loader, check_run=packing_check, note=packing_note,
+        code=packing_code, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
+        fuzz=Fuzz((False,)),  # True needs a model that takes position_ids (tests/test_hf.py); the demos do not
+        help="padding-free packing: each batch as one row with position_ids (the model must take position_ids)")

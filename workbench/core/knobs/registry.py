@@ -267,9 +267,9 @@ def check_run(knobs: Knobs, ctx: Context) -> None:
         spec.check_run(getattr(knobs, spec.name), ctx)
 
 
-def device_notes(knobs: Knobs, device_type: str, *, has_conv: bool = True) -> list[str]:
-    """Knobs that run but do nothing (or hurt) on this device, each as one sentence for `notes`."""
-    ctx = context(knobs, device_type, has_conv=has_conv)
+def device_notes(knobs: Knobs, device_type: str, *, has_conv: bool = True, token_data: bool = False) -> list[str]:
+    """Knobs that run but do nothing (or hurt) on this device or data, each as one sentence for `notes`."""
+    ctx = context(knobs, device_type, has_conv=has_conv, token_data=token_data)
     return [n for s in KNOBS.values() if s.note is not None and (n := s.note(getattr(knobs, s.name), ctx))]
 
 

@@ -87,6 +87,9 @@ class Context:
     has_conv: bool = True
     loader_timeout_s: float = 0.0
     checkpoint_kwargs: dict[str, Any] = field(default_factory=dict)  # merged checkpoint_kwargs hooks
+    token_data: bool = False  # the batches hold input_ids (the length knobs act only then)
+    forward_params: frozenset = frozenset()  # the model's forward parameters (packing needs position_ids)
+    window: Any = None  # tokens.TokenWindow: the trial's length-stratified batches (token data, lengths vary)
 
     @property
     def device_type(self) -> str:

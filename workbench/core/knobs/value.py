@@ -138,10 +138,11 @@ class Knobs(ProcessKnobs, ParallelKnobs, OptimizerKnobs, MemoryKnobs, PrecisionK
         return {k: (a.get(k), b.get(k)) for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)}
 
     def label(self, base: Knobs | None = None) -> str:
-        """Short label for charts: what differs from `base` (default: the default Knobs)."""
+        """Short label for tables and charts: what differs from `base` (a workbench's defaults; default:
+        the default Knobs), e.g. "num_workers=2, channels_last"; "defaults" when nothing does."""
         changes = (base or Knobs()).diff(self)
         if not changes:
-            return "baseline" if base is not None else "defaults"
+            return "defaults"
         parts = []
         for k, (_, v) in changes.items():
             if k == "checkpoint":
@@ -152,7 +153,7 @@ class Knobs(ProcessKnobs, ParallelKnobs, OptimizerKnobs, MemoryKnobs, PrecisionK
                 parts.append(f"{k}={v}")
             if k in self.unknown:
                 parts[-1] += "(unknown)"
-        return " ".join(parts)
+        return ", ".join(parts)
 
     def to_code(self, **kwargs: Any) -> str:
         """A runnable plain-PyTorch training loop reproducing this configuration (see codegen.py)."""

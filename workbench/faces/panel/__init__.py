@@ -53,7 +53,7 @@ TERMINAL_HELP = """\
 bench.panel() needs a Jupyter notebook with ipywidgets; here, drive the workbench from code:
     r = bench.run(num_workers=2, amp="bf16")   # one measured trial (blocks); returns a TrialResult
     bench.results                                # every trial as a pandas DataFrame
-    bench.compare(1, 2)                          # is trial 2 faster than trial 1 beyond noise?
+    bench.compare(1, 2)                          # trial 2 against 1: faster, slower, same or undecided
     bench.chart().save("runs.html")              # the comparison chart as a web page (needs altair)
 """
 
@@ -137,8 +137,8 @@ class Panel:
         self.verdict = W.HTML("")
         self.table = W.HTML("")  # stretched to the panel's width; its box scrolls (view.table_html)
         self.widget = W.VBox([
-            W.HTML(f"<b>Tuning Workbench</b> · {bench.name} on {bench.device} · each change runs "
-                   f"{bench.warmup_steps} warm-up + {bench.steps} measured steps"),
+            W.HTML(f"<b>Tuning Workbench</b> · {bench.name} on {bench.device} · each change runs a trial: "
+                   f"warm-up until steady (not measured), then {bench.steps} measured steps"),
             self.knob_controls.layout(),
             W.HBox([self.run_button, self.stop_button, self.progress, self.rate]),
             W.HBox([self.tune_button, self.budget_box]),
@@ -192,7 +192,7 @@ class Panel:
     def submit(self, knobs: Knobs, *, force: bool = False, debounce: bool = True) -> None:
         """Queue a trial of `knobs` (replacing any queued job); it starts after the debounce."""
         self.queue.put(("knobs", knobs, force), debounce=debounce)
-        self._set_status("queued", f"queued: {knobs.label(self._base_knobs())}")
+        self._set_status("queued", f"queued: {knobs.label(self.bench.defaults)}")
 
     def repeat(self, trial_id: int | None) -> None:
         """Queue "repeat to confirm": the trial's knobs and the baseline's, alternating rounds."""
@@ -248,7 +248,7 @@ class Panel:
         self._countdown.start(budget_s)
         self.last_tune = None
         self.progress.description, self.stop_button.button_style = "tune", "danger"
-        self._set_status("starting", f"tuning within {budget_s:g} s from {start.label(self._base_knobs())}…")
+        self._set_status("starting", f"tuning within {budget_s:g} s from {start.label(self.bench.defaults)}…")
         try:
             with Poller(self.trial_progress, self._progress):
                 self.last_tune = tune(PanelBench(self.bench, self.trial_progress, self.queue.cancel),  # type: ignore[arg-type]
@@ -305,7 +305,7 @@ class Panel:
         self.progress.value, self.progress.bar_style = 0, "info"
         self.rate.value = ""
         self.stop_button.button_style = "danger"
-        label = knobs.label(self._base_knobs())
+        label = knobs.label(self.bench.defaults)
         hopeless = self.bench.expect_slow(knobs) if hasattr(self.bench, "expect_slow") else None
         self._set_status("starting", f"{what}starting: {label}" + (f" (warning: {hopeless})" if hopeless else ""))
         try:
@@ -348,7 +348,7 @@ class Panel:
 
     def _repeat(self, trial_id: int) -> None:
         """Re-run the baseline's knobs and the trial's through `bench.compare(rounds="auto")` (the same
-        function as the table's verdicts, tune and diagnose): interleaved blocks when the two can share
+        function as the table's verdicts, tune and diagnose): interleaved turns when the two can share
         the process, else alternating rounds; show its verdict."""
         base, pick = self.bench.baseline, self.bench.log.get(trial_id)
         if base is None or base.trial_id == pick.trial_id:
@@ -370,7 +370,7 @@ class Panel:
                             "rounds": c.rounds, "confirmed": c.verdict, "answer": c.answer}
         self.verdict.value = (f"<b>Repeat to confirm #{trial_id} against baseline #{base.trial_id}:</b> "
                               + c._repr_html_())
-        how = (f"{c.blocks} pairs of interleaved blocks, {c.seconds or 0:.0f} s" if c.method == "interleaved"
+        how = (f"{c.turns} pairs of interleaved turns, {c.seconds or 0:.0f} s" if c.method == "interleaved"
                else f"{c.rounds} round{'s' if c.rounds != 1 else ''}")
         self._set_status("ok", f"repeat done: {ANSWER_WORDS[c.answer]} after {how}")
 
@@ -419,7 +419,7 @@ class Panel:
             df = self.bench.results  # kept up to date by the log: cheap on a long log
             update_chart(self.chart, df)  # new rows into the same chart (a new chart only at the first trial)
             shown = chart_view(df)  # the table and picker list what the chart draws, not 10,000 rows
-            self.table.value = table_html(shown) + noise_html(df.attrs.get("noise"))
+            self.table.value = table_html(shown, df.attrs.get("noise")) + noise_html(df.attrs.get("noise"), self.bench.trials)
             self.trace_line.value = trace_html(self.bench.trials)
             picked = self.trial_pick.value
             options = [(f"#{r.trial_id} {r.label} ({r.status})", int(r.trial_id)) for r in shown.iloc[::-1].itertuples()]
@@ -435,10 +435,6 @@ class Panel:
 
     def _set_status(self, phase: str, text: str) -> None:
         self.status.value = status_html(phase, text)
-
-    def _base_knobs(self) -> Knobs | None:
-        base = self.bench.baseline
-        return base.knobs if base is not None else None
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def detach(self) -> None:

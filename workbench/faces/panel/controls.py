@@ -13,7 +13,21 @@ from ...results.protocol import Bench
 # own knobs (@wb.knob, declared later in the notebook) get their group "Your knobs" there
 GROUPS: dict[str, list[str]] = grouped()
 DEFAULT = "default"  # dropdown value standing for a knob's None (torch's own default)
-TORCH_DEFAULTS = {"prefetch_factor": 2}  # what torch uses when the knob is None (dropdown label)
+TORCH_DEFAULTS = {"prefetch_factor": 2}
+# the distributed knobs folded into an accordion (world_size itself stays in view)
+FOLDED = frozenset(n for n in GROUPS.get("Distributed", ()) if n != "world_size")  # what torch uses when the knob is None (dropdown label)
+
+
+def titled_box(W: Any) -> Any:
+    """A Box whose tooltip the page shows as its title attribute. The page's tooltip code reads the
+    widget's `description` (a plain Box has none, and its view then fails to render), so this one
+    carries an empty description."""
+    import traitlets
+
+    class TitledBox(W.Box):
+        description = traitlets.Unicode("").tag(sync=True)
+
+    return TitledBox
 
 
 class KnobControls:
@@ -29,6 +43,12 @@ class KnobControls:
         # Knobs are read in this order, so a knob can depend on the ones before it (workers on data mode).
         self.order = [name for group in self.groups.values() for name in group]
         self.controls: dict[str, Any] = self._make_controls(W, bench.defaults)
+        # ipywidgets shows a described widget's tooltip on its label only (a checkbox's nowhere): each control
+        # sits in a box whose tooltip is the page's title attribute, so hovering anywhere on it says why
+        titled = titled_box(W)
+        self.boxes: dict[str, Any] = {name: titled([w], tooltip=w.tooltip) for name, w in self.controls.items()}
+        for name, box in self.boxes.items():
+            box.add_class(f"wb-knob-box-{name}")
         self.block_boxes: dict[str, Any] = {
             name: W.Checkbox(value=name in bench.defaults.checkpoint, description=f"{name} · {n:,} params",
                              indent=False, tooltip=f"checkpoint block {name} ({n:,} parameters)")
@@ -85,20 +105,40 @@ class KnobControls:
         return c
 
     def layout(self) -> Any:
+        """The grouped grid. The distributed group shows `world_size` and folds its DDP/FSDP2 options
+        into an accordion, collapsed while world_size is 1 (where they do nothing) and opened when
+        world_size goes above 1 (`self.distributed`)."""
         W = self.W
         columns = []
         for title, names in self.groups.items():
             items: list[Any] = [W.HTML(f"<b>{title}</b>")]
+            folded: list[Any] = []
             for name in names:
                 if KNOBS[name].widget == "blocks":
                     boxes = list(self.block_boxes.values()) or [W.HTML("<i>no blocks found</i>")]
-                    items += [W.HTML("checkpoint <small>(per block)</small>", tooltip=KNOBS["checkpoint"].help),
-                              W.VBox(boxes, layout=W.Layout(max_height="160px", overflow="auto"))]
+                    parts = [W.HTML(f"{name} <small>(per block)</small>", tooltip=KNOBS[name].help),
+                             W.VBox(boxes, layout=W.Layout(max_height="160px", overflow="auto"))]
                 else:
-                    items.append(self.controls[name])
+                    parts = [self.boxes[name]]
+                (folded if name in FOLDED else items).extend(parts)
+            if folded:
+                items.append(self._accordion(folded))
             columns.append(W.VBox(items))
         return W.GridBox(columns, layout=W.Layout(grid_template_columns="repeat(auto-fit, minmax(300px, 1fr))",
                                                   grid_gap="4px 12px"))
+
+    def _accordion(self, children: list[Any]) -> Any:
+        """The DDP/FSDP2 options, folded while one process runs (they apply from world_size=2 on)."""
+        W = self.W
+        self.distributed = W.Accordion(children=[W.VBox(children)], titles=("DDP / FSDP2 options (world_size > 1)",),
+                                       selected_index=None if self.controls["world_size"].value <= 1 else 0)
+        self.distributed.add_class("wb-distributed")
+
+        def follow(change: Any) -> None:  # more than one process: show what now applies
+            self.distributed.selected_index = 0 if change["new"] > 1 else None
+
+        self.controls["world_size"].observe(follow, names="value")
+        return self.distributed
 
     # ---- reading the controls ----------------------------------------------------------------
     def knobs(self) -> Knobs:
@@ -111,7 +151,7 @@ class KnobControls:
             w = self.controls[name]
             reason = self.blocked(name, k)
             w.disabled = reason is not None
-            w.tooltip = f"disabled: {reason}" if reason else KNOBS[name].help
+            w.tooltip = self.boxes[name].tooltip = f"disabled: {reason}" if reason else KNOBS[name].help
             if reason is None:
                 k = k.replace(**{name: None if w.value == DEFAULT else w.value})
         return k

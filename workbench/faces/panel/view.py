@@ -6,6 +6,7 @@ Pure functions of TrialResults and DataFrames (no widgets), so they are tested w
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 import pandas as pd
@@ -27,25 +28,36 @@ def status_html(phase: str, text: str) -> str:
 
 
 def result_line(r: TrialResult, bench: Bench) -> str:
-    """One line about a finished trial: throughput and verdict, or the failure's message."""
-    head = f"#{r.trial_id} {r.knobs.label(bench.baseline.knobs if bench.baseline else None)}"
+    """One line about a finished trial: throughput and verdict, or the failure's message.
+
+    The speedup and verdict are the results table's for this trial (its row), so the line and the
+    table never disagree: both pool every repeat so far of each side's knobs."""
+    head = f"#{r.trial_id} {r.knobs.label(bench.defaults)}"
     if not r.ok:
         return f"{head}: {r.status.upper()}: {r.message}"
     line = f"{head}: {r.samples_per_s:,.1f} samples/s"
-    base = bench.baseline
-    if base is not None and base.trial_id != r.trial_id and len(r.step_times_s) >= 2:
-        c = bench.compare(base, r)  # against the log's run-to-run noise, like the table's verdict
-        line += f", {c.speedup:.2f}× baseline ({c.verdict})"
+    df = bench.results
+    row = df[df["trial_id"] == r.trial_id]
+    if len(row) and bool(row["baseline"].iloc[0]):
+        line += " (the baseline)"
+    elif len(row) and pd.notna(row["speedup"].iloc[0]):
+        speedup = float(row["speedup"].iloc[0])
+        line += f", {speedup:.2f}× baseline ({row['verdict'].iloc[0]})"
     if r.notes:
         line += " · " + "; ".join(r.notes)
     return line
 
 
-def table_html(df: pd.DataFrame) -> str:
+def table_html(df: pd.DataFrame, noise: Any = None) -> str:
     """The results table, newest first, status coloured, figures as `display.tidy` shows them; a box
-    that scrolls both ways, so every column stays reachable in a narrow notebook."""
+    that scrolls both ways, so every column stays reachable in a narrow notebook. On a machine too
+    noisy to decide (`df.attrs["noise"].too_noisy`) its caption says so above the rows."""
     if df.empty:
         return "<i>No trials yet.</i>"
+    noise = noise if noise is not None else df.attrs.get("noise")
+    caption = ('<p class="wb-table-warning" style="font-size:12px;color:#c62828;margin:0">Verdicts below: this '
+               "machine is too noisy to decide small differences (see the line under the table).</p>"
+               if getattr(noise, "too_noisy", False) else "")
     styler = (tidy(df.iloc[::-1], [c for c in TABLE_COLUMNS if c in df.columns])
               .map(lambda s: f"color:{STATUS_COLORS.get(s, '#000')};font-weight:bold", subset=["status"])
               .set_table_styles([{"selector": "th, td", "props": "white-space: nowrap; padding: 1px 8px; font-size: 12px"}])
@@ -55,14 +67,28 @@ def table_html(df: pd.DataFrame) -> str:
     # The widget's content box is a flex item that would grow to the table's width; let it shrink, so the box scrolls.
     shrink = ("<style>.wb-table{min-width:0;max-width:100%}"
               ".wb-table .widget-html-content{min-width:0;flex:1 1 auto}</style>")
-    return (f'{shrink}<div class="wb-table-box" style="max-height:320px;max-width:100%;overflow:auto">'
+    return (f'{shrink}{caption}<div class="wb-table-box" style="max-height:320px;max-width:100%;overflow:auto">'
             f"{styler.to_html()}</div>")
 
 
-def noise_html(noise: Any) -> str:
-    """The workbench's current belief about run-to-run noise, under the table (bench.noise)."""
+DISTURBED = re.compile(r"disturbed: other processes kept ([0-9.]+) cores busy")
+
+
+def busy_cores(trials: list[TrialResult], last: int = 5) -> float | None:
+    """The most cores other processes kept busy during the last `last` trials (their "disturbed" notes)."""
+    seen = [float(m.group(1)) for r in trials[-last:] for n in r.notes if (m := DISTURBED.search(n))]
+    return max(seen) if seen else None
+
+
+def noise_html(noise: Any, trials: list[TrialResult] | None = None) -> str:
+    """The workbench's current belief about run-to-run noise, under the table (bench.noise). On a machine
+    too noisy to decide, it says so, who took the CPU and what to do, instead of an interval."""
     if noise is None:
         return ""
+    if getattr(noise, "too_noisy", False):
+        text = (f"Too noisy to decide small differences here: {noise.advice(busy_cores(trials or []))}. "
+                "Until then, verdicts stay undecided unless a gap is large.")
+        return f'<p class="wb-noise wb-too-noisy" style="font-size:12px;color:#c62828">{html.escape(text)}</p>'
     return f'<p class="wb-noise" style="font-size:12px;color:#455a64">{html.escape(str(noise))}</p>'
 
 

@@ -40,7 +40,8 @@ def test_log_round_trip_and_reload(tmp_path):
     assert list(df["status"]) == ["ok", "ok", "nan"]
     by_id = df.set_index("trial_id")
     assert by_id.loc[2, "verdict"] == "baseline" and by_id.loc[2, "speedup"] == 1.0
-    assert by_id.loc[1, "label"] == "num_workers=0"  # what differs from the baseline
+    assert (by_id.loc[1, "label"], by_id.loc[2, "label"]) == ("defaults", "num_workers=2")  # vs the defaults
+    assert list(by_id["baseline"]) == [False, True, False]  # the baseline is its own column, not a label
     for line in path.read_text().splitlines():
         json.loads(line)  # plain JSON, no NaN tokens
 

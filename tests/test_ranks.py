@@ -1,4 +1,4 @@
-"""Distributed trials (workbench/distributed/): 2 gloo ranks forked from this process.
+"""Distributed trials (workbench/launch/ranks.py, join.py, worker.py): 2 gloo ranks forked from this process.
 
 The multi-process tests are `slow` and tiny (a 2-layer MLP, a few steps, short timeouts) so the
 whole file stays within about a minute on a 2-core machine.
@@ -14,6 +14,7 @@ import time
 import psutil
 import pytest
 import torch
+from rank_failures import job_output, why
 from torch import nn
 
 import workbench as wb
@@ -114,7 +115,7 @@ def test_two_ranks_report_global_throughput_per_rank_times_and_comm(tmp_path) ->
     FAULT["kind"] = None
     bench = make_bench(tmp_path)
     r = bench.run(world_size=2, accum_steps=2)
-    assert r.ok, r.message
+    assert r.ok, why(r)
     d = r.extra["distributed"]
     assert r.samples_per_step == 8 * 2 * 2 == d["global_batch"]  # batch x world_size x accum
     assert d["world_size"] == 2 and d["backend"] == "gloo" and len(d["per_rank"]) == 2
@@ -139,14 +140,14 @@ def test_no_sync_removes_the_all_reduces_of_non_final_micro_batches(tmp_path) ->
     bench = make_bench(tmp_path)
     synced = bench.run(world_size=2, accum_steps=3)
     skipped = bench.run(world_size=2, accum_steps=3, ddp_no_sync=True)
-    assert synced.ok and skipped.ok
+    assert synced.ok and skipped.ok, why(synced, skipped)
     # counted by the communication hook DDP calls for every bucket it all-reduces (one bucket here)
     assert synced.extra["distributed"]["allreduce_calls"] == 6 * 3
     assert skipped.extra["distributed"]["allreduce_calls"] == 6 * 1
     with pytest.raises(ValueError, match="use ddp_comm_hook='fp16' on CPU"):
         bench.run(world_size=2, ddp_comm_hook="bf16")
     half = bench.run(world_size=2, ddp_comm_hook="fp16")
-    assert half.ok, half.message  # fp16 compression: 2 bytes per gradient element on the wire
+    assert half.ok, why(half)  # fp16 compression: 2 bytes per gradient element on the wire
     assert half.extra["distributed"]["per_rank"][0]["allreduce_bytes"] == 6 * (16 * 32 + 32 + 32 * 4 + 4) * 2
 
 
@@ -159,7 +160,7 @@ def test_a_smaller_bucket_cap_means_more_all_reduces(tmp_path) -> None:
                          steps=3, warmup_steps=1, knobs=Knobs(batch_size=8))
     default = bench.run(world_size=2)
     small = bench.run(world_size=2, ddp_bucket_cap_mb=1)
-    assert default.ok and small.ok, (default.message, small.message)
+    assert default.ok and small.ok, why(default, small)
     assert small.extra["distributed"]["allreduce_calls"] > default.extra["distributed"]["allreduce_calls"] >= 3
 
 
@@ -180,13 +181,13 @@ def test_a_failure_on_one_rank_ends_the_trial_on_all_ranks(tmp_path, kind, statu
         r = bench.run(world_size=2)
     finally:
         FAULT["kind"] = None
-    assert r.status == status, r.message
+    assert r.status == status, why(r)
     for w in words:
         assert w in r.message, r.message
     assert time.monotonic() - t0 < 30  # bounded: the collective timeout is 5 s here
     assert no_children()
     nxt = bench.run(world_size=2)
-    assert nxt.ok, nxt.message
+    assert nxt.ok, why(nxt)
     assert [t.trial_id for t in bench.trials] == [1, 2]
 
 
@@ -258,7 +259,8 @@ def test_cli_joins_a_torchrun_job_of_two_simulated_nodes(tmp_path) -> None:
     nodes = [subprocess.Popen([*cmd[:5], f"--node-rank={n}", *cmd[5:]], cwd=tmp_path, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for n in (0, 1)]
     outs = [p.communicate(timeout=240) for p in nodes]
-    assert [p.returncode for p in nodes] == [0, 0], [e[-2000:] for _, e in outs]
+    assert [p.returncode for p in nodes] == [0, 0], "\n\n".join(
+        f"node {n}: " + job_output(p, e) for n, (p, (_, e)) in enumerate(zip(nodes, outs)))
     printed = [o for o, _ in outs if o.strip()]
     assert len(printed) == 1  # rank 0 alone prints one JSON document
     doc = json.loads(printed[0])  # the one --json document (docs/cli.md: the JSON envelope)
@@ -292,7 +294,8 @@ def test_ctrl_c_stops_every_rank_records_and_reraises(tmp_path) -> None:
     assert info.value.result.status == "interrupted" and "all 2 ranks ended" in info.value.result.message
     assert bench.trials[-1].status == "interrupted"  # recorded before re-raising
     assert no_children()
-    assert bench.run(world_size=2).ok
+    again = bench.run(world_size=2)
+    assert again.ok, why(again)
     # the ranks' memory went with their processes; the launcher itself keeps almost nothing
     assert psutil.Process().memory_info().rss - rss < 64e6
 
@@ -342,7 +345,7 @@ def test_panel_distributed_group_enables_ddp_controls_only_above_one_process(tmp
 def test_memory_fit_runs_whole_jobs_so_ranks_agree(tmp_path) -> None:
     FAULT["kind"] = None
     bench = make_bench(tmp_path, steps=3, warmup_steps=1)
-    fit = bench.fit_memory(budget_bytes=1 << 40, effective_batch=16, base=bench.knobs(world_size=2))
+    fit = bench.fit_memory(max_bytes=1 << 40, effective_batch=16, base=bench.knobs(world_size=2))
     assert fit.fits and fit.knobs.world_size == 2
     # one status and one peak (the largest rank's) per job: the search never sees a rank alone
     assert fit.result.extra["distributed"]["world_size"] == 2 and fit.result.peak_memory_bytes > 0
@@ -364,7 +367,7 @@ def test_two_ranks_train_like_one_process_at_the_same_global_batch(tmp_path) -> 
         collective_timeout_s=5.0)
     one = bench.run(batch_size=8)
     two = bench.run(batch_size=4, world_size=2)
-    assert one.ok and two.ok, (one.message, two.message)
+    assert one.ok and two.ok, why(one, two)
     assert two.samples_per_step == one.samples_per_step == 8
     assert two.losses == pytest.approx(one.losses, abs=1e-5, rel=0)
     assert no_children()
