@@ -72,9 +72,11 @@ def main() -> None:
     c = res.confirmation
     print(f"start: {k0.label()}: {s.tokens_per_s:,.0f} tokens/s, padding {s.padding_share:.0%} "
           f"(data mean {mean:.1f} tokens)")
-    print(f"best:  {res.best_knobs.label(k0)}: {b.tokens_per_s:,.0f} tokens/s, padding {b.padding_share:.0%}")
-    print(f"tokens/s speedup {b.tokens_per_s / s.tokens_per_s:.2f}x; decision {res.answer}"
-          + (f" on {c.rate} ({c.method}): {c}" if c is not None else ""))
+    kept = res.best_knobs.label(k0)
+    reached = 1.0 if res.best_knobs == k0 else b.tokens_per_s / s.tokens_per_s
+    print(f"kept:  {kept}: tokens/s speedup reached {reached:.2f}x; decision {res.answer}")
+    if c is not None:  # the best rival against the start, and how it was decided
+        print(f"best rival: {c.speedup:.2f}x (95% interval {c.low:.2f}..{c.high:.2f}) on {c.rate} ({c.method}): {c.verdict}")
     print(f"{res.trials_used} trials in {res.seconds:.0f} s (budget {BUDGET_S:.0f} s)")
     print(f"{start:%Y-%m-%d %H:%M} UTC; {machine()}; load {load0[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
 
