@@ -365,8 +365,7 @@ class Workbench:
         `max_rounds` (or `budget_s` seconds) run out, and the result's note says why. `.answer` is
         "faster", "slower", "same" or "undecided"; `.method` says "interleaved" or "trials". The error
         rates hold however often it looks. `rounds=N` runs exactly N rounds of each and decides
-        once. `method="interleave"` compares by interleaved turns whatever `rounds` says (recording
-        nothing new for `rounds=0`) and refuses (ValueError) a pair that cannot interleave. `run` replaces
+        once. `method="interleave"` compares by interleaved turns (as `rounds="auto"` does) and refuses (ValueError) a pair that cannot interleave. `run` replaces
         `self.run` for trials (the panel passes its own runner); a set `cancel` event stops the
         interleaved turns at the next pair (the panel's Stop button).
         """

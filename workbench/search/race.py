@@ -304,7 +304,7 @@ def interleaved_answer(ctx: Ctx, a: Entry, b: Entry, purpose: str) -> tuple[Comp
     key = (a.knobs, b.knobs)
     if key in ctx.interleaved:
         return ctx.interleaved[key]
-    run = getattr(ctx.bench, "interleave", None)  # a bench without it (a test double) races by trials
+    run = getattr(ctx.bench, "_interleave", None)  # a bench without it (a test double) races by trials
     if run is None or not a.trials or not b.trials or not qualifies(a.knobs, b.knobs):
         return None, None, ""
     seconds = interleave_seconds(ctx, a, b)
