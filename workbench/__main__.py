@@ -1,4 +1,4 @@
-"""`python -m workbench ...`: see cli.py."""
+"""`python -m workbench ...`: see faces/cli.py."""
 
 import sys
 

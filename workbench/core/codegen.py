@@ -2,7 +2,7 @@
 
 One program with sections: the header, imports, what the script needs (the user's objects), the
 device (one process, or a torchrun rank with DDP), the helpers, the data, the model, the loop.
-Every knob writes into those sections through its declared `code` hook (knobs.py: what
+Every knob writes into those sections through its declared `code` hook (knobs/spec.py: what
 `TrainStep` does at the same seam at run time); this module only lays the sections out, so a new
 knob never edits it. With `world_size > 1` the program is a torchrun-ready DDP script
 (init_process_group, a DistributedSampler with set_epoch, DDP with the ddp_* knobs, no_sync during
@@ -304,7 +304,7 @@ def model_and_optimizer(p: Program) -> list[str]:
     if p.ddp and not p.fsdp:
         out += ["# all-reduces gradients in buckets during backward", "ddp_model = DDP(", f"    {m},",
                 '    device_ids=[local_rank] if device.type == "cuda" else None,']
-        for arg in p.extra["ddp_args"]:  # the ddp_* knobs' declared code (knobs.py)
+        for arg in p.extra["ddp_args"]:  # the ddp_* knobs' declared code (knobs/parallel.py)
             code, _, comment = arg.partition("  #")
             out.append(f"    {code},  #{comment}" if comment else f"    {code},")
         out += [")"] + p.extra["ddp_model"]

@@ -1,6 +1,6 @@
 """Meters and the result type: step clocks, peak memory, foreign CPU load, environment, TrialResult.
 
-Timing rules (see DESIGN.md): the measured window is bracketed by device syncs; per-step times
+Timing rules: the measured window is bracketed by device syncs; per-step times
 come from the host clock on CPU and from CUDA events on GPU (the host clock only sees kernel
 launches there); data-wait is the host time blocked getting the next batch onto the device.
 """

@@ -3,8 +3,8 @@
     build (TrainStep + BatchSource)  ->  first batch  ->  warm-up until steady state (steady.py)
     ->  measured window of N optimizer steps  ->  RawTrial  ->  derive (pure)  ->  TrialResult fields
 
-`runner.run_trial` routes a trial here in this process, or to workbench/distributed/, whose ranks
-call the same `run_phases` and whose rank 0 calls the same `derive`. Failures are sorted here
+`runner.run_trial` routes a trial here in this process, or to forked ranks (launch/ranks.py, launch/worker.py),
+which call the same `run_phases`; the parent calls the same `derive` (launch/result.py's `assemble`). Failures are sorted here
 (`sort_failure`: oom or error, where, what to try), so a rank and a trial say the same thing.
 """
 

@@ -4,7 +4,7 @@ A DataLoader with workers keeps up to `num_workers x prefetch_factor` batches re
 training loop. Any long step before the measured window (the first step's compile, the CPU memory
 probe, a recompile, an epoch start) lets the workers fill that buffer, and a window that begins by
 draining it measures the buffer, not the pipeline: 1.9x too fast for a first compiled trial on a
-data-bound loader (DESIGN.md, round 4). So warm-up ends at steady state, not at a count:
+data-bound loader (measured in round 4). So warm-up ends at steady state, not at a count:
 
     at least `warmup_steps` steps; after the last slow step, warm-up goes on until
       1. the loader's buffer (num_workers x prefetch_factor batches, + 1 in flight) has been consumed, and

@@ -237,7 +237,7 @@ class TrainStep:
     factory for a context manager entered on every micro-batch but the last of an optimizer step
     (DistributedDataParallel.no_sync: skip the gradient all-reduce until the last one). `wrap`,
     if given, is `(model, ctx) -> module`: a rank's strategy around the model copy, applied after the
-    knobs' model hooks and before the optimizer and torch.compile (workbench/distributed/).
+    knobs' model hooks and before the optimizer and torch.compile (launch/strategy.py).
     """
 
     def __init__(self, workload: Workload, knobs: Knobs, *, stage: Stage | None = None, compile: bool = True,

@@ -1,6 +1,6 @@
 """Is the step waiting for data? The short-circuit test, the loader's own rate, the 20% rule.
 
-Short circuit (BRIEF §2): run the same knobs with `data="cached"` (one batch kept on the
+Short circuit: run the same knobs with `data="cached"` (one batch kept on the
 device). Clearly faster beyond run-to-run noise, confirmed in alternating rounds => the data
 pipeline is the bottleneck; about the same => the step itself is. The loader's own maximum rate (iterating it with no model) shows how far the
 pipeline is from feeding the step.

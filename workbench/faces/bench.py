@@ -358,7 +358,7 @@ class Workbench:
         """Is B faster than A, slower, the same speed (within ±margin), or undecided? (trial ids or results)
 
         `rounds="auto"` decides until it can: when the two differ only in knobs that can share a
-        process (compute knobs: amp, compile, channels_last, ...; see workbench/interleave.py), both
+        process (compute knobs: amp, compile, channels_last, ...; see deciding/interleave.py), both
         are built once and take turns of a few steps in this process, and the answer usually comes
         in seconds (`budget_s`, default 30). Otherwise (data-pipeline or distributed knobs, or
         `method="trials"`) it runs alternating trials (B A, A B, ...) until decided, or until
@@ -419,7 +419,7 @@ class Workbench:
 
     def _interleave(self, a: TrialResult, b: TrialResult, *, margin: float = MARGIN, budget_s: float | None = None,
                    cancel: threading.Event | None = None) -> Comparison:
-        """B's knobs against A's by interleaved turns in this process (workbench/interleave.py), on the
+        """B's knobs against A's by interleaved turns in this process (deciding/interleave.py), on the
         trial thread like a trial; `budget_s` seconds at most (default 30), build and warm-up included.
 
         Records nothing (`compare(rounds="auto")` and the tuner log what they use). Raises ValueError

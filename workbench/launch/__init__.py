@@ -6,4 +6,8 @@
     strategy.py  the data-parallel strategies: DDP and FSDP2 (`fully_shard`)
     result.py    per-rank reports -> one TrialResult, assembled by the parent (global samples/s, per-rank times)
     join.py      run inside an externally launched job (torchrun, any number of nodes)
+    remote.py    the executor seam: run_elsewhere (caller) and trial_job (the job), submit(fn, *args) -> job
+    fresh.py     FreshProcess, the local executor: each job in a new Python process
+    cluster.py   Workbench(..., executor=ex): every trial a job (submitit/SLURM or any executor)
+    jobs.py      Jobs: one workbench's trials on an executor, submitted, watched, recorded
 """

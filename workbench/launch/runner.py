@@ -5,8 +5,8 @@
     sync  ->  measured window of N optimizer steps  ->  sync  ->  derive (a pure function of the
     raw samples)  ->  TrialResult
 
-The phases live in phases.py (shared with each DDP/FSDP rank, workbench/distributed/), the step
-in step.py (BatchSource + TrainStep); this module routes a trial and runs it in this process. Progress
+The phases live in core/phases.py (shared with each DDP/FSDP rank, launch/worker.py), the step
+in core/step.py (BatchSource + TrainStep); this module routes a trial and runs it in this process. Progress
 is three attribute stores per step into a TrialProgress; UIs read it from their own thread.
 Every failure (OOM, an exception in user code, NaN loss, a stop request) ends the trial with a
 status and a message instead of propagating; KeyboardInterrupt is recorded, then re-raised as
@@ -78,7 +78,7 @@ def run_trial(
     Chrome-trace JSON in `trace_dir` (default: the temp dir) and sets `result.trace_path`.
     Raises ValueError for knobs that cannot apply to this workload (unknown block, batch larger
     than the dataset) and TrialInterrupted on KeyboardInterrupt (after recording the result).
-    With `knobs.world_size > 1` the trial runs on that many DDP ranks (workbench/distributed/), each
+    With `knobs.world_size > 1` the trial runs on that many DDP ranks (launch/ranks.py), each
     collective bounded by `collective_timeout_s`; inside a torchrun job it joins the job instead.
     `stop` (earlystop.StopRule, one per trial) ends the window once its steps show the trial is far
     slower than the baseline: the trial keeps status ok, its steps, a note and `extra['stopped_early']`

@@ -84,7 +84,7 @@ class DDPStrategy:
         """DDP with the ddp_* knobs' keywords; `options` (registry.parallel_options) names the comm hook."""
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        kwargs = ddp_options(knobs)  # each ddp_* knob's declared ddp_kwargs hook (knobs.py)
+        kwargs = ddp_options(knobs)  # each ddp_* knob's declared ddp_kwargs hook (core/knobs/parallel.py)
         if device.type == "cuda":
             kwargs["device_ids"] = [device.index]
         self.module = DDP(model, **kwargs)  # broadcasts rank 0's parameters (all ranks hold the snapshot)

@@ -1,4 +1,4 @@
-"""The distributed knobs (world_size > 1: workbench/distributed/): DDP's constructor flags,
+"""The distributed knobs (world_size > 1: workbench/launch/): DDP's constructor flags,
 bucket size, gradient compression and no_sync; FSDP2's resharding, mixed precision, prefetch,
 offload and shard units. `world_size` and `strategy` are structural (they choose the loop).
 
@@ -161,7 +161,7 @@ def check_strategy(k: Any) -> None:
         )
 
 
-# ---- FSDP2: fully_shard's options, one knob each (distributed/strategy.py applies the merged dict) ------------
+# ---- FSDP2: fully_shard's options, one knob each (launch/strategy.py applies the merged dict) ------------
 def fsdp_option(key: str, convert: Callable[[Any], Any] = lambda v: v) -> Callable[[Any, Context], dict[str, Any]]:
     """The `parallel` hook handing FSDP2 one option (`key`: the value, converted)."""
 

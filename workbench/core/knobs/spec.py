@@ -160,7 +160,7 @@ class KnobSpec:
     function: Callable | None = None  # a user knob's decorated function (its source goes into to_code)
     name: str = ""  # filled in from the field name
     # True when two values can take turns in short blocks on live steps in one process (bench.compare's
-    # interleaved path, interleave.py): the knob acts on its side's own model copy, optimizer or step, or
+    # interleaved path, deciding/interleave.py): the knob acts on its side's own model copy, optimizer or step, or
     # is a process setting entered per block. Data-pipeline knobs (each side would need its own loader)
     # and the distributed ones (other processes) leave it False.
     interleave: bool = False
