@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+import workbench as wb
+
 
 def test_core_imports_without_ipywidgets_or_altair():
     code = (
@@ -31,11 +33,11 @@ def test_run_results_compare_contract(make_bench):
     by_id = df.set_index("trial_id")
     assert by_id.loc[2, "batch_size"] == 16 and by_id.loc[1, "verdict"] == "baseline"
     assert bench.baseline.trial_id == a.trial_id
-    bench.set_baseline(b)
+    bench.baseline = b
     assert bench.results.set_index("trial_id").loc[2, "speedup"] == 1.0
     assert bench.compare(1, 2).b == 2
     assert "Workbench 'TinyNet'" in repr(bench) and "2 trials" in repr(bench)
-    assert bench.blocks == ["blocks.0", "blocks.1"] and bench.block_params["blocks.0"] > 0
+    assert list(bench.blocks) == ["blocks.0", "blocks.1"] and bench.blocks["blocks.0"] > 0
 
 
 def test_compare_in_rounds_runs_alternating_trials_and_teaches_the_noise(make_bench):
@@ -48,7 +50,7 @@ def test_compare_in_rounds_runs_alternating_trials_and_teaches_the_noise(make_be
     assert c.verdict in str(c) and "2 alternating rounds" in str(c)
     assert bench.noise.repeats == 4 and "from 4 repeats of 2 configurations" in str(bench.noise)
     assert bench.results.attrs["noise"] == bench.noise
-    steps = bench.steps_frame
+    steps = bench.log.steps_frame()
     assert len(steps) == 6 * 4 and set(steps["trial_id"]) == set(range(1, 7))
     assert "<table" in c._repr_html_()
     with pytest.raises(ValueError, match="rounds must be"):
@@ -84,3 +86,53 @@ def test_a_first_trial_with_its_own_knobs_is_labelled_by_them(make_bench):
     assert df.loc[2, "label"] == "defaults" and bench.defaults.batch_size != 16
     assert list(df["baseline"]) == [True, False] and df.loc[1, "verdict"] == "baseline"
     assert df.loc[2, "verdict"] in ("faster", "slower", "same", "undecided")
+
+
+SURFACE = {"knobs", "run", "results", "trials", "baseline", "compare", "diagnose", "explain", "tune", "fit_memory",
+           "scaling", "to_code", "panel", "chart", "blocks", "device", "noise", "to_tensorboard", "from_trainer",
+           "to_training_arguments"}
+
+
+def test_public_surface_is_the_agreed_twenty_names():
+    public = {n for n in dir(wb.Workbench) if not n.startswith("_")}
+    assert public == SURFACE and len(public) <= 20
+
+
+def test_removed_names_warn_and_still_work(make_bench, tmp_path):
+    bench = make_bench(steps=4)
+    a, b = bench.run(), bench.run(batch_size=16)
+    for name in ("log_to", "block_params", "expect_slow", "came_from", "set_baseline", "interleave",
+                 "steps_frame", "scaling_chart"):
+        assert name not in dir(bench)
+        with pytest.warns(FutureWarning, match=f"Workbench.{name} is deprecated"):
+            getattr(bench, name)
+    with pytest.warns(FutureWarning):
+        bench.set_baseline(b)
+    assert bench.baseline.trial_id == b.trial_id
+    with pytest.warns(FutureWarning):
+        assert bench.block_params == bench.blocks
+    with pytest.warns(FutureWarning):
+        assert len(bench.steps_frame) == 2 * 4
+    with pytest.warns(FutureWarning):
+        assert bench.expect_slow(bench.knobs()) is None
+    with pytest.warns(FutureWarning):
+        bench.log_to(tmp_path / "other.jsonl")
+    assert bench.log.path == tmp_path / "other.jsonl"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        bench.nope  # noqa: B018
+    with pytest.raises(ValueError, match="method must be"):
+        bench.compare(a, b, method="sideways")
+
+
+def test_compare_method_interleave_is_the_old_interleave_path(make_bench):
+    bench = make_bench(steps=4)
+    a, b = bench.run(), bench.run(matmul_precision="high")
+    new = bench.compare(a, b, method="interleave", budget_s=3)
+    with pytest.warns(FutureWarning, match="method='interleave'"):
+        old = bench.interleave(a, b, budget_s=3)
+    assert new.method == old.method == "interleaved" and (new.a, new.b) == (old.a, old.b) == (1, 2)
+    assert new.turns > 0 and old.turns > 0
+    assert bench.compare(a, b, rounds=1, method="trials").method == "trials"
+    bigger = bench.run(num_workers=1)  # a data-pipeline knob: cannot share a process
+    with pytest.raises(ValueError, match="cannot interleave"):
+        bench.compare(a, bigger, method="interleave")

@@ -275,7 +275,7 @@ def test_a_demos_script_runs_with_no_edits(tmp_path):
 
 def test_a_reloaded_logs_trial_exports_its_own_step(tmp_path):
     bench, _ = workbench_for("dict")
-    bench.log_to(tmp_path / "log.jsonl")
+    bench._log_to(tmp_path / "log.jsonl")
     bench.run(wb.Knobs(batch_size=4), progress=False)
     code = ResultLog(tmp_path / "log.jsonl").trials[-1].to_code()  # another session reads the log
     assert "model_loss(step_model(**batch))" in code and "dict batches (input_ids" in code

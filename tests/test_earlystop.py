@@ -85,7 +85,7 @@ def test_a_user_knob_8x_slower_stops_early_keeps_its_steps_and_compare_calls_it_
         bench.steps = 8  # shorter windows from here on: the full slow window costs 8x
         full = bench.run(crawl=True, stop_early=False)
         assert len(full.step_times_s) == 8 and "stopped_early" not in full.extra
-        bench.set_baseline(full)  # against the slow baseline, the fast trial is never stopped
+        bench.baseline = full  # against the slow baseline, the fast trial is never stopped
         assert len(bench.run().step_times_s) == 8
     finally:
         wb.forget_knob("crawl")

@@ -77,7 +77,7 @@ def test_a_hugging_face_model_wraps_runs_checkpoints_and_exports_its_own_step(na
     assert bench.step_shape.batch == "dict" and bench.step_shape.loss == "model"
     assert block in bench.blocks
     plain = bench.run(wb.Knobs(batch_size=8), progress=False)
-    checkpointed = bench.run(wb.Knobs(batch_size=8, checkpoint=(block, bench.blocks[1])), progress=False)
+    checkpointed = bench.run(wb.Knobs(batch_size=8, checkpoint=(block, list(bench.blocks)[1])), progress=False)
     assert plain.ok and checkpointed.ok, (plain.message, checkpointed.message)
     assert checkpointed.losses == pytest.approx(plain.losses, abs=1e-4)  # recompute, same numbers
     for knobs in (wb.Knobs(batch_size=8), wb.Knobs(batch_size=4, accum_steps=2, checkpoint=(block,))):

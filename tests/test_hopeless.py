@@ -42,7 +42,7 @@ def test_a_cell_is_warned_before_a_hopeless_trial(make_bench, monkeypatch):
     monkeypatch.setattr("workbench.core.system.cpu_has_bf16", lambda: False)
     bench = make_bench(steps=3)
     bench.run()
-    assert bench.expect_slow(bench.knobs(amp="bf16")).startswith("amp='bf16' on a CPU without native bf16 units")
+    assert bench._expect_slow(bench.knobs(amp="bf16")).startswith("amp='bf16' on a CPU without native bf16 units")
     with pytest.warns(UserWarning, match="amp='bf16' on a CPU without native bf16 units"):
         bench.run(amp="bf16")
-    assert "earlier pair(s)" in bench.expect_slow(bench.knobs(amp="bf16"))
+    assert "earlier pair(s)" in bench._expect_slow(bench.knobs(amp="bf16"))

@@ -92,8 +92,8 @@ def test_controls_cover_every_knob_grouped_with_blocks(panel: Panel, bench: wb.W
     for name, widget in panel.controls.items():
         assert widget.description == name
     assert set(panel.controls) == set(knob_names()) - {"checkpoint"}
-    assert list(panel.block_boxes) == bench.blocks == ["blocks.0", "blocks.1"]
-    n = bench.block_params["blocks.0"]
+    assert list(panel.block_boxes) == list(bench.blocks) == ["blocks.0", "blocks.1"]
+    n = bench.blocks["blocks.0"]
     assert f"{n:,} params" in panel.block_boxes["blocks.0"].description
     assert panel.knobs() == bench.defaults
 

@@ -19,6 +19,7 @@ from torch import nn
 
 import workbench as wb
 from workbench.core.knobs import Knobs, device_notes
+from workbench.faces.charts import scaling_chart
 
 # What a rank should do wrong, read by the model's forward in the forked ranks (fork copies it).
 FAULT: dict = {"kind": None, "rank": 1, "at": 4}
@@ -222,7 +223,7 @@ def test_scaling_table_and_chart(tmp_path) -> None:
     assert two["efficiency"] == pytest.approx(two["samples_per_s"] / (2 * one["samples_per_s"]))
     assert two["per_rank_samples_per_s"] == pytest.approx(two["samples_per_s"] / 2)
     assert two["threads_per_rank"] == 1  # as torchrun would give each rank
-    spec = bench.scaling_chart(df).to_dict()
+    spec = scaling_chart(df).to_dict()
     assert len(spec["layer"]) == 3
     with pytest.raises(ValueError, match="world_sizes must be ints"):
         bench.scaling(world_sizes=(0, 2))

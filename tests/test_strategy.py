@@ -16,6 +16,7 @@ from test_ranks import FAULT, make_bench, no_children
 
 import workbench as wb
 from workbench.core.knobs import Knobs, device_notes
+from workbench.faces.charts import scaling_chart
 
 FSDP = dict(world_size=2, strategy="fsdp2")
 
@@ -137,7 +138,7 @@ def test_scaling_sets_ddp_and_fsdp2_side_by_side(tmp_path) -> None:
     one, ddp, fsdp = (df.iloc[i] for i in range(3))
     assert one["model_state_mb"] == pytest.approx(ddp["model_state_mb"])  # DDP replicates the whole state
     assert fsdp["model_state_mb"] < 0.65 * ddp["model_state_mb"]
-    assert bench.scaling_chart(df).to_dict()
+    assert scaling_chart(df).to_dict()
     with pytest.raises(ValueError, match="strategies must list each of"):
         bench.scaling(strategies=("zero3",))
     assert wb.Knobs(**FSDP).strategy == "fsdp2"

@@ -34,7 +34,7 @@ class InterleavingBench(FakeBench):
         self.calls: list[tuple[wb.Knobs, wb.Knobs, float, float]] = []  # A, B, seconds given, clock at the start
         self.pair_rng = random.Random(7)
 
-    def interleave(self, a, b, *, margin=0.05, budget_s=None, cancel=None):
+    def _interleave(self, a, b, *, margin=0.05, budget_s=None, cancel=None):
         self.calls.append((a.knobs, b.knobs, budget_s, self.clock))
         self.clock += budget_s
         for side, r in (("A", a), ("B", b)):
@@ -123,7 +123,7 @@ def test_budget_s_still_holds_with_interleaved_comparisons(kernel_knob, fake_clo
 @pytest.mark.slow
 def test_a_real_race_drops_a_slower_knob_by_interleaving(make_bench, monkeypatch):
     """On a workbench whose forward sleeps, a user knob that sleeps 3x longer is dropped by
-    bench.interleave (trials held undecided here, so the path is the interleaved one)."""
+    bench._interleave (trials held undecided here, so the path is the interleaved one)."""
 
     @wb.knob(choices=[1.0, 3.0], default=1.0, help="sleep longer in forward")
     def nap(model, value):

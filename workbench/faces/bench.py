@@ -29,8 +29,9 @@ from ..deciding.budget import check_budget_s
 from ..deciding.rounds import compare
 from ..launch.cluster import check_executor, local_device, where_note
 from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel_slot, run_trial, submit_trial
-from ..results import Comparison, ResultLog, safe_file_name
+from ..results import Comparison, ResultLog
 from ..results.stats import MARGIN, Noise
+from .surface import DEPRECATED, log_path, require_notebook
 
 DEFAULT_LOG_DIR = "workbench-runs"
 
@@ -110,7 +111,7 @@ class Workbench:
         self._probe()
         # A workshop: each participant appends to a file of their own under the shared folder.
         self.participant = participant
-        self.log_to(log)
+        self._log_to(log)
         self._lock = threading.Lock()  # one trial at a time, whoever asks (cell or panel thread)
         self._append_lock = threading.Lock()
         self._jobs, self._jobs_device, self._counts_queue = None, str(device), budget_counts_queue
@@ -119,10 +120,10 @@ class Workbench:
             for line in self._jobs.reattach(self._record, self._lock):
                 warn_at_caller(f"a job from an earlier kernel: {line}")
 
-    def log_to(self, log: str | os.PathLike | None) -> None:
+    def _log_to(self, log: str | os.PathLike | None) -> None:
         """Append trials from now on to `log` (a folder, a .jsonl file, or None for memory only),
         under this workbench's participant folder when it has a participant."""
-        self.log = ResultLog(_log_path(log, self.name, self.participant), participant=self.participant)
+        self.log = ResultLog(log_path(log, self.name, self.participant), participant=self.participant)
         self.log.defaults = self.defaults  # labels name what differs from this workbench's defaults
 
     def _jobs_now(self) -> Any:
@@ -170,13 +171,9 @@ class Workbench:
 
     # ---- the public surface ----------------------------------------------------------------
     @property
-    def blocks(self) -> list[str]:
-        """Candidate block names for `checkpoint=[...]` (see `block_params` for their sizes)."""
-        return list(self.workload.blocks)
-
-    @property
-    def block_params(self) -> dict[str, int]:
-        """{block name: parameter count}."""
+    def blocks(self) -> dict[str, int]:
+        """{block name: parameter count}: the candidates for `checkpoint=[...]` and `fsdp_shard=[...]`
+        (`checkpoint=bench.blocks` names them all)."""
         return dict(self.workload.blocks)
 
     @property
@@ -211,7 +208,7 @@ class Workbench:
             loud = [n for n in device_notes(k, self.device.type, has_conv=self.workload.has_conv,
                                              token_data=self.workload.token_data)
                     if n.startswith(LOUD_NOTES)]
-            hopeless = self.expect_slow(k)  # a known hopeless trial, with this machine's earlier factor
+            hopeless = self._expect_slow(k)  # a known hopeless trial, with this machine's earlier factor
             if hopeless:  # one warning: the note (if any), then what to expect here
                 loud = [f"{loud[0]}. {hopeless}" if loud else hopeless]
             for note in loud:
@@ -250,7 +247,7 @@ class Workbench:
                     raise
                 raise TrialInterrupted(self._record(result)) from None
 
-    def expect_slow(self, knobs: Knobs) -> str | None:
+    def _expect_slow(self, knobs: Knobs) -> str | None:
         """The warning before a trial known to be far slower here (bf16 without native units, fp16 on a
         CPU, CUDA-graph compile without CUDA), with the factor this machine's earlier trials measured
         (hopeless.py); None for any other trial."""
@@ -269,7 +266,7 @@ class Workbench:
         return StopRule.against(base.step_times_s, base.samples_per_step, steps=self.steps,
                                 baseline_id=base.trial_id)
 
-    def came_from(self, source: str) -> None:
+    def _came_from(self, source: str) -> None:
         """Record where this workbench's objects can be rebuilt: "pkg.module:factory" (the CLI's
         --model) or "demo:NAME:SIZE". Its `to_code()` scripts then rebuild them and run as they are."""
         if not (is_import_path(source) or is_demo_source(source)):
@@ -342,35 +339,50 @@ class Workbench:
 
     @property
     def baseline(self) -> TrialResult | None:
+        """The trial speedups and verdicts are measured against; set it with `bench.baseline = trial`."""
         return self.log.baseline
 
-    def set_baseline(self, trial: int | TrialResult) -> None:
-        """Make a trial (id or result) the reference for speedups and verdicts."""
+    @baseline.setter
+    def baseline(self, trial: int | TrialResult) -> None:
+        """`bench.baseline = trial` (id or result) makes it the reference for speedups and verdicts."""
         self.log.set_baseline(trial.trial_id if isinstance(trial, TrialResult) else trial)
+
+    def _set_baseline(self, trial: int | TrialResult) -> None:  # the deprecated set_baseline()
+        self.baseline = trial
 
     def compare(self, a: int | TrialResult, b: int | TrialResult, rounds: int | str = 0, *,
                 max_rounds: int = 8, margin: float = MARGIN, budget_s: float | None = None,
                 run: Callable[[Knobs], TrialResult | None] | None = None,
-                interleave: bool | None = None, cancel: threading.Event | None = None) -> Comparison:
+                method: str = "auto", interleave: bool | None = None,
+                cancel: threading.Event | None = None) -> Comparison:
         """Is B faster than A, slower, the same speed (within ±margin), or undecided? (trial ids or results)
 
         `rounds="auto"` decides until it can: when the two differ only in knobs that can share a
         process (compute knobs: amp, compile, channels_last, ...; see deciding/interleave.py), both
         are built once and take turns of a few steps in this process, and the answer usually comes
         in seconds (`budget_s`, default 30). Otherwise (data-pipeline or distributed knobs, or
-        `interleave=False`) it runs alternating trials (B A, A B, ...) until decided, or until
+        `method="trials"`) it runs alternating trials (B A, A B, ...) until decided, or until
         `max_rounds` (or `budget_s` seconds) run out, and the result's note says why. `.answer` is
         "faster", "slower", "same" or "undecided"; `.method` says "interleaved" or "trials". The error
         rates hold however often it looks. `rounds=N` runs exactly N rounds of each and decides
-        once. `interleave=True` refuses (ValueError) a pair that cannot interleave. `run` replaces
+        once. `method="interleave"` compares by interleaved turns (as `rounds="auto"` does) and refuses (ValueError) a pair that cannot interleave. `run` replaces
         `self.run` for trials (the panel passes its own runner); a set `cancel` event stops the
         interleaved turns at the next pair (the panel's Stop button).
         """
         check_budget_s(budget_s)  # the same cap as tune()'s wherever a budget_s is taken
         ra = a if isinstance(a, TrialResult) else self.log.get(a)
         rb = b if isinstance(b, TrialResult) else self.log.get(b)
-        if interleave not in (None, True, False):
-            raise TypeError(f"interleave takes None (when possible), True or False, got {interleave!r}")
+        if interleave is not None:  # the keyword before `method`
+            warnings.warn("compare(interleave=...) is deprecated: use method='interleave' or method='trials'",
+                          FutureWarning, stacklevel=2)
+            if interleave not in (True, False):
+                raise TypeError(f"interleave takes None (when possible), True or False, got {interleave!r}")
+            method = "interleave" if interleave else "trials"
+        if method not in ("auto", "trials", "interleave"):
+            raise ValueError(f"method must be 'auto', 'trials' or 'interleave', got {method!r}")
+        if method == "interleave" and not rounds:
+            rounds = "auto"
+        interleave = {"auto": None, "trials": False, "interleave": True}[method]
         c, note = None, ""
         if rounds and ra.ok and rb.ok:  # the allocator compared: both sides in fresh processes, pinned
             ra, rb, note = self._pinned(ra, rb)
@@ -405,7 +417,7 @@ class Workbench:
         return ra, rb, (f"{side} left the allocator as this process runs it ({mode!r}): pinned to {mode!r} so that "
                         "both sides run in fresh processes.")
 
-    def interleave(self, a: TrialResult, b: TrialResult, *, margin: float = MARGIN, budget_s: float | None = None,
+    def _interleave(self, a: TrialResult, b: TrialResult, *, margin: float = MARGIN, budget_s: float | None = None,
                    cancel: threading.Event | None = None) -> Comparison:
         """B's knobs against A's by interleaved turns in this process (deciding/interleave.py), on the
         trial thread like a trial; `budget_s` seconds at most (default 30), build and warm-up included.
@@ -439,7 +451,7 @@ class Workbench:
                 raise ValueError(f"interleave=True, but these two cannot interleave: {reason}")
             return None, f"By alternating trials: {reason}."
         try:
-            return self.interleave(ra, rb, margin=margin, budget_s=budget_s, cancel=cancel), ""
+            return self._interleave(ra, rb, margin=margin, budget_s=budget_s, cancel=cancel), ""
         except InterleaveFailed as e:
             if e.status == "interrupted":  # stopped before two pairs: the trials path sees the stop too
                 return None, "Stopped by the user while interleaving."
@@ -455,8 +467,7 @@ class Workbench:
         back-to-back identical trials land, and how far apart identical trials minutes apart land."""
         return self.log.noise
 
-    @property
-    def steps_frame(self) -> pd.DataFrame:
+    def _steps_frame(self) -> pd.DataFrame:
         """Every measured step of every trial, long form: trial_id, step, step_time_s, data_wait_s, loss."""
         return self.log.steps_frame()
 
@@ -537,34 +548,24 @@ class Workbench:
         with search(progress, "scaling", log=self.log, total=total, budget_s=budget_s):
             return scaling(self, world_sizes, strategies, budget_s=budget_s, **knobs)
 
-    def scaling_chart(self, frame: pd.DataFrame) -> Any:
+    def _scaling_chart(self, frame: pd.DataFrame) -> Any:
         """The chart of a `scaling()` frame: measured bars vs linear scaling, efficiency labels."""
         from .charts import scaling_chart
 
         return scaling_chart(frame)
 
+    def __getattr__(self, name: str) -> Any:
+        """The names that left the public surface keep working for one release, with a FutureWarning."""
+        if name not in DEPRECATED:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        new, hint = DEPRECATED[name]
+        warnings.warn(f"Workbench.{name} is deprecated: {hint}", FutureWarning, stacklevel=2)
+        return getattr(self, new)() if name == "steps_frame" else getattr(self, new)
+
     def __repr__(self) -> str:
         wl = self.workload
         return (f"<Workbench {self.name!r} on {wl.device} | {wl.num_parameters:,} parameters | "
                 f"{len(self.log.trials)} trials | log: {self.log.path}>")
-
-
-NOTEBOOK_INSTALL = 'pip install "tuning-workbench[notebook]"'
-NOTEBOOK_MODULES = ("ipywidgets", "anywidget", "altair", "vl_convert")
-
-
-def require_notebook(what: str, modules: tuple[str, ...] = NOTEBOOK_MODULES) -> None:
-    """Raise ModuleNotFoundError naming the install command when the notebook extra is missing."""
-    import importlib.util
-
-    for name in modules:
-        try:
-            missing = importlib.util.find_spec(name) is None
-        except (ImportError, ValueError):  # a None entry in sys.modules, or a broken install
-            missing = True
-        if missing:
-            raise ModuleNotFoundError(f"{what} needs {name}, part of the notebook extra: {NOTEBOOK_INSTALL}",
-                                      name=name)
 
 
 def _wait(future: concurrent.futures.Future) -> Any:
@@ -583,16 +584,3 @@ def _outcome(future: Any) -> TrialResult:
         return future.result()
     except TrialInterrupted as e:
         return e.result
-
-
-def _log_path(log: str | os.PathLike | None, name: str, participant: str | None = None) -> Path | None:
-    """A directory gets one `<name>.jsonl` per workbench name, inside `<participant>/` when a
-    participant is named (a workshop's shared folder); a path ending in .jsonl is used as is."""
-    if log is None:
-        return None
-    p = Path(log)
-    if p.suffix == ".jsonl":
-        return p
-    if participant is not None:
-        p = p / safe_file_name(participant)
-    return p / (safe_file_name(name, what="workbench") + ".jsonl")

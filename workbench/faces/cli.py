@@ -199,7 +199,7 @@ def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
         if args.log is not None or rank != 0 or "log" not in made:
             kwargs["log"] = log
         made = Workbench(**kwargs)
-        made.came_from(args.model)  # its to_code() script rebuilds the objects from the factory
+        made._came_from(args.model)  # its to_code() script rebuilds the objects from the factory
         return made
     if not isinstance(made, Workbench):
         raise TypeError(f"--model {args.model}: the factory returned {type(made).__name__}; return a "
@@ -207,11 +207,11 @@ def build_workbench(args: argparse.Namespace, *, rank: int = 0) -> Any:
     if "device" in given and str(made.device) != given["device"]:
         raise ValueError(f"--device {given['device']} differs from the factory's Workbench ({made.device}): "
                          "set the device in the factory, or return a dict so the CLI builds the Workbench")
-    made.came_from(args.model)
+    made._came_from(args.model)
     made.steps = given.get("steps", made.steps)
     made.warmup_steps = given.get("warmup_steps", made.warmup_steps)
     if rank != 0 or args.log is not None:
-        made.log_to(log)  # the workbench's own layout: <log>/<participant>/<name>.jsonl
+        made._log_to(log)  # the workbench's own layout: <log>/<participant>/<name>.jsonl
     return made
 
 

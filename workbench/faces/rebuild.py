@@ -40,7 +40,7 @@ def demo(name: str, *, size: str = "default", **workbench_kwargs: Any) -> Workbe
     }
     bench = Workbench(parts["model"], parts["data"], **kwargs)
     if not {"loss_fn", "optimizer", "step_fn"} & set(workbench_kwargs):  # the demo's own objects
-        bench.came_from(f"demo:{name}:{size}")  # its to_code() script rebuilds this demo and runs as it is
+        bench._came_from(f"demo:{name}:{size}")  # its to_code() script rebuilds this demo and runs as it is
     return bench
 
 

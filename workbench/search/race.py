@@ -8,7 +8,7 @@ seconds), runs every trial through `bench.run` (so each lands in the results and
 keeps the path's rows. tune.py builds the candidates and calls these; this module never imports it.
 
 Interleaved drops (issue 34): after a round's trials, a contender that the trials leave undecided
-against the leader is compared with it by interleaved turns (`bench.interleave`, a few seconds in
+against the leader is compared with it by interleaved turns (`compare(method="interleave")`, a few seconds in
 one process) when the two differ only in knobs that can take turns (`interleave.why_not`; on CUDA
 both peaks fit in free memory) and the seconds fit; the slower side of a decided comparison drops at
 once, instead of after more rounds of separate trials. Data-pipeline knobs and `world_size` keep
@@ -297,14 +297,14 @@ def qualifies(a: Knobs, b: Knobs) -> bool:
 
 
 def interleaved_answer(ctx: Ctx, a: Entry, b: Entry, purpose: str) -> tuple[Comparison | None, Entry | None, str]:
-    """B against A by interleaved turns (`bench.interleave`), at most once per pair in a tune() call:
+    """B against A by interleaved turns (`compare(method="interleave")`), at most once per pair in a tune() call:
     (the comparison, or None when the pair does not qualify or it failed; the side that failed with
     NaN or an error, which drops; what happened). Its seconds count under `purpose`; it goes in the log.
     An OOM (two models in memory at once) decides nothing: trials decide."""
     key = (a.knobs, b.knobs)
     if key in ctx.interleaved:
         return ctx.interleaved[key]
-    run = getattr(ctx.bench, "interleave", None)  # a bench without it (a test double) races by trials
+    run = getattr(ctx.bench, "_interleave", None)  # a bench without it (a test double) races by trials
     if run is None or not a.trials or not b.trials or not qualifies(a.knobs, b.knobs):
         return None, None, ""
     seconds = interleave_seconds(ctx, a, b)

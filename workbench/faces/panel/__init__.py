@@ -306,7 +306,7 @@ class Panel:
         self.rate.value = ""
         self.stop_button.button_style = "danger"
         label = knobs.label(self.bench.defaults)
-        hopeless = self.bench.expect_slow(knobs) if hasattr(self.bench, "expect_slow") else None
+        hopeless = self.bench._expect_slow(knobs) if hasattr(self.bench, "_expect_slow") else None
         self._set_status("starting", f"{what}starting: {label}" + (f" (warning: {hopeless})" if hopeless else ""))
         try:
             with Poller(self.trial_progress, self._progress):  # widgets set from the poller's thread
@@ -429,7 +429,7 @@ class Panel:
 
     def _set_baseline(self) -> None:
         try:
-            self.bench.set_baseline(self.trial_pick.value)
+            self.bench.baseline = self.trial_pick.value
         except (ValueError, TypeError) as e:
             self._set_status("error", str(e))
 

@@ -52,7 +52,7 @@ class KnobControls:
         self.block_boxes: dict[str, Any] = {
             name: W.Checkbox(value=name in bench.defaults.checkpoint, description=f"{name} · {n:,} params",
                              indent=False, tooltip=f"checkpoint block {name} ({n:,} parameters)")
-            for name, n in bench.block_params.items()
+            for name, n in bench.blocks.items()
         }
 
     def observe(self, fn: Any) -> None:

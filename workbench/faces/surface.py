@@ -1,0 +1,52 @@
+"""What the Workbench class leans on outside itself: the names that left its public surface (issue 42),
+the notebook extra's check, and where a workbench's log goes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..results import safe_file_name
+
+# Removed from the public surface (issue 42): old name -> (private name, what to use instead).
+DEPRECATED = {
+    "log_to": ("_log_to", "pass log=... to Workbench(...)"),
+    "block_params": ("blocks", "use bench.blocks (a dict of block name -> parameter count)"),
+    "expect_slow": ("_expect_slow", "run() warns by itself before a trial known to be far slower"),
+    "came_from": ("_came_from", "the CLI and wb.demo() record where a workbench can be rebuilt"),
+    "set_baseline": ("_set_baseline", "assign bench.baseline = trial"),
+    "interleave": ("_interleave", "use bench.compare(a, b, method='interleave')"),
+    "steps_frame": ("_steps_frame", "use bench.log.steps_frame()"),
+    "scaling_chart": ("_scaling_chart", "use workbench.faces.charts.scaling_chart(bench.scaling(...))"),
+}
+
+
+NOTEBOOK_INSTALL = 'pip install "tuning-workbench[notebook]"'
+NOTEBOOK_MODULES = ("ipywidgets", "anywidget", "altair", "vl_convert")
+
+
+def require_notebook(what: str, modules: tuple[str, ...] = NOTEBOOK_MODULES) -> None:
+    """Raise ModuleNotFoundError naming the install command when the notebook extra is missing."""
+    import importlib.util
+
+    for name in modules:
+        try:
+            missing = importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):  # a None entry in sys.modules, or a broken install
+            missing = True
+        if missing:
+            raise ModuleNotFoundError(f"{what} needs {name}, part of the notebook extra: {NOTEBOOK_INSTALL}",
+                                      name=name)
+
+
+def log_path(log: str | os.PathLike | None, name: str, participant: str | None = None) -> Path | None:
+    """A directory gets one `<name>.jsonl` per workbench name, inside `<participant>/` when a
+    participant is named (a workshop's shared folder); a path ending in .jsonl is used as is."""
+    if log is None:
+        return None
+    p = Path(log)
+    if p.suffix == ".jsonl":
+        return p
+    if participant is not None:
+        p = p / safe_file_name(participant)
+    return p / (safe_file_name(name, what="workbench") + ".jsonl")
