@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .ranks import exit_text
+
 CALL = "call.pkl"  # (fn, args, kwargs), cloudpickled by the caller
 OUTCOME = "outcome.pkl"  # ("ok", value) or ("error", text, traceback), written by the job
 PATH = "sys_path.json"  # the caller's import path, so the job imports what the caller imports
@@ -197,14 +199,9 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 
 def _exit_text(code: int | None) -> str:
-    if code is None:
-        return "is still running"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+    """How the job's process ended, as a predicate: "is still running", "was killed by SIGKILL", "exited ..."."""
+    text = exit_text(code)
+    return f"is {text}" if code is None else f"was {text}" if code < 0 else text
 
 
 def job_main(folder: str) -> int:

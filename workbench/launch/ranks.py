@@ -134,7 +134,7 @@ def run_distributed(workload: Workload, knobs: Knobs, *, warmup_steps: int, step
                     outcome = "done"
                     break
             except ProcessException as e:  # a rank exited non-zero: the rest are ended
-                exits[e.error_index] = _exit_text(procs[e.error_index].exitcode)
+                exits[e.error_index] = exit_text(procs[e.error_index].exitcode)
                 outcome = "failed"
                 break
             if cancel is not None and cancel.is_set():
@@ -196,7 +196,8 @@ def _end(procs: list[Any]) -> list[int | None]:
     return codes
 
 
-def _exit_text(code: int | None) -> str:
+def exit_text(code: int | None) -> str:
+    """How a process ended, for a message: "still running", "killed by SIGKILL", "exited with code 1"."""
     if code is None:
         return "still running"
     if code < 0:

@@ -306,23 +306,27 @@ def _lead(ctx: Ctx, start: TrialResult) -> tuple[str, ...]:
     batches mostly padding: the length knobs)."""
     share = faulting(ctx.bench, start.knobs)
     if share is not None:
-        ctx.rows.append({"stage": "process", "change": "every allocator mode", "trial": None, "samples_per_s": None,
-                         "speedup": None, "decision": f"entered first: page faults took {share:.0%} of the start's "
-                         "CPU time; each allocator mode runs in a fresh process, alternating, before the compute "
-                         "knobs"})
-        return ("allocator",)
+        return _entered_first(ctx, "process", "every allocator mode", ("allocator",),
+                              f"page faults took {share:.0%} of the start's CPU time; each allocator mode runs "
+                              "in a fresh process, alternating, before the compute knobs")
     padding = start.padding_share or 0.0
     if padding >= PADDED:
-        ctx.rows.append({"stage": "data", "change": "length grouping and packing", "trial": None, "samples_per_s": None,
-                         "speedup": None, "decision": f"entered first: {padding:.0%} of the start's token slots are "
-                         "padding: group_by_length and packing before workers, precision or kernels"})
-        return ("length",)
+        return _entered_first(ctx, "data", "length grouping and packing", ("length",),
+                              f"{padding:.0%} of the start's token slots are padding: group_by_length and "
+                              "packing before workers, precision or kernels")
     wait = start.data_wait_share or 0.0
     if wait >= DATA_BOUND:
-        ctx.rows.append({"stage": "data", "change": "every worker count", "trial": None, "samples_per_s": None,
-                         "speedup": None, "decision": f"entered first: the start waits for data {wait:.0%} of "
-                         "its window: worker counts (with compute threads) before precision or kernels"})
-    return ("workers",) if wait >= DATA_BOUND else ()
+        return _entered_first(ctx, "data", "every worker count", ("workers",),
+                              f"the start waits for data {wait:.0%} of its window: worker counts (with compute "
+                              "threads) before precision or kernels")
+    return ()
+
+
+def _entered_first(ctx: Ctx, stage: str, change: str, axes: tuple[str, ...], why: str) -> tuple[str, ...]:
+    """The row saying why `axes` enter the first race first; returns them."""
+    ctx.rows.append({"stage": stage, "change": change, "trial": None, "samples_per_s": None, "speedup": None,
+                     "decision": f"entered first: {why}"})
+    return axes
 
 
 def _check(n_trials: int | None, budget_s: float | None, stages: tuple[str, ...], memory_budget: int | None,
