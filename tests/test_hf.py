@@ -293,3 +293,14 @@ def test_the_chart_plots_tokens_per_s_when_every_trial_counted_tokens():
     assert spec["vconcat"][0]["layer"][2]["encoding"]["y"]["title"] == "tokens / s"
     plain = chart_frame(rows.assign(tokens_per_s=[None, None]))
     assert plain["throughput"].tolist() == [10.0, 20.0] and "tokens_per_s" not in plain
+
+
+def test_training_arguments_name_the_allocator_mode_they_cannot_set():
+    """TrainingArguments cannot choose the process's allocator: the left-out list says the launch line."""
+    from workbench.faces.hf import training_kwargs
+
+    out = training_kwargs(wb.Knobs(allocator="glibc-kept"), blocks=[], optim=None, device_type="cpu")
+    said = [line for line in out.left_out if line.startswith("allocator=")]
+    assert len(said) == 1 and "MALLOC_MMAP_THRESHOLD_=" in said[0] and "python train.py" in said[0], out.left_out
+    assert not any(line.startswith("allocator=") for line in
+                   training_kwargs(wb.Knobs(), blocks=[], optim=None, device_type="cpu").left_out)
