@@ -88,6 +88,13 @@ NOT_HERE = {
     "compile": "one compiled pair, not one per knob (a cold compile costs tens of seconds): "
                "test_a_compiled_trial_and_its_script_give_the_same_losses",
     "world_size": "multi-process: test_codegen.test_ddp_script_runs_under_torchrun_with_two_gloo_ranks",
+    "group_by_length": "the trial measures a fixed, length-stratified sample of the grouped batches (docs/measurement.md, "
+                       "test_hf.test_the_window_is_a_length_stratified_sample_wherever_it_starts), the script trains on "
+                       "the grouped sampler itself: the same batches, not the same order; the script runs: "
+                       "test_hf.test_the_trainer_script_runs_as_it_is",
+    "packing": "needs a model that takes position_ids (test_hf.test_packing_refuses_a_model_without_position_ids); "
+               "its trial and script: test_hf.test_a_trainer_wraps_counts_tokens_groups_by_length_and_goes_back_out, "
+               "test_hf.test_the_trainer_script_runs_as_it_is",
     "allocator": "a process knob: its trial runs in a fresh process (test_process.test_an_allocator_trial_runs_in_a_"
                  "fresh_process_in_its_mode); its script's launch line: test_process.test_the_script_carries_the_launch_line_and_checks_the_mode",
 }
