@@ -262,7 +262,8 @@ def test_a_factory_workbenchs_script_runs_with_no_edits(tmp_path):
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, job_output(proc)
     code = (tmp_path / "train.py").read_text()
-    assert "load_parts('mytrain:make')" in code and "Knobs(batch_size=8)" in code
+    # the script names the trial's knobs, with the allocator mode its process ran in pinned (issue 43)
+    assert "load_parts('mytrain:make')" in code and "Knobs(batch_size=8, allocator=" in code
     assert "samples/s over" in run_script(tmp_path / "train.py", tmp_path)
 
 
