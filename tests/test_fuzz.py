@@ -83,7 +83,7 @@ def fuzz(examples: int, *, invalid: bool) -> dict:
     @given(data=st.data())
     def run(data):
         name = data.draw(st.sampled_from(DEMO_NAMES), label="demo")
-        values = data.draw(knob_values(bench(name).blocks, invalid=invalid), label="knobs")
+        values = data.draw(knob_values(list(bench(name).blocks), invalid=invalid), label="knobs")
         check(name, values, tally)
 
     run()
