@@ -167,6 +167,24 @@ def test_short_epochs_are_part_of_the_steady_state():
     assert long.ended == "cap" or long.outcome()["last_slow"] == "epoch start"
 
 
+def test_short_epochs_with_workers_restarting_each_epoch_still_reach_steady_state():
+    """Non-persistent workers start again at every epoch: with a buffer to refill, that step is far
+    above its neighbours, yet it recurs every 6 steps (fewer than the rule needs after a slow step), so
+    it must not count as slow: the rule ends at steady state, not at the 200-step cap."""
+    def epochs(rule):
+        return run_rule(rule, [(1.0, 0.0)] + [(0.13 if i % 6 == 5 else 0.01, 0.0, "epoch start" if i % 6 == 5 else None)
+                                              for i in range(299)])
+
+    short = epochs(WarmupRule(min_steps=2, buffer_batches=4, num_workers=2, epoch_steps=6))
+    assert not short.epoch_is_slow and short.ended == "steady" and short.steps < 60, short.outcome()
+    assert short.outcome()["last_slow_step"] == 1, short.outcome()
+    # a slow step between two epoch starts is still found (a recompile): warm-up goes on past it
+    spike = [(1.0, 0.0)] + [(0.13 if i % 6 == 5 or i == 40 else 0.01, 0.0, "epoch start" if i % 6 == 5 else None)
+                            for i in range(299)]
+    late = run_rule(WarmupRule(min_steps=45, buffer_batches=4, num_workers=2, epoch_steps=6), spike)
+    assert late.ended == "steady" and late.outcome()["last_slow_step"] == 42, late.outcome()
+
+
 def test_an_iterable_of_unknown_length_gets_a_rule():
     class Stream(IterableDataset):
         def __iter__(self):

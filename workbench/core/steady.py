@@ -155,6 +155,7 @@ class WarmupRule:
     times_s: list[float] = field(default_factory=list)
     waits_s: list[float] = field(default_factory=list)
     events: dict[int, str] = field(default_factory=dict)  # step index -> why it is slow
+    boundaries: set[int] = field(default_factory=set)  # short epochs' first steps: steady, never "slow"
     ended: str = ""
     reason: str = ""
 
@@ -206,6 +207,7 @@ class WarmupRule:
             event = event or "first step (start-up, compile)"
         if event == "epoch start" and not self.epoch_is_slow:
             event = None  # short epochs: their boundaries belong to the steady state
+            self.boundaries.add(i)  # (workers restarting there make the step long: not a slow step either)
         if event == "memory probe" and not self.buffer_batches:
             event = None  # it refills no buffer; the trend test drops the longest step of each half
         if event:
@@ -224,17 +226,20 @@ class WarmupRule:
         last_event = max(self.events, default=-1)
         if not self.buffer_batches:  # a pause fills no buffer: the trend test alone judges what follows
             return last_event, self.events.get(last_event, "")
-        after = 0.0
+        after, later = 0.0, 0
         for i in range(n - 1, last_event, -1):
-            later = n - 1 - i
+            if i in self.boundaries:  # a short epoch's start recurs every epoch: it cannot be waited out
+                continue
             if later:
                 ref = after / later
             else:
-                before = self.times_s[max(last_event + 1, i - 2 * self.half):i]
+                before = [self.times_s[j] for j in range(max(last_event + 1, i - 2 * self.half), i)
+                          if j not in self.boundaries]
                 ref = sum(before) / len(before) if before else math.inf
             if ref > 0 and self.times_s[i] > self.slow_factor * ref:
                 return i, f"a step {self.times_s[i] / ref:.0f}x its neighbours (recompile or pause?)"
             after += self.times_s[i]
+            later += 1
         return last_event, self.events.get(last_event, "")
 
     def done(self) -> bool:
