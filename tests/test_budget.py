@@ -11,7 +11,7 @@ from conftest import SleepNet
 
 import workbench as wb
 from workbench.core.measure import TrialResult
-from workbench.deciding.budget import Allowance, Deadline, Spend, check_budget_s, estimate, takes_cancel
+from workbench.deciding.budget import Budget, Deadline, check_budget_s, estimate, takes_cancel
 from workbench.search.tune import tune
 
 STEP_S = 0.02  # the sleep model's forward
@@ -42,31 +42,37 @@ def test_estimates_come_from_the_most_similar_measured_configuration():
 
 def test_a_deadline_stops_a_trial_recorded_as_stopped_by_the_budget(make_bench):
     bench = make_bench(model=SleepNet(STEP_S), steps=200, warmup_steps=1)
-    spent = Spend(budget_s=1.0)
+    budget = Budget(0.5 / 1.05, "tune", whole_first=False)  # its deadline: 0.5 s from now
     t = time.perf_counter()
-    r = spent.run(bench.run, bench.defaults, purpose="race", deadline_in_s=0.5, stop_early=True,
-                  clock=time.perf_counter)
+    r = budget.trial(bench.run, bench.defaults, purpose="race", starts=True)
     assert time.perf_counter() - t < 200 * STEP_S / 2  # far short of its window
-    assert r.status == "interrupted" and r.message.startswith("stopped by the budget"), r.message
+    assert r.status == "interrupted" and r.message.startswith("stopped by the budget (tune's"), r.message
+    spent = budget.spent
     assert spent.stopped == [r.trial_id] and not spent.measured and spent.seconds["race"] > 0
-    assert "1 stopped at the deadline (not evidence)" in str(spent)
+    assert "1 stopped at the deadline (not evidence)" in str(budget)
     d = Deadline(10.0, "why")
     d.set()  # Ctrl-C's set(): not the budget's stop
     assert not d.expired and d.reason == ""
     d.cancel()
 
 
-def test_spend_records_a_finished_trial_as_evidence():
-    spent = Spend(budget_s=None)
+def test_a_budget_records_a_finished_trial_as_evidence():
+    clock = FakeClock()
+    budget = Budget(None, "tune", clock=clock)
     k = wb.Knobs(batch_size=8)
 
     def run(knobs, **kwargs):
         assert kwargs == {"stop_early": False}
+        clock.now += 3.0
         return TrialResult(knobs=knobs, status="ok", trial_id=1)
 
-    spent.run(run, k, purpose="confirm", deadline_in_s=None, stop_early=False, clock=time.perf_counter)
-    assert spent.measured[0][0] == k and spent.measured[0][2] and "confirm" in str(spent)
-    assert spent.fits(k, left_s=10.0) and not spent.fits(k, left_s=-1.0)
+    budget.trial(run, k, purpose="confirm", stop_early=False)
+    spent = budget.spent
+    assert spent.measured == [(k, 3.0, True)] and str(budget) == "confirm 3.0 s"
+    assert budget.fits_trial(k) and budget.left() is None  # no budget: everything fits
+    capped = Budget(10.0, "tune", clock=clock)
+    capped.spent.measured[:] = spent.measured
+    assert capped.fits_trial(k) and not capped.fits_trial(k, factor=4.0)  # 3 s fits 10 s; 12 s does not
 
 
 @pytest.mark.slow
@@ -83,7 +89,7 @@ def test_tune_budget_s_is_a_cap(make_bench):
     assert all(r.trial_id not in res.spent.stopped for r in [res.best])  # a stopped trial is never the answer
 
 
-# ---- the same cap wherever a budget_s is taken (Allowance): compare, diagnose, fit_memory, scaling ----
+# ---- the same cap wherever a budget_s is taken (one Budget): compare, diagnose, fit_memory, scaling ----
 class FakeClock:
     """A clock the fake trials advance: budgets decided without real time."""
 
@@ -94,9 +100,9 @@ class FakeClock:
         return self.now
 
 
-def test_an_allowance_runs_the_first_trial_whole_and_keeps_out_what_does_not_fit():
+def test_a_budget_runs_the_first_trial_whole_and_keeps_out_what_does_not_fit():
     clock, calls = FakeClock(), []
-    allow = Allowance(10.0, "fit_memory", clock=clock)
+    allow = Budget(10.0, "fit_memory", clock=clock)
     k = wb.Knobs(batch_size=8)
 
     def run(knobs, **kwargs):
@@ -113,9 +119,9 @@ def test_an_allowance_runs_the_first_trial_whole_and_keeps_out_what_does_not_fit
     assert allow.left() == pytest.approx(-2.0) and not allow.fits(0.5)
 
 
-def test_an_allowance_stops_a_later_trial_at_the_deadline_and_says_so(make_bench):
+def test_a_budget_stops_a_later_trial_at_the_deadline_and_says_so(make_bench):
     bench = make_bench(model=SleepNet(STEP_S), steps=3, warmup_steps=1)
-    allow = Allowance(1.0, "scaling")
+    allow = Budget(1.0, "scaling")
     first = allow.trial(bench.run, bench.defaults, label="first")
     assert first.ok and not allow.stopped(first)
     long = bench.knobs(batch_size=4)

@@ -28,7 +28,7 @@ from ..core.knobs import Knobs, tunable_knobs
 from ..core.measure import TrialResult
 from ..core.stepshape import StepShape
 from ..core.system import available_allocators
-from ..deciding.budget import EXPLAIN_PRIOR, Spend, check_budget_s, work_clock
+from ..deciding.budget import EXPLAIN_PRIOR, Budget, Spend
 from ..diagnose.verdict import ALLOCATOR_SHARE
 from ..results.protocol import Bench
 from ..results.stats import Comparison
@@ -274,16 +274,16 @@ def _explain(ctx: Ctx, start: TrialResult, best: TrialResult) -> Any:
     from ..diagnose.explain import explain_winner, has_trace  # analysis beside tune; imported only for a winner
 
     need = sum(not has_trace(t) for t in (start, best))
-    fits = all(ctx.fits(t.knobs, EXPLAIN_PRIOR * need) for t in (start, best) if not has_trace(t))
+    fits = all(ctx.budget.fits_trial(t.knobs, EXPLAIN_PRIOR * need) for t in (start, best) if not has_trace(t))
     if need > ctx.affordable() or not fits:
         ctx.rows.append({"stage": "explain", "change": "", "trial": None, "samples_per_s": None, "speedup": None,
                          "decision": f"not explained: its {need} traced repeat(s) would pass the budget "
                                     "(bench.explain(start, best) runs them)"})
         return None
-    before, t = len(ctx.bench.trials), work_clock()
-    why = explain_winner(ctx.bench, start, best)
+    before = len(ctx.bench.trials)
+    with ctx.budget.charge("explain"):
+        why = explain_winner(ctx.bench, start, best)
     ctx.used += len(ctx.bench.trials) - before  # the traced repeats are trials of this tune() call
-    ctx.spent.add("explain", work_clock() - t)
     return why
 
 
@@ -329,12 +329,11 @@ def _entered_first(ctx: Ctx, stage: str, change: str, axes: tuple[str, ...], why
     return axes
 
 
-def _check(n_trials: int | None, budget_s: float | None, stages: tuple[str, ...], memory_budget: int | None,
+def _check(n_trials: int | None, budget: Budget, stages: tuple[str, ...], memory_budget: int | None,
            headroom: float) -> int:
     """Validate tune()'s arguments; returns the trial cap."""
     if n_trials is not None and (not isinstance(n_trials, int) or isinstance(n_trials, bool) or n_trials < 2):
         raise ValueError(f"n_trials must be an int >= 2 (a cap on trials, the start included), got {n_trials!r}")
-    check_budget_s(budget_s)
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; choose from {STAGES}")
@@ -342,7 +341,7 @@ def _check(n_trials: int | None, budget_s: float | None, stages: tuple[str, ...]
         raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
     if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
         raise ValueError(f"headroom must be a share of memory in [0, 1) (e.g. headroom=0.1), got {headroom!r}")
-    return n_trials if n_trials is not None else (DEFAULT_TRIALS if budget_s is None else 10_000)
+    return n_trials if n_trials is not None else (DEFAULT_TRIALS if budget.budget_s is None else 10_000)
 
 
 def n_trials_of(n_trials: int | None, old: dict[str, Any]) -> int | None:
@@ -380,10 +379,12 @@ def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = 
     `parallel=N` (a Workbench with an executor, docs/cluster.md) keeps up to N jobs in flight in each race
     round; the path's `node` column says which node measured each trial.
     """
-    limit = _check(n_trials_of(n_trials, old), budget_s, stages, memory_budget, headroom)
+    n_trials = n_trials_of(n_trials, old)
+    budget = Budget.of(budget_s, "tune")  # the one budget of this call: its race and confirmation spend it
+    limit = _check(n_trials, budget, stages, memory_budget, headroom)
     _check_parallel(bench, parallel)
     ceiling = memory_ceiling(bench, memory_budget)
-    ctx = Ctx(bench, limit, budget_s, None if ceiling is None else ceiling * (1 - headroom), memory_budget,
+    ctx = Ctx(bench, limit, budget, None if ceiling is None else ceiling * (1 - headroom), memory_budget,
               stop_early=stop_early, parallel=parallel)
     k0 = start or bench.defaults
     ctx.start = first = Entry("start", "the start", k0)
@@ -393,11 +394,11 @@ def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = 
     ctx.purpose = "race"
     ctx.row(first, r, "start" if r.ok else f"start failed: {r.status}")
     if not r.ok:
-        return TuneResult(k0, r, r, pd.DataFrame(ctx.rows), ctx.used, limit, "undecided", None, ctx.elapsed(), budget_s,
-                          spent=ctx.spent)
-    if budget_s is not None and not ctx.fits(k0):
+        return TuneResult(k0, r, r, pd.DataFrame(ctx.rows), ctx.used, limit, "undecided", None, budget.elapsed(),
+                          budget.budget_s, spent=budget.spent)
+    if not budget.fits_trial(k0):
         ctx.rows.append({"stage": "budget", "change": "", "trial": None, "samples_per_s": None, "speedup": None,
-                         "decision": f"the start alone took {ctx.elapsed():.1f} s of budget_s={budget_s:g}: no other "
+                         "decision": f"the start alone took {budget.elapsed():.1f} s of budget_s={budget.budget_s:g}: no other "
                                      "trial fits; raise budget_s to tune"})
     first.trials.append(r)
     seen, leader = {k0}, first
@@ -428,7 +429,7 @@ def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = 
     best = leader if answer == "faster" else first
     why = _explain(ctx, r, best.trials[-1]) if explain and best is not first and hasattr(bench, "explain") else None
     return TuneResult(best.knobs, best.trials[-1], r, pd.DataFrame(ctx.rows), ctx.used, limit, answer, c,
-                      ctx.elapsed(), budget_s, why, ctx.spent)
+                      budget.elapsed(), budget.budget_s, why, budget.spent)
 
 
 __all__ = ["ANSWERS", "PAIRS", "SAME_MARGIN", "STAGES", "FitResult", "TuneResult", "fit_memory", "stage_axes", "stage_options", "tune"]
