@@ -17,6 +17,16 @@ from workbench.search.tune import tune
 STEP_S = 0.02  # the sleep model's forward
 
 
+class FakeClock:
+    """A clock the fake trials advance: budgets decided without real time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.mark.parametrize("bad", [0, -5, math.nan, math.inf, "60", True])
 def test_a_budget_that_is_not_a_positive_finite_number_is_refused_naming_the_fix(bad):
     with pytest.raises(ValueError, match=r"budget_s must be a positive.*e\.g\. budget_s=120"):
@@ -90,16 +100,6 @@ def test_tune_budget_s_is_a_cap(make_bench):
 
 
 # ---- the same cap wherever a budget_s is taken (one Budget): compare, diagnose, fit_memory, scaling ----
-class FakeClock:
-    """A clock the fake trials advance: budgets decided without real time."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_budget_runs_the_first_trial_whole_and_keeps_out_what_does_not_fit():
     clock, calls = FakeClock(), []
     allow = Budget(10.0, "fit_memory", clock=clock)
@@ -219,3 +219,110 @@ def test_workbench_compare_checks_budget_s(make_bench):
     a = bench.run()
     with pytest.raises(ValueError, match="budget_s must be a positive"):
         bench.compare(a, a, rounds="auto", budget_s=True)
+
+
+# ---- one Budget per verb call: validated once, passed down, its account is the verb's --------------
+@pytest.fixture
+def budgets(monkeypatch):
+    """Every Budget made (each validates its budget_s, once) and every budget_s validated, in order."""
+    import workbench.deciding.budget as budget_mod
+
+    made, checked = [], []
+    real_init, real_check = Budget.__init__, budget_mod.check_budget_s
+
+    def init(self, *args, **kwargs):
+        made.append(self)
+        real_init(self, *args, **kwargs)
+
+    def check(budget_s):
+        checked.append(budget_s)
+        real_check(budget_s)
+
+    monkeypatch.setattr(Budget, "__init__", init)
+    monkeypatch.setattr(budget_mod, "check_budget_s", check)
+    return made, checked
+
+
+@pytest.mark.slow
+def test_a_compare_call_validates_budget_s_once_and_a_bad_one_before_any_trial(make_bench, budgets):
+    """bench.compare -> its rounds (rounds.compare) -> their trials: one Budget, one validation; a bad
+    budget_s raises once, before the pinned trials, the turns or any round."""
+    made, checked = budgets
+    bench = make_bench(steps=2, warmup_steps=1)
+    a, b = bench.run(), bench.run(batch_size=16)
+    c = bench.compare(a, b, rounds="auto", max_rounds=2, budget_s=60, method="trials")  # compare -> rounds
+    assert c.method == "trials" and c.rounds >= 1 and len(made) == 1 and checked == [60]
+    turns = bench.compare(a, bench.run(cpu_threads=1), rounds="auto", budget_s=2)  # compare -> interleaved turns
+    assert turns.method == "interleaved" and len(made) == 2 and checked == [60, 2]
+    n = len(bench.trials)
+    with pytest.raises(ValueError, match="budget_s must be a positive") as err:
+        bench.compare(a, b, rounds="auto", budget_s=-1)
+    assert checked == [60, 2, -1] and len(bench.trials) == n and "-1" in str(err.value)
+
+
+def test_a_later_trial_that_does_not_fit_is_not_started_and_named_in_the_account():
+    clock, ran = FakeClock(), []
+    budget = Budget(10.0, "scaling", clock=clock)
+
+    def run(knobs, **kwargs):
+        ran.append(knobs)
+        clock.now += 7.0
+        return TrialResult(knobs=knobs, status="ok", trial_id=len(ran), samples_per_s=1.0)
+
+    k = wb.Knobs(batch_size=8)
+    assert budget.trial(run, k, label="world_size=1") is not None
+    assert budget.trial(run, k.replace(world_size=2), label="world_size=2 (ddp)") is None  # 14 s est., 3 s left
+    assert len(ran) == 1 and budget.spent.left_out == ["world_size=2 (ddp)"]
+    assert "1 trial(s) not started: their estimate did not fit the seconds left (world_size=2 (ddp))" in str(budget)
+
+
+def test_a_called_verb_spends_the_callers_budget_and_its_stopped_trial_is_in_the_callers_account():
+    """compare's rounds given a part of diagnose's Budget (as diagnose passes it down): the round's
+    trial runs under that budget's deadline, is stopped by it, and lands in the caller's account."""
+    from fake_trials import fake
+
+    from workbench.deciding.rounds import compare
+
+    caller, reasons = Budget(0.3, "diagnose", whole_first=False), []
+
+    def run(knobs, cancel=None, **kwargs):
+        stopped = cancel.wait(10.0)  # a trial that would take 10 s
+        reasons.append(cancel.reason)
+        return TrialResult(knobs=knobs, status="interrupted" if stopped else "ok", trial_id=99,
+                           message=getattr(cancel, "reason", ""))
+
+    t = time.perf_counter()
+    c = compare(fake([0.1] * 3, batch_size=8), fake([0.1] * 3, batch_size=16), rounds="auto", run=run,
+                budget_s=caller.part())
+    assert time.perf_counter() - t < 5.0 and c.rounds == 0
+    assert caller.spent.stopped == [99] and caller.spent.seconds["rounds"] > 0  # the caller's account: one object
+    assert reasons == ["stopped by the budget (diagnose's budget_s) at its deadline"] and "stopped by the budget" in c.note
+    assert "#99 (" in caller.notes[-1] and "stopped by the budget at its deadline" in caller.notes[-1]
+
+
+def test_each_verb_reports_the_account_of_its_one_budget(make_bench, budgets):
+    """fit_memory, scaling and diagnose each make one Budget (validating budget_s once) and report its
+    account and notes as theirs; a Budget passed in is spent as it is, not made again."""
+    made, checked = budgets
+    bench = make_bench(model=SleepNet(0.05), steps=3, warmup_steps=1)
+    fit = bench.fit_memory(1, 8, budget_s=0.1, progress=False)
+    assert len(made) == 1 and fit.spent is made[0].spent and checked == [0.1]
+    frame = bench.scaling((1, 2), budget_s=0.1, progress=False)
+    assert len(made) == 2 and frame.attrs["spent"] is made[1].spent and frame.attrs["notes"] is made[1].notes
+    d = bench.diagnose(budget_s=0.1, progress=False)
+    assert len(made) == 3 and d.spent is made[2].spent and d.budget_notes is made[2].notes
+    assert checked == [0.1, 0.1, 0.1]  # once per call
+    mine = Budget(30.0, "mine")
+    res = bench.fit_memory(1, 8, budget_s=mine, progress=False, max_trials=1)
+    assert res.spent is mine.spent and len(made) == 4  # passed down as the object: not made again
+
+
+def test_tune_spends_one_budget_through_its_race_and_reports_its_account(budgets, fake_clock):
+    from test_tune import FakeBench, speed_model
+
+    made, checked = budgets
+    bench = fake_clock(FakeBench(speed_model, lambda k: 1000 * k.batch_size))
+    res = tune(bench, budget_s=8, stages=("data",), explain=False)
+    assert len(made) == 1 and checked == [8] and res.spent is made[0].spent
+    assert sum(res.spent.seconds.values()) == pytest.approx(len(bench.trials))  # each fake trial: 1 s, all counted
+    assert res.spent.not_started == len(res.spent.left_out)

@@ -369,7 +369,8 @@ class Workbench:
         `self.run` for trials (the panel passes its own runner); a set `cancel` event stops the
         interleaved turns at the next pair (the panel's Stop button).
         """
-        budget = Budget.of(budget_s, "compare", whole_first=False)  # this call's one budget: turns and rounds spend it
+        # this call's one budget (validated here, once): its turns and rounds spend it; rounds=0 spends nothing
+        budget = Budget.of(budget_s, "compare", whole_first=False) if rounds or budget_s is not None else None
         ra = a if isinstance(a, TrialResult) else self.log.get(a)
         rb = b if isinstance(b, TrialResult) else self.log.get(b)
         if interleave is not None:  # the keyword before `method`
