@@ -249,9 +249,9 @@ def test_a_compare_call_validates_budget_s_once_and_a_bad_one_before_any_trial(m
     budget_s raises once, before the pinned trials, the turns or any round."""
     made, checked = budgets
     bench = make_bench(steps=2, warmup_steps=1)
-    a, b = bench.run(), bench.run(batch_size=16)
+    a, _between, b = bench.run(), bench.run(batch_size=4), bench.run()  # not back to back: rounds run
     c = bench.compare(a, b, rounds="auto", max_rounds=2, budget_s=60, method="trials")  # compare -> rounds
-    assert c.method == "trials" and c.rounds >= 1 and len(made) == 1 and checked == [60]
+    assert c.method == "trials" and c.rounds >= 1 and len(made) == 1 and checked == [60], (c.rounds, c.note, made, checked)
     turns = bench.compare(a, bench.run(cpu_threads=1), rounds="auto", budget_s=2)  # compare -> interleaved turns
     assert turns.method == "interleaved" and len(made) == 2 and checked == [60, 2]
     n = len(bench.trials)
