@@ -270,11 +270,12 @@ class Budget:
         first = not self.started and self.whole_first
         whole = first or needed
         left = self.left()
-        if left is not None and not (whole or starts) and not self.fits_trial(knobs):
+        est = None if left is None or whole or starts else self.estimate(knobs)  # once per trial
+        if est is not None and not self.fits(est):
             self.spent.not_started += 1
             self.spent.left_out.append(label or knobs.label())
-            self.notes.append(f"{label or knobs.label()} not run: its estimate {self.estimate(knobs) or 0.0:.1f} s did "
-                              f"not fit the {max(0.0, left):.1f} s left of budget_s={self.budget_s:g}; raise budget_s to run it")
+            self.notes.append(f"{label or knobs.label()} not run: its estimate {est:.1f} s did not fit the "
+                              f"{max(0.0, left):.1f} s left of budget_s={self.budget_s:g}; raise budget_s to run it")  # type: ignore[arg-type]
             return None
         at = None if left is None or whole or not deadline else self.budget_s * DEADLINE - self.elapsed()  # type: ignore[operator]
         self.started += 1
