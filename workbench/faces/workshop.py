@@ -39,6 +39,7 @@ from ..core.measure import TrialResult
 from ..deciding.rounds import compare
 from ..results.comparison import noise_of
 from ..results.records import bad_lines_text, read_records
+from ..results.rules import ANSWERS
 from .learners import TRIALS, SimulatedLearners, learner_session, simulate_learners
 
 # The columns an instructor reads first; knobs and details follow.
@@ -379,7 +380,7 @@ class Workshop:
         data["who"] = data["participant"]
         x = alt.X("who:N", title=None, axis=alt.Axis(labelAngle=-40))
         y = alt.Y("speedup:Q", title="speedup vs own baseline", scale=alt.Scale(type="log", zero=False))
-        colour = alt.Color("verdict:N", scale=alt.Scale(domain=["faster", "slower", "same", "undecided"],
+        colour = alt.Color("verdict:N", scale=alt.Scale(domain=list(ANSWERS),
                                                          range=["#2e7d32", "#c62828", "#1565c0", "#bbbbbb"]))
         tooltip = ["participant:N", "machine:N", "knob:N", alt.Tooltip("speedup:Q", format=".2f"),
                    alt.Tooltip("speedup_low:Q", format=".2f", title="95% low"),

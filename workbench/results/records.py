@@ -22,6 +22,7 @@ from typing import Any
 
 from ..core.knobs import BUILTIN_KNOBS, Knobs, knob_names
 from ..core.measure import STATUSES, TrialResult
+from .rules import ANSWERS
 from .stats import Comparison
 
 MAX_LINE_BYTES = 1 << 20  # a trial record is a few KB; a longer line is not one of ours
@@ -128,7 +129,6 @@ def _knobs_of(rec: dict[str, Any]) -> Knobs:
     return knobs
 
 
-ANSWERS = ("faster", "slower", "same", "undecided")
 METHODS = ("trials", "interleaved")
 
 
