@@ -4,7 +4,7 @@ A log line is read as something anyone could have written (a shared folder, a co
 is never unpickled and never evaluated; a line that is too long, too deep, not JSON, holds
 non-finite numbers, or fields of the wrong type or range is refused with a BadRecord whose message
 never quotes the line. `safe_file_name` turns a participant's or workbench's name into a short,
-stable file name. The log itself (locking, appends) is `resultlog.ResultLog`.
+stable file name. The log itself (reading files, locking, appends) is `log.py`.
 """
 
 from __future__ import annotations
