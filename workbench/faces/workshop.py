@@ -39,6 +39,7 @@ from ..core.measure import TrialResult
 from ..deciding.rounds import compare
 from ..results.comparison import noise_of
 from ..results.records import bad_lines_text, read_records
+from .display import VERDICT_COLORS
 from .learners import TRIALS, SimulatedLearners, learner_session, simulate_learners
 
 # The columns an instructor reads first; knobs and details follow.
@@ -379,8 +380,8 @@ class Workshop:
         data["who"] = data["participant"]
         x = alt.X("who:N", title=None, axis=alt.Axis(labelAngle=-40))
         y = alt.Y("speedup:Q", title="speedup vs own baseline", scale=alt.Scale(type="log", zero=False))
-        colour = alt.Color("verdict:N", scale=alt.Scale(domain=["faster", "slower", "same", "undecided"],
-                                                         range=["#2e7d32", "#c62828", "#1565c0", "#bbbbbb"]))
+        colour = alt.Color("verdict:N", scale=alt.Scale(domain=list(VERDICT_COLORS),
+                                                         range=list(VERDICT_COLORS.values())))
         tooltip = ["participant:N", "machine:N", "knob:N", alt.Tooltip("speedup:Q", format=".2f"),
                    alt.Tooltip("speedup_low:Q", format=".2f", title="95% low"),
                    alt.Tooltip("speedup_high:Q", format=".2f", title="95% high"), "verdict:N", "torch:N"]
