@@ -191,7 +191,7 @@ class Scaling:
 
     def __repr__(self) -> str:
         notes = "".join(f"\n  {n}" for n in self.notes)
-        return f"Scaling ({len(self)} rows; .chart() draws it):\n{self.frame[self._columns()].to_string(index=False)}{notes}"
+        return f"Scaling ({len(self)} row{'s' if len(self) != 1 else ''}; .chart() draws it):\n{self.frame[self._columns()].to_string(index=False)}{notes}"
 
     def _repr_html_(self) -> str:
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
