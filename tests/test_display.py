@@ -1,11 +1,10 @@
 """display.py: tables rounded, with units in the headers, the cached batch's loss marked; the one status
-palette; the HTML of a TrialResult and a Comparison (plain data, drawn here); the Scaling result."""
+palette; the HTML of a TrialResult and a Comparison (plain data, drawn here)."""
 
 from __future__ import annotations
 
 import html
 import re
-import warnings
 
 import numpy as np
 import pandas as pd
@@ -15,7 +14,7 @@ from IPython.core.formatters import DisplayFormatter
 import workbench as wb
 from workbench.core import views
 from workbench.core.measure import STATUSES, TrialResult
-from workbench.faces.display import BASELINE_COLOR, STATUS_COLORS, Scaling, comparison_html, tidy, trial_html
+from workbench.faces.display import BASELINE_COLOR, STATUS_COLORS, comparison_html, tidy, trial_html
 from workbench.results.stats import Comparison, estimate_noise
 
 
@@ -126,37 +125,3 @@ def test_panel_chart_and_card_use_one_colour_per_status():
         card = trial_html(TrialResult(knobs=wb.Knobs(), status=status, message="m"))
         assert f"border-left:4px solid {colour}" in card
     assert KIND_COLORS[KINDS.index("baseline")] == BASELINE_COLOR
-
-
-# ---- Scaling: what bench.scaling() returns ------------------------------------------------------------------
-def scaling_frame() -> pd.DataFrame:
-    frame = pd.DataFrame({"world_size": [1, 2], "strategy": ["one process", "ddp"], "setup": ["1", "2 x ddp"],
-                          "samples_per_s": [100.0, 150.0], "per_rank_samples_per_s": [100.0, 75.0],
-                          "efficiency": [1.0, 0.75], "threads_per_rank": [2, 1], "exposed_comm_share": [None, 0.1],
-                          "step_time_ms": [10.0, 13.3], "peak_memory_mb": [5.0, 5.5], "model_state_mb": [1.0, 1.0],
-                          "status": ["ok", "ok"], "trial_id": [1, 2]})
-    frame.attrs.update(spent="spent", notes=["world_size=4: not run"])
-    return frame
-
-
-def test_scaling_holds_the_frame_and_draws_its_chart():
-    s = Scaling(scaling_frame())
-    assert list(s["efficiency"]) == [1.0, 0.75] and len(s) == 2 and s.frame.iloc[1]["setup"] == "2 x ddp"
-    assert s.spent == "spent" and s.notes == ["world_size=4: not run"]
-    spec = s.chart().to_dict()
-    assert len(spec["layer"]) == 3 and spec["layer"][0]["mark"]["color"] == STATUS_COLORS["ok"]
-    text = repr(s)
-    assert text.startswith("Scaling (2 rows; .chart() draws it)") and "2 x ddp" in text and "world_size=4" in text
-    page = notebook_html(s)
-    assert "efficiency" in page and "75%" in page and "world_size=4: not run" in page and "scaling.chart()" in page
-    bare = Scaling(pd.DataFrame({"world_size": [1], "samples_per_s": [9.0]}))
-    assert bare.notes == [] and bare.spent is None and repr(bare).startswith("Scaling (1 row;")
-
-
-def test_the_deprecated_scaling_chart_points_to_the_result(make_bench):
-    bench = make_bench(steps=2)
-    with pytest.warns(FutureWarning, match=r"bench\.scaling\(\.\.\.\)\.chart\(\)"):
-        chart = bench.scaling_chart(scaling_frame())
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert chart.to_dict() == Scaling(scaling_frame()).chart().to_dict()

@@ -31,7 +31,7 @@ from ..launch.cluster import check_executor, local_device, where_note
 from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel_slot, run_trial, submit_trial
 from ..results import Comparison, ResultLog
 from ..results.stats import MARGIN, Noise
-from .display import Scaling
+from .scaling import Scaling
 from .surface import DEPRECATED, log_path, require_notebook
 
 DEFAULT_LOG_DIR = "workbench-runs"

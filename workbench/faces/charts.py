@@ -303,7 +303,7 @@ def on_trial_pick(jupyter_chart: Any, fn: Callable[[int | None], None]) -> Calla
     return detach
 def scaling_chart(scaling: pd.DataFrame, *, width: int = 360) -> alt.TopLevelMixin:
     """Global samples/s per world size (bars) against ideal linear scaling from the first row
-    (dashed line), each bar labelled with its efficiency: `bench.scaling(...).chart()` (display.Scaling)."""
+    (dashed line), each bar labelled with its efficiency: `bench.scaling(...).chart()` (faces/scaling.py)."""
     df = scaling.copy()
     base = df.iloc[0]
     df["ideal"] = df["world_size"] / base["world_size"] * (base["samples_per_s"] or 0.0)
