@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from IPython.core.formatters import DisplayFormatter
 
-from workbench.faces.display import STATUS_COLORS
+from workbench.faces.display import STATUS_COLORS, tidy
 from workbench.faces.scaling import Scaling
 
 
@@ -32,6 +32,14 @@ def test_scaling_holds_the_frame_and_draws_its_chart():
     assert text.startswith("Scaling (2 rows; .chart() draws it)") and "2 x ddp" in text and "world_size=4" in text
     page = DisplayFormatter().format(s)[0]["text/html"]
     assert "efficiency" in page and "75%" in page and "world_size=4: not run" in page and "scaling.chart()" in page
+    with pytest.warns(FutureWarning, match=r"use \.frame\.iloc"):
+        assert s.iloc[1]["setup"] == "2 x ddp"  # the DataFrame it was until issue 42, for one release
+    with pytest.warns(FutureWarning, match=r"\.frame\.attrs"):
+        assert s.attrs["notes"] is s.notes
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        s.nope  # noqa: B018
+    with pytest.raises(TypeError, match=r"got Scaling \(pass its \.frame\)"):
+        tidy(s, ["world_size"])
     bare = Scaling(pd.DataFrame({"world_size": [1], "samples_per_s": [9.0]}))
     assert bare.notes == [] and bare.spent is None and repr(bare).startswith("Scaling (1 row;")
 

@@ -75,7 +75,8 @@ def tidy(df: pd.DataFrame, columns: list[str] | None = None, *, index: bool = Fa
     frame still marks the cached batch's loss.
     """
     if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"tidy takes a pandas DataFrame, got {type(df).__name__}")
+        hint = " (pass its .frame)" if isinstance(getattr(df, "frame", None), pd.DataFrame) else ""
+        raise TypeError(f"tidy takes a pandas DataFrame, got {type(df).__name__}{hint}")
     missing = [c for c in columns or [] if c not in df.columns]
     if missing:
         raise ValueError(f"tidy: no column(s) {missing} in the frame; it has {list(df.columns)}")

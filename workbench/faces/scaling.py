@@ -11,6 +11,7 @@ Importable without altair: only `chart()` needs the notebook extra.
 from __future__ import annotations
 
 import html
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,18 +38,27 @@ class Scaling:
     def __getitem__(self, column: Any) -> Any:
         return self.frame[column]
 
+    def __getattr__(self, name: str) -> Any:
+        """Until issue 42 `bench.scaling()` returned the DataFrame itself: its other names (`iloc`, `attrs`,
+        `to_csv`, ...) still reach `frame` for one release, with a FutureWarning naming `.frame`."""
+        if name == "frame" or name.startswith("_") or not hasattr(pd.DataFrame, name):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        warnings.warn(f"bench.scaling() returns a Scaling now: use .frame.{name} (its DataFrame)", FutureWarning,
+                      stacklevel=2)
+        return getattr(self.frame, name)
+
     def __len__(self) -> int:
         return len(self.frame)
 
     @property
     def spent(self) -> Any:
-        """The budget's account (deciding/budget.py `Spend`), or None without a `budget_s`."""
+        """The budget's account (deciding/budget.py `Spend`), the search's own object."""
         return self.frame.attrs.get("spent")
 
     @property
     def notes(self) -> list[str]:
         """Where the seconds went: a row left out or stopped at the deadline, and why."""
-        return list(self.frame.attrs.get("notes") or ())
+        return self.frame.attrs.get("notes", [])
 
     def chart(self, *, width: int = 360) -> Any:
         """Global samples/s per world size (bars) against linear scaling (dashed), each bar labelled with its
