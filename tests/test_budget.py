@@ -154,7 +154,7 @@ def test_fit_memory_with_a_budget_smaller_than_one_trial_runs_the_start_alone_an
 
 def test_scaling_with_a_small_budget_runs_the_first_row_and_marks_the_rest(make_bench):
     bench = make_bench(model=SleepNet(0.05), steps=3, warmup_steps=1)
-    frame = bench.scaling((1, 2), budget_s=0.1, progress=False)  # world_size=2 would start 2 processes
+    frame = bench.scaling((1, 2), budget_s=0.1, progress=False).frame  # world_size=2 would start 2 processes
     assert len(bench.trials) == 1
     assert list(frame["status"]) == ["ok", "not run: over the budget"]
     notes = frame.attrs["notes"]

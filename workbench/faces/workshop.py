@@ -40,6 +40,7 @@ from ..results.comparison import noise_of
 from ..results.log import Unreadable, read_appended
 from ..results.records import bad_lines_text
 from ..results.rules import ANSWERS
+from .display import VERDICT_COLORS
 from .learners import TRIALS, SimulatedLearners, learner_session, simulate_learners
 
 # The columns an instructor reads first; knobs and details follow.
@@ -330,7 +331,7 @@ class Workshop:
         x = alt.X("who:N", title=None, axis=alt.Axis(labelAngle=-40))
         y = alt.Y("speedup:Q", title="speedup vs own baseline", scale=alt.Scale(type="log", zero=False))
         colour = alt.Color("verdict:N", scale=alt.Scale(domain=list(ANSWERS),
-                                                         range=["#2e7d32", "#c62828", "#1565c0", "#bbbbbb"]))
+                                                         range=[VERDICT_COLORS[a] for a in ANSWERS]))
         tooltip = ["participant:N", "machine:N", "knob:N", alt.Tooltip("speedup:Q", format=".2f"),
                    alt.Tooltip("speedup_low:Q", format=".2f", title="95% low"),
                    alt.Tooltip("speedup_high:Q", format=".2f", title="95% high"), "verdict:N", "torch:N"]

@@ -32,7 +32,6 @@ one-look rule, vectorised: `decide` and the results table both call it.
 from __future__ import annotations
 
 import functools
-import html
 import math
 import statistics
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..core.views import html_view
 from .rules import ANSWER_WORDS, MARGIN, Answer, check_margin
 
 CONFIDENCE = 0.95
@@ -325,23 +325,9 @@ class Comparison:
 
     __repr__ = __str__
 
-    def _repr_html_(self) -> str:
-        if self.method == "interleaved":  # hundreds of turns: each side's median turn, not every one
-            rows = "".join(f"<tr><td>{side}</td><td>#{t}</td><td>{len(r)} turns, median "
-                           f"{statistics.median(r) if r else float('nan'):,.1f}</td></tr>"
-                           for side, t, r in (("A", self.a, self.a_rates), ("B", self.b, self.b_rates)))
-        else:
-            rows = self._trial_rows()
-        color = {"faster": "#2e7d32", "slower": "#c62828", "same": "#1565c0"}.get(self.answer, "#616161")
-        return (f'<p style="color:{color}">{html.escape(str(self))}</p>'  # the sentence says the verdict once
-                f'<table class="wb-comparison"><tr><th></th><th>trials</th><th>samples/s</th></tr>{rows}</table>'
-                f"<p><small>{html.escape(str(self.noise))}</small></p>")
-
-    def _trial_rows(self) -> str:
-        return "".join(
-            f"<tr><td>{side}</td><td>{', '.join(f'#{t}' for t in ids)}</td>"
-            f"<td>{', '.join(f'{r:,.1f}' for r in rates)}</td></tr>"
-            for side, ids, rates in (("A", self.a_trials, self.a_rates), ("B", self.b_trials, self.b_rates)))
+    def _repr_html_(self) -> str | None:
+        """What Jupyter draws: faces/display.py's `comparison_html`, registered in `views.HTML` (None: the str)."""
+        return html_view(self)
 
 
 class Looks(NamedTuple):
