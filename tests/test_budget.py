@@ -160,7 +160,7 @@ def test_fit_memory_with_a_budget_smaller_than_one_trial_runs_the_start_alone_an
 
 def test_scaling_with_a_small_budget_runs_the_first_row_and_marks_the_rest(make_bench):
     bench = make_bench(model=SleepNet(0.05), steps=3, warmup_steps=1)
-    frame = bench.scaling((1, 2), budget_s=0.1, progress=False)  # world_size=2 would start 2 processes
+    frame = bench.scaling((1, 2), budget_s=0.1, progress=False).frame  # world_size=2 would start 2 processes
     assert len(bench.trials) == 1
     assert list(frame["status"]) == ["ok", "not run: over the budget"]
     notes = frame.attrs["notes"]
@@ -308,7 +308,7 @@ def test_each_verb_reports_the_account_of_its_one_budget(make_bench, budgets):
     fit = bench.fit_memory(1, 8, budget_s=0.1, progress=False)
     assert len(made) == 1 and fit.spent is made[0].spent and checked == [0.1]
     frame = bench.scaling((1, 2), budget_s=0.1, progress=False)
-    assert len(made) == 2 and frame.attrs["spent"] is made[1].spent and frame.attrs["notes"] is made[1].notes
+    assert len(made) == 2 and frame.spent is made[1].spent and frame.notes is made[1].notes
     d = bench.diagnose(budget_s=0.1, progress=False)
     assert len(made) == 3 and d.spent is made[2].spent and d.budget_notes is made[2].notes
     assert checked == [0.1, 0.1, 0.1]  # once per call

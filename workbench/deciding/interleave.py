@@ -34,8 +34,9 @@ from typing import Any
 import torch
 
 from ..core.knobs import KNOBS, Knobs, process_env, settings
-from ..core.measure import release_free_memory, sync
+from ..core.measure import sync
 from ..core.step import BatchSource, LossBuffer, Stage, TrainStep, seeded
+from ..core.system import release_free_memory
 from ..core.workload import Workload
 from ..launch.runner import check_knobs, sort_failure
 from ..results.stats import INTERLEAVE_LOOKS, MARGIN, Comparison, decide_interleaved

@@ -19,6 +19,9 @@ from ..results.stats import MARGIN, Comparison, Noise, decide_sequential
 from .budget import Budget, takes_cancel, work_clock
 
 Run = Callable[[Knobs], TrialResult | None]
+# A confirmation runs at most this many extra alternating rounds: the race's winner against the start
+# (search/race.py), a cached batch's speedup before the data pipeline is called the bottleneck (diagnose/).
+CONFIRM_ROUNDS = 4
 
 
 def compare(a: Trials, b: Trials, *, rounds: int | str = 0, run: Run | None = None, log: ResultLog | None = None,

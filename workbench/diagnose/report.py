@@ -18,10 +18,10 @@ from ..core.knobs import Knobs
 from ..core.measure import TrialResult, fmt_bytes
 from ..core.trace import trace_file
 from ..deciding.budget import Budget, Spend
+from ..deciding.rounds import CONFIRM_ROUNDS
 from ..results.protocol import Bench
 from .compile import explain_compile
 from .data import (
-    CONFIRM_ROUNDS,
     DATA_BOUND_SPEEDUP,
     DATA_WAIT_LIMIT,
     DataCheck,

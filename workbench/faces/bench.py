@@ -31,6 +31,7 @@ from ..launch.cluster import check_executor, local_device, where_note
 from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel_slot, run_trial, submit_trial
 from ..results import Comparison, ResultLog
 from ..results.stats import MARGIN, Noise
+from .scaling import Scaling
 from .surface import DEPRECATED, log_path, require_notebook
 
 DEFAULT_LOG_DIR = "workbench-runs"
@@ -542,22 +543,21 @@ class Workbench:
         return to_tensorboard(self.trials, logdir, name=self.name)
 
     def scaling(self, world_sizes: tuple[int, ...] = (1, 2), *, strategies: tuple[str, ...] | None = None,
-                progress: bool | None = None, budget_s: float | None = None, **knobs: Any) -> pd.DataFrame:
+                progress: bool | None = None, budget_s: float | None = None, **knobs: Any) -> Scaling:
         """One trial per world size (and per strategy: `strategies=("ddp", "fsdp2")`) with the same other
-        knobs: samples/s, efficiency, peak memory and model state per rank (see scaling.py); `budget_s`
-        caps the seconds (budget.py)."""
+        knobs: samples/s, efficiency, peak memory and model state per rank (see scaling.py), as a `Scaling`
+        (`.frame` the table, `.chart()` its picture, `["efficiency"]` a column); `budget_s` caps the seconds
+        (budget.py)."""
         from ..search.scaling import plan, scaling
 
         budget = Budget.of(budget_s, "scaling")  # validated once, before anything runs
         total = len(plan(self, world_sizes, strategies, knobs))
         with search(progress, "scaling", log=self.log, total=total, budget_s=budget.budget_s):
-            return scaling(self, world_sizes, strategies, budget_s=budget, **knobs)
+            return Scaling(scaling(self, world_sizes, strategies, budget_s=budget, **knobs))
 
-    def _scaling_chart(self, frame: pd.DataFrame) -> Any:
-        """The chart of a `scaling()` frame: measured bars vs linear scaling, efficiency labels."""
-        from .charts import scaling_chart
-
-        return scaling_chart(frame)
+    def _scaling_chart(self, frame: pd.DataFrame | Scaling) -> Any:
+        """The chart of a `scaling()` result (deprecated name: use `bench.scaling(...).chart()`)."""
+        return (frame if isinstance(frame, Scaling) else Scaling(frame)).chart()
 
     def __getattr__(self, name: str) -> Any:
         """The names that left the public surface keep working for one release, with a FutureWarning."""

@@ -30,16 +30,15 @@ from ..core.knobs import Knobs
 from ..core.measure import TrialResult, fmt_bytes
 from ..deciding.budget import Budget, cost_class
 from ..deciding.interleave import INTERLEAVE_WARMUP, MIN_PAIRS, WARMUP_S, InterleaveFailed, why_not
-from ..deciding.rounds import compare
+from ..deciding.rounds import CONFIRM_ROUNDS, compare
 from ..results.comparison import Trials
 from ..results.log import ResultLog
 from ..results.protocol import Bench
+from ..results.rules import MARGIN
 from ..results.stats import Comparison
 
-SAME_MARGIN = 0.05  # "same speed": the interval of the ratio lies within ±5%
-ANSWERS = ("faster", "slower", "same", "undecided")
+SAME_MARGIN = MARGIN  # the one "same speed" margin (results/rules.py), by the name the race has always used
 MAX_ROUNDS = 4  # alternating rounds per race
-CONFIRM_ROUNDS = 4  # at most this many extra alternating rounds settle the winner against the start
 # Seconds for one interleaved comparison in a race: what one more round of its two sides' trials would
 # cost, at least 2 s (two builds, warm-ups and a first look) and at most 10 s
 RACE_INTERLEAVE_S = (2.0, 10.0)
@@ -47,7 +46,7 @@ RACE_INTERLEAVE_S = (2.0, 10.0)
 # ---- the one decision adapter -------------------------------------------------------------------
 def answer_of(a: Trials, b: Trials, *, rounds: int = 0, run: Callable[[Knobs], TrialResult] | None = None,
             log: ResultLog | None = None) -> tuple[str, Comparison]:
-    """B against A as one of ANSWERS; the ONE place tune() turns a comparison into a decision.
+    """B against A as one of ANSWERS (results/rules.py); the ONE place tune() turns a comparison into a decision.
 
     Decisions pool each side's repeats against the log's learnt between-trial noise (integer rounds):
     the race already alternates its rounds and keeps every trial as evidence, whereas

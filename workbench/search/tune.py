@@ -29,11 +29,13 @@ from ..core.measure import TrialResult
 from ..core.stepshape import StepShape
 from ..core.system import available_allocators
 from ..deciding.budget import EXPLAIN_PRIOR, Budget, Spend
+from ..diagnose.data import DATA_WAIT_LIMIT
 from ..diagnose.verdict import ALLOCATOR_SHARE
 from ..results.protocol import Bench
+from ..results.rules import ANSWERS
 from ..results.stats import Comparison
 from .fit import DEFAULT_HEADROOM, FitResult, fit_memory, memory_ceiling, renamed  # the memory rescue lives in fit.py
-from .race import ANSWERS, SAME_MARGIN, Ctx, Entry, admit, answer_of, confirm_winner, near_misses, race, settled
+from .race import SAME_MARGIN, Ctx, Entry, admit, answer_of, confirm_winner, near_misses, race, settled
 
 STAGES = ("process", "data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
 DEFAULT_TRIALS = 24  # the trial cap when neither budget nor budget_s is given
@@ -287,9 +289,6 @@ def _explain(ctx: Ctx, start: TrialResult, best: TrialResult) -> Any:
     return why
 
 
-DATA_BOUND = 0.2  # a start that waits for data this share of its window enters every worker option first
-
-
 def faulting(bench: Bench, knobs: Knobs) -> float | None:
     """The page-fault share of CPU time of the latest one-process CPU trial of `knobs` when above the
     diagnosis's ALLOCATOR_SHARE (the allocator is then raced first, each mode in a fresh process)."""
@@ -315,7 +314,7 @@ def _lead(ctx: Ctx, start: TrialResult) -> tuple[str, ...]:
                               f"{padding:.0%} of the start's token slots are padding: group_by_length and "
                               "packing before workers, precision or kernels")
     wait = start.data_wait_share or 0.0
-    if wait >= DATA_BOUND:
+    if wait >= DATA_WAIT_LIMIT:  # data-bound by diagnose's rule: every worker option enters first
         return _entered_first(ctx, "data", "every worker count", ("workers",),
                               f"the start waits for data {wait:.0%} of its window: worker counts (with compute "
                               "threads) before precision or kernels")
