@@ -11,10 +11,20 @@ from conftest import SleepNet
 
 import workbench as wb
 from workbench.core.measure import TrialResult
-from workbench.deciding.budget import Allowance, Deadline, Spend, check_budget_s, estimate, takes_cancel
+from workbench.deciding.budget import Budget, Deadline, check_budget_s, estimate, takes_cancel
 from workbench.search.tune import tune
 
 STEP_S = 0.02  # the sleep model's forward
+
+
+class FakeClock:
+    """A clock the fake trials advance: budgets decided without real time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @pytest.mark.parametrize("bad", [0, -5, math.nan, math.inf, "60", True])
@@ -42,31 +52,37 @@ def test_estimates_come_from_the_most_similar_measured_configuration():
 
 def test_a_deadline_stops_a_trial_recorded_as_stopped_by_the_budget(make_bench):
     bench = make_bench(model=SleepNet(STEP_S), steps=200, warmup_steps=1)
-    spent = Spend(budget_s=1.0)
+    budget = Budget(0.5 / 1.05, "tune", whole_first=False)  # its deadline: 0.5 s from now
     t = time.perf_counter()
-    r = spent.run(bench.run, bench.defaults, purpose="race", deadline_in_s=0.5, stop_early=True,
-                  clock=time.perf_counter)
+    r = budget.trial(bench.run, bench.defaults, purpose="race", starts=True)
     assert time.perf_counter() - t < 200 * STEP_S / 2  # far short of its window
-    assert r.status == "interrupted" and r.message.startswith("stopped by the budget"), r.message
+    assert r.status == "interrupted" and r.message.startswith("stopped by the budget (tune's"), r.message
+    spent = budget.spent
     assert spent.stopped == [r.trial_id] and not spent.measured and spent.seconds["race"] > 0
-    assert "1 stopped at the deadline (not evidence)" in str(spent)
+    assert "1 stopped at the deadline (not evidence)" in str(budget)
     d = Deadline(10.0, "why")
     d.set()  # Ctrl-C's set(): not the budget's stop
     assert not d.expired and d.reason == ""
     d.cancel()
 
 
-def test_spend_records_a_finished_trial_as_evidence():
-    spent = Spend(budget_s=None)
+def test_a_budget_records_a_finished_trial_as_evidence():
+    clock = FakeClock()
+    budget = Budget(None, "tune", clock=clock)
     k = wb.Knobs(batch_size=8)
 
     def run(knobs, **kwargs):
         assert kwargs == {"stop_early": False}
+        clock.now += 3.0
         return TrialResult(knobs=knobs, status="ok", trial_id=1)
 
-    spent.run(run, k, purpose="confirm", deadline_in_s=None, stop_early=False, clock=time.perf_counter)
-    assert spent.measured[0][0] == k and spent.measured[0][2] and "confirm" in str(spent)
-    assert spent.fits(k, left_s=10.0) and not spent.fits(k, left_s=-1.0)
+    budget.trial(run, k, purpose="confirm", stop_early=False)
+    spent = budget.spent
+    assert spent.measured == [(k, 3.0, True)] and str(budget) == "confirm 3.0 s"
+    assert budget.fits_trial(k) and budget.left() is None  # no budget: everything fits
+    capped = Budget(10.0, "tune", clock=clock)
+    capped.spent.measured[:] = spent.measured
+    assert capped.fits_trial(k) and not capped.fits_trial(k, factor=4.0)  # 3 s fits 10 s; 12 s does not
 
 
 @pytest.mark.slow
@@ -83,20 +99,10 @@ def test_tune_budget_s_is_a_cap(make_bench):
     assert all(r.trial_id not in res.spent.stopped for r in [res.best])  # a stopped trial is never the answer
 
 
-# ---- the same cap wherever a budget_s is taken (Allowance): compare, diagnose, fit_memory, scaling ----
-class FakeClock:
-    """A clock the fake trials advance: budgets decided without real time."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_an_allowance_runs_the_first_trial_whole_and_keeps_out_what_does_not_fit():
+# ---- the same cap wherever a budget_s is taken (one Budget): compare, diagnose, fit_memory, scaling ----
+def test_a_budget_runs_the_first_trial_whole_and_keeps_out_what_does_not_fit():
     clock, calls = FakeClock(), []
-    allow = Allowance(10.0, "fit_memory", clock=clock)
+    allow = Budget(10.0, "fit_memory", clock=clock)
     k = wb.Knobs(batch_size=8)
 
     def run(knobs, **kwargs):
@@ -113,9 +119,9 @@ def test_an_allowance_runs_the_first_trial_whole_and_keeps_out_what_does_not_fit
     assert allow.left() == pytest.approx(-2.0) and not allow.fits(0.5)
 
 
-def test_an_allowance_stops_a_later_trial_at_the_deadline_and_says_so(make_bench):
+def test_a_budget_stops_a_later_trial_at_the_deadline_and_says_so(make_bench):
     bench = make_bench(model=SleepNet(STEP_S), steps=3, warmup_steps=1)
-    allow = Allowance(1.0, "scaling")
+    allow = Budget(1.0, "scaling")
     first = allow.trial(bench.run, bench.defaults, label="first")
     assert first.ok and not allow.stopped(first)
     long = bench.knobs(batch_size=4)
@@ -154,7 +160,7 @@ def test_fit_memory_with_a_budget_smaller_than_one_trial_runs_the_start_alone_an
 
 def test_scaling_with_a_small_budget_runs_the_first_row_and_marks_the_rest(make_bench):
     bench = make_bench(model=SleepNet(0.05), steps=3, warmup_steps=1)
-    frame = bench.scaling((1, 2), budget_s=0.1, progress=False)  # world_size=2 would start 2 processes
+    frame = bench.scaling((1, 2), budget_s=0.1, progress=False).frame  # world_size=2 would start 2 processes
     assert len(bench.trials) == 1
     assert list(frame["status"]) == ["ok", "not run: over the budget"]
     notes = frame.attrs["notes"]
@@ -213,3 +219,110 @@ def test_workbench_compare_checks_budget_s(make_bench):
     a = bench.run()
     with pytest.raises(ValueError, match="budget_s must be a positive"):
         bench.compare(a, a, rounds="auto", budget_s=True)
+
+
+# ---- one Budget per verb call: validated once, passed down, its account is the verb's --------------
+@pytest.fixture
+def budgets(monkeypatch):
+    """Every Budget made (each validates its budget_s, once) and every budget_s validated, in order."""
+    import workbench.deciding.budget as budget_mod
+
+    made, checked = [], []
+    real_init, real_check = Budget.__init__, budget_mod.check_budget_s
+
+    def init(self, *args, **kwargs):
+        made.append(self)
+        real_init(self, *args, **kwargs)
+
+    def check(budget_s):
+        checked.append(budget_s)
+        real_check(budget_s)
+
+    monkeypatch.setattr(Budget, "__init__", init)
+    monkeypatch.setattr(budget_mod, "check_budget_s", check)
+    return made, checked
+
+
+@pytest.mark.slow
+def test_a_compare_call_validates_budget_s_once_and_a_bad_one_before_any_trial(make_bench, budgets):
+    """bench.compare -> its rounds (rounds.compare) -> their trials: one Budget, one validation; a bad
+    budget_s raises once, before the pinned trials, the turns or any round."""
+    made, checked = budgets
+    bench = make_bench(steps=2, warmup_steps=1)
+    a, _between, b = bench.run(), bench.run(batch_size=4), bench.run()  # not back to back: rounds run
+    c = bench.compare(a, b, rounds="auto", max_rounds=2, budget_s=60, method="trials")  # compare -> rounds
+    assert c.method == "trials" and c.rounds >= 1 and len(made) == 1 and checked == [60], (c.rounds, c.note, made, checked)
+    turns = bench.compare(a, bench.run(cpu_threads=1), rounds="auto", budget_s=2)  # compare -> interleaved turns
+    assert turns.method == "interleaved" and len(made) == 2 and checked == [60, 2]
+    n = len(bench.trials)
+    with pytest.raises(ValueError, match="budget_s must be a positive") as err:
+        bench.compare(a, b, rounds="auto", budget_s=-1)
+    assert checked == [60, 2, -1] and len(bench.trials) == n and "-1" in str(err.value)
+
+
+def test_a_later_trial_that_does_not_fit_is_not_started_and_named_in_the_account():
+    clock, ran = FakeClock(), []
+    budget = Budget(10.0, "scaling", clock=clock)
+
+    def run(knobs, **kwargs):
+        ran.append(knobs)
+        clock.now += 7.0
+        return TrialResult(knobs=knobs, status="ok", trial_id=len(ran), samples_per_s=1.0)
+
+    k = wb.Knobs(batch_size=8)
+    assert budget.trial(run, k, label="world_size=1") is not None
+    assert budget.trial(run, k.replace(world_size=2), label="world_size=2 (ddp)") is None  # 14 s est., 3 s left
+    assert len(ran) == 1 and budget.spent.left_out == ["world_size=2 (ddp)"]
+    assert "1 trial(s) not started: their estimate did not fit the seconds left (world_size=2 (ddp))" in str(budget)
+
+
+def test_a_called_verb_spends_the_callers_budget_and_its_stopped_trial_is_in_the_callers_account():
+    """compare's rounds given a part of diagnose's Budget (as diagnose passes it down): the round's
+    trial runs under that budget's deadline, is stopped by it, and lands in the caller's account."""
+    from fake_trials import fake
+
+    from workbench.deciding.rounds import compare
+
+    caller, reasons = Budget(0.3, "diagnose", whole_first=False), []
+
+    def run(knobs, cancel=None, **kwargs):
+        stopped = cancel.wait(10.0)  # a trial that would take 10 s
+        reasons.append(cancel.reason)
+        return TrialResult(knobs=knobs, status="interrupted" if stopped else "ok", trial_id=99,
+                           message=getattr(cancel, "reason", ""))
+
+    t = time.perf_counter()
+    c = compare(fake([0.1] * 3, batch_size=8), fake([0.1] * 3, batch_size=16), rounds="auto", run=run,
+                budget_s=caller.part())
+    assert time.perf_counter() - t < 5.0 and c.rounds == 0
+    assert caller.spent.stopped == [99] and caller.spent.seconds["rounds"] > 0  # the caller's account: one object
+    assert reasons == ["stopped by the budget (diagnose's budget_s) at its deadline"] and "stopped by the budget" in c.note
+    assert "#99 (" in caller.notes[-1] and "stopped by the budget at its deadline" in caller.notes[-1]
+
+
+def test_each_verb_reports_the_account_of_its_one_budget(make_bench, budgets):
+    """fit_memory, scaling and diagnose each make one Budget (validating budget_s once) and report its
+    account and notes as theirs; a Budget passed in is spent as it is, not made again."""
+    made, checked = budgets
+    bench = make_bench(model=SleepNet(0.05), steps=3, warmup_steps=1)
+    fit = bench.fit_memory(1, 8, budget_s=0.1, progress=False)
+    assert len(made) == 1 and fit.spent is made[0].spent and checked == [0.1]
+    frame = bench.scaling((1, 2), budget_s=0.1, progress=False)
+    assert len(made) == 2 and frame.spent is made[1].spent and frame.notes is made[1].notes
+    d = bench.diagnose(budget_s=0.1, progress=False)
+    assert len(made) == 3 and d.spent is made[2].spent and d.budget_notes is made[2].notes
+    assert checked == [0.1, 0.1, 0.1]  # once per call
+    mine = Budget(30.0, "mine")
+    res = bench.fit_memory(1, 8, budget_s=mine, progress=False, max_trials=1)
+    assert res.spent is mine.spent and len(made) == 4  # passed down as the object: not made again
+
+
+def test_tune_spends_one_budget_through_its_race_and_reports_its_account(budgets, fake_clock):
+    from test_tune import FakeBench, speed_model
+
+    made, checked = budgets
+    bench = fake_clock(FakeBench(speed_model, lambda k: 1000 * k.batch_size))
+    res = tune(bench, budget_s=8, stages=("data",), explain=False)
+    assert len(made) == 1 and checked == [8] and res.spent is made[0].spent
+    assert sum(res.spent.seconds.values()) == pytest.approx(len(bench.trials))  # each fake trial: 1 s, all counted
+    assert res.spent.not_started == len(res.spent.left_out)

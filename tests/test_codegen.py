@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import workbench as wb
-from workbench.core.codegen import knobs_to_code
+from workbench.core.codegen import knobs_to_code, trial_to_code
 
 
 def namespace(conv: bool = False) -> dict:
@@ -70,6 +70,15 @@ def test_code_mentions_only_what_changed():
         assert present in full
     result = wb.TrialResult(knobs=wb.Knobs(batch_size=7), status="ok")
     assert "batch_size=7" in result.to_code()
+
+
+def test_a_trials_script_is_written_by_codegen():
+    """TrialResult.to_code is one call to codegen.trial_to_code: the knobs with the allocator mode the trial's
+    process ran in (env), and the keywords passed through."""
+    r = wb.TrialResult(knobs=wb.Knobs(batch_size=7), status="ok", env={"allocator": "glibc-kept"})
+    code = trial_to_code(r, steps=3)
+    assert code == r.to_code(steps=3) and "MALLOC_TRIM_THRESHOLD_" in code and "batch_size=7" in code
+    assert code == knobs_to_code(wb.Knobs(batch_size=7, allocator="glibc-kept"), steps=3)
 
 
 def test_code_validates_names():

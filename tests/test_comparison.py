@@ -8,7 +8,7 @@ from fake_trials import fake, noisy
 import workbench as wb
 from workbench.core.measure import TrialResult
 from workbench.results import ResultLog
-from workbench.results.comparison import judge
+from workbench.results.comparison import judge, noise_of
 
 
 def test_compare_a_large_gap_is_beyond_noise_even_on_the_prior():
@@ -78,3 +78,60 @@ def test_compare_uses_samples_per_s():
 def test_compare_needs_samples():
     with pytest.raises(ValueError, match="ok trials"):
         judge(fake([0.1, 0.1]), TrialResult(knobs=wb.Knobs(), status="error"))
+
+
+def _logged_trials(n: int = 40, seed: int = 0) -> list[TrialResult]:
+    """n numbered ok trials over three configurations, repeats and back-to-back pairs among them, one failure."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    knobs = [{}, {"num_workers": 1}, {"num_workers": 2}]
+    out = []
+    for i in range(n):
+        k = knobs[min(2, int(rng.integers(0, 4)))]  # runs of the last knobs: back-to-back pairs
+        r = fake(noisy(0.01 * (1 + 0.1 * len(k)), 0.02, n=8, seed=i), **k)
+        out.append(replace(r, trial_id=i + 1, samples_per_s=r.samples_per_s * (1 + 0.05 * rng.standard_normal())))
+    out[5] = replace(out[5], status="error", samples_per_s=None)  # no evidence, and it breaks a pair
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_noise_tracker_one_at_a_time_equals_the_batch_formulas(seed):
+    """The incremental estimator (Welford per configuration, a running sum over back-to-back pairs) gives the
+    figure estimate_noise and adjacent_noise give from the same trials at once, whatever their arrival order."""
+    import itertools
+
+    import numpy as np
+
+    from workbench.results.comparison import NoiseTracker, usable
+    from workbench.results.stats import adjacent_noise, estimate_noise
+
+    trials = _logged_trials(seed=seed)
+    ok = [r for r in trials if usable(r)]
+    groups = {}
+    for r in ok:
+        groups.setdefault(r.knobs, []).append(r.samples_per_s)
+    pairs = [(x.samples_per_s, y.samples_per_s) for x, y in itertools.pairwise(ok)
+             if y.trial_id == x.trial_id + 1 and x.knobs == y.knobs]
+    batch = estimate_noise(list(groups.values()))
+    assert batch.repeats > 10 and len(pairs) > 5  # the case has evidence of both kinds
+    tracker = NoiseTracker()
+    for i in np.random.default_rng(seed).permutation(len(trials)):  # any order: trials read back from several files
+        tracker.add(trials[i])
+    got = tracker.noise()
+    assert (got.repeats, got.configs, got.df, got.adjacent_pairs) == (batch.repeats, batch.configs, batch.df, len(pairs))
+    assert got.sigma == pytest.approx(batch.sigma, rel=1e-12) and got.measured == pytest.approx(batch.measured, rel=1e-12)
+    assert got.adjacent == pytest.approx(adjacent_noise(pairs), rel=1e-12)
+    in_order = noise_of(trials)  # noise_of is the same estimator, fed in log order
+    assert (in_order.sigma, in_order.adjacent) == (pytest.approx(got.sigma, rel=1e-12), pytest.approx(got.adjacent))
+
+
+def test_judge_and_the_log_use_one_noise_estimator():
+    """judge without a log learns the noise of its trials with noise_of, the same estimator the log's table keeps."""
+    log = ResultLog(None)
+    for r in _logged_trials(12):
+        log.append(replace(r, trial_id=None))
+    assert log.noise == noise_of(log.trials)
+    a = [r for r in log.trials if r.ok and r.knobs == log.trials[0].knobs]
+    b = [r for r in log.trials if r.ok and r.knobs != log.trials[0].knobs][:1]
+    assert judge(a, b).noise == noise_of([*a, *b])

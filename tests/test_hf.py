@@ -123,6 +123,24 @@ def test_length_knobs_say_they_are_no_ops_on_non_token_data(change):
     assert not device_notes(wb.Knobs(**change), "cpu", token_data=True)
 
 
+def test_a_multiple_that_pads_past_the_position_table_is_refused_naming_a_fit():
+    bench = wb.demo("transformer", size="tiny")  # 16 positions, every sample 16 tokens
+    assert bench.workload.max_positions == 16
+    with pytest.raises(ValueError, match=r"pads the longest sample \(16 tokens\) to 64.*16 positions.*pad_to_multiple_of=8"):
+        bench.run(bench.knobs(pad_to_multiple_of=64))
+    assert bench.run(bench.knobs(pad_to_multiple_of=8)).ok  # 16 is already a multiple of 8: it fits
+
+
+def test_max_positions_reads_the_config_else_a_position_table():
+    from workbench.core.workload import max_positions
+
+    assert max_positions(tiny_gpt2()) == 128  # GPT2Config(n_positions=128)
+    assert max_positions(torch.nn.Sequential(torch.nn.Linear(2, 2))) is None
+    model = torch.nn.Module()
+    model.wpe = torch.nn.Embedding(40, 4)
+    assert max_positions(model) == 40
+
+
 def test_group_by_length_without_lengths_says_what_it_needs():
     with pytest.raises(ValueError, match=r"needs each sample's length.*input_ids.*'length' column"):
         tokens.lengths_of([{"text": "w1 w2"}], [0])

@@ -187,3 +187,89 @@ def test_a_full_filesystem_for_real(tmp_path):
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
+
+
+# ---- the one reader of JSONL logs (the log's own reads and the workshop's gather) ---------------
+def _three_lines(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    log = ResultLog(path)
+    for i in range(3):
+        log.append(fake(noisy(0.01, 0.02, seed=i), num_workers=i))
+    return path, path.read_bytes().splitlines(keepends=True)
+
+
+def test_read_appended_takes_finished_lines_and_leaves_a_half_written_one(tmp_path):
+    from workbench.results.log import read_appended
+
+    path, lines = _three_lines(tmp_path)
+    path.write_bytes(lines[0] + b"not json\n" + lines[1] + lines[2][:50])  # a bad line; a write in progress
+    got = read_appended(path)
+    assert [r.trial_id for r in got.trials] == [1, 2] and [i for i, _ in got.bad] == [1]
+    assert "not JSON" in str(got.bad[0][1]) and got.tail == lines[2][:50] and got.lines == 3
+    assert got.end == len(lines[0]) + len(b"not json\n") + len(lines[1])  # the half line is read again later
+    with open(path, "ab") as f:
+        f.write(lines[2][50:].rstrip(b"\n"))  # the record is whole now, its newline not yet written
+    more = read_appended(path, got.end, got.ident)
+    assert [r.trial_id for r in more.trials] == [3] and not more.bad and not more.tail and not more.restarted
+    assert more.end == path.stat().st_size
+    path.unlink()
+    path.write_bytes(lines[0])  # replaced by another file: read again from its start
+    again = read_appended(path, more.end, more.ident)
+    assert again.restarted and [r.trial_id for r in again.trials] == [1]
+
+
+def test_read_appended_caps_and_refuses(tmp_path):
+    import os
+
+    from workbench.results.log import Unreadable, read_appended
+
+    path, lines = _three_lines(tmp_path)
+    cap = len(lines[0]) + len(lines[1]) + 10  # the cap falls inside the third line
+    got = read_appended(path, max_bytes=cap)
+    assert got.capped and [r.trial_id for r in got.trials] == [1, 2] and not got.tail and not got.bad
+    with pytest.raises(Unreadable, match="larger than"):
+        read_appended(path, max_bytes=cap, refuse_larger=True)
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(path)
+    with pytest.raises(Unreadable, match="symbolic link"):
+        read_appended(link)
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(Unreadable, match="FIFO"):  # a plain open() would block here
+        read_appended(fifo)
+    assert isinstance(Unreadable("x"), ValueError) and isinstance(Unreadable("x"), OSError)
+
+
+def test_a_log_path_that_is_a_symlink_or_fifo_is_neither_followed_nor_blocking(tmp_path):
+    """The log's own file is opened without following a link (a planted link in a shared folder would
+    send a learner's appends elsewhere): the trial stays in memory, with the usual warning and way out."""
+    import os
+
+    path, _ = _three_lines(tmp_path)
+    before = path.read_bytes()
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(path)
+    with pytest.warns(RuntimeWarning, match="could not read the result log .*symbolic link"):
+        log = ResultLog(link)
+    assert log.trials == []
+    with pytest.warns(RuntimeWarning, match="could not write the result log .*symbolic link"):
+        kept = log.append(fake([0.01, 0.011]))
+    assert kept.trial_id == 1 and log.unsaved == 1 and path.read_bytes() == before  # the target is untouched
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.warns(RuntimeWarning, match="not a regular file"):
+        assert ResultLog(fifo).trials == []
+
+
+def test_the_log_and_gather_read_a_file_alike(tmp_path):
+    """One reader: the same damaged file gives the same trials to the log and to the workshop's read_log."""
+    from workbench.faces.workshop import read_log
+
+    path, lines = _three_lines(tmp_path)
+    damaged = lines[0] + b'{"status": "ok", "trial_id": -1}\n' + lines[1] + lines[2]
+    path.write_bytes(damaged)
+    with pytest.warns(UserWarning, match=r"line 2 \(trial_id"):
+        gathered, _ = read_log(path)
+    with pytest.warns(UserWarning, match=r"line 2 \(trial_id"):
+        own = ResultLog(path).trials
+    assert own == gathered and [r.trial_id for r in own] == [1, 2, 3]

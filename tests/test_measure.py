@@ -157,18 +157,3 @@ def test_cpu_load_comes_from_psutil(monkeypatch):
     load = CpuLoad()
     load._start = (15.0, 1.0, load._start[2] - 2.0)  # 3 busy s (18 - 15), all foreign, over 2 s of wall
     assert load.foreign_cores() == pytest.approx(1.5, rel=0.01)
-
-
-def test_trial_result_html_card():
-    ok = TrialResult(knobs=wb.Knobs(num_workers=2), status="ok", samples_per_s=1234.5, step_time_s=0.0123,
-                     step_time_iqr_s=0.001, data_wait_share=0.04, peak_memory_bytes=12_300_000,
-                     losses=(2.0, 1.5), notes=("a <note>",), trial_id=3, trace_path="/tmp/t.pt.trace.json")
-    card = ok._repr_html_()
-    assert "Trial #3" in card and "1,234.5 samples/s ±8%" in card and "12.30 ms" in card and "12.3 MB" in card
-    assert "num_workers=2" in card and "1.5" in card and "/tmp/t.pt.trace.json" in card
-    assert "a &lt;note&gt;" in card and "<note>" not in card  # escaped
-    assert "#4c78a8" in card  # the chart's colour for ok
-    failed = TrialResult(knobs=wb.Knobs(), status="oom", message="out of memory in the model's forward")
-    card = failed._repr_html_()
-    assert "oom" in card and "out of memory in the model&#x27;s forward" in card and "#b22222" in card
-    assert "samples/s" not in card

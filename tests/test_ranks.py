@@ -214,7 +214,8 @@ def test_stop_ends_every_rank(tmp_path) -> None:
 def test_scaling_table_and_chart(tmp_path) -> None:
     FAULT["kind"] = None
     bench = make_bench(tmp_path)
-    df = bench.scaling(world_sizes=(2, 1), batch_size=8)
+    result = bench.scaling(world_sizes=(2, 1), batch_size=8)
+    df = result.frame
     assert list(df["world_size"]) == [1, 2]
     assert {"world_size", "samples_per_s", "per_rank_samples_per_s", "efficiency"} <= set(df.columns)
     assert (df["status"] == "ok").all()
@@ -223,8 +224,8 @@ def test_scaling_table_and_chart(tmp_path) -> None:
     assert two["efficiency"] == pytest.approx(two["samples_per_s"] / (2 * one["samples_per_s"]))
     assert two["per_rank_samples_per_s"] == pytest.approx(two["samples_per_s"] / 2)
     assert two["threads_per_rank"] == 1  # as torchrun would give each rank
-    spec = scaling_chart(df).to_dict()
-    assert len(spec["layer"]) == 3
+    spec = result.chart().to_dict()
+    assert len(spec["layer"]) == 3 and spec == scaling_chart(df).to_dict()
     with pytest.raises(ValueError, match="world_sizes must be ints"):
         bench.scaling(world_sizes=(0, 2))
 

@@ -22,11 +22,12 @@ def test_median_and_iqr_are_derived_from_the_raw_samples():
 # results/ folder (issue 42): each must still import from here, as the very object its module holds. `compare`
 # runs trials, so it lives a layer up (workbench.deciding.rounds) and users import it as wb.compare.
 PUBLIC = {
-    "log": ["ResultLog", "MAX_FILE_BYTES"],
+    "log": ["ResultLog", "MAX_FILE_BYTES", "read_appended", "Appended", "Unreadable"],
+    "rules": ["ANSWERS", "MARGIN"],
     "records": ["BadRecord", "parse_record", "read_records", "bad_lines_text", "safe_file_name", "default_participant",
                 "MAX_LINE_BYTES", "MAX_DEPTH", "MAX_NAME_CHARS", "FILE_NAME_CHARS"],
     "table": ["SUMMARY_COLUMNS", "OPTIONAL_INT_KNOBS"],
-    "comparison": ["noise_of", "allocator_note", "Trials"],
+    "comparison": ["noise_of", "NoiseTracker", "allocator_note", "Trials"],
     "stats": ["Comparison", "Noise"],
 }
 

@@ -16,7 +16,6 @@ from test_ranks import FAULT, make_bench, no_children
 
 import workbench as wb
 from workbench.core.knobs import Knobs, device_notes
-from workbench.faces.charts import scaling_chart
 
 FSDP = dict(world_size=2, strategy="fsdp2")
 
@@ -133,12 +132,13 @@ def test_a_failing_fsdp2_rank_ends_every_rank_and_the_next_trial_works(tmp_path,
 def test_scaling_sets_ddp_and_fsdp2_side_by_side(tmp_path) -> None:
     FAULT["kind"] = None
     bench = make_bench(tmp_path, optimizer=adamw)
-    df = bench.scaling(world_sizes=(1, 2), strategies=("ddp", "fsdp2"), fsdp_prefetch=1)
+    result = bench.scaling(world_sizes=(1, 2), strategies=("ddp", "fsdp2"), fsdp_prefetch=1)
+    df = result.frame
     assert list(df["setup"]) == ["1", "2 x ddp", "2 x fsdp2"] and (df["status"] == "ok").all()
     one, ddp, fsdp = (df.iloc[i] for i in range(3))
     assert one["model_state_mb"] == pytest.approx(ddp["model_state_mb"])  # DDP replicates the whole state
     assert fsdp["model_state_mb"] < 0.65 * ddp["model_state_mb"]
-    assert scaling_chart(df).to_dict()
+    assert result.chart().to_dict()["layer"][0]["encoding"]["x"]["field"] == "setup"  # a bar per setup: DDP, FSDP2 apart
     with pytest.raises(ValueError, match="strategies must list each of"):
         bench.scaling(strategies=("zero3",))
     assert wb.Knobs(**FSDP).strategy == "fsdp2"

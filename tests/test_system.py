@@ -138,3 +138,21 @@ def test_malloc_policy_names_the_start_up_variables(monkeypatch):
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "33554432")
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1073741824")
     assert system.keeps_freed_memory()
+
+
+def test_release_free_memory_trims_through_the_one_glibc_handle(monkeypatch):
+    """release_free_memory (after every trial) asks the same `_glibc()` as keep_freed_memory, and does nothing
+    where there is no glibc."""
+    trims = []
+
+    class FakeLibc:
+        def malloc_trim(self, pad: int) -> int:
+            trims.append(pad)
+            return 1
+
+    monkeypatch.setattr(system, "_glibc", FakeLibc)
+    system.release_free_memory()
+    assert trims == [0]
+    monkeypatch.setattr(system, "_glibc", lambda: None)
+    system.release_free_memory()
+    assert trims == [0]

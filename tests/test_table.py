@@ -95,3 +95,21 @@ def test_the_frame_is_a_copy_and_follows_replaced_trials():
     assert log.frame().loc[0, "verdict"] == "baseline"
     log.trials = log.trials[:2]  # someone replaced the list: the table starts over
     assert list(log.frame()["trial_id"]) == [1, 2]
+
+
+def test_the_tables_noise_is_updated_per_trial_not_recounted(monkeypatch):
+    """Each appended trial enters the noise estimator once (no recount of the whole log per trial), and the
+    figure after every append equals the batch estimate from all the trials so far."""
+    from workbench.results.comparison import NoiseTracker, noise_of
+
+    added = []
+    real_add = NoiseTracker.add
+    monkeypatch.setattr(NoiseTracker, "add", lambda self, r: (added.append(r.trial_id), real_add(self, r))[1])
+    log = ResultLog(None)
+    for i in range(12):
+        log.append(fake(noisy(0.01, 0.02, n=8, seed=i), num_workers=i % 3 // 2))
+        noise = log.noise
+        assert added == [i + 1]  # only the new trial entered
+        assert noise == noise_of(log.trials)  # equal to the estimate from scratch
+        added.clear()
+    assert log.noise.repeats == 10 and log.noise.adjacent_pairs > 0

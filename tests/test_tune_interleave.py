@@ -35,6 +35,7 @@ class InterleavingBench(FakeBench):
         self.pair_rng = random.Random(7)
 
     def _interleave(self, a, b, *, margin=0.05, budget_s=None, cancel=None):
+        budget_s = budget_s.left()  # the race passes its Budget's part: the seconds these turns may spend
         self.calls.append((a.knobs, b.knobs, budget_s, self.clock))
         self.clock += budget_s
         for side, r in (("A", a), ("B", b)):

@@ -349,10 +349,10 @@ def test_gather_rereads_only_appended_bytes_and_new_files(tmp_path, monkeypatch)
         read.append(len(data))
         return data
 
+    log = ResultLog(tmp_path / "ana" / "demo-cnn.jsonl", participant="ana")  # the learner's own reads: not counted
+    before = log.path.stat().st_size
     monkeypatch.setattr(os, "read", counting)
     assert not ws.refresh() and read == []  # nothing changed: nothing read
-    log = ResultLog(tmp_path / "ana" / "demo-cnn.jsonl", participant="ana")
-    before = log.path.stat().st_size
     monkeypatch.setattr(os, "read", real_read)
     log.append(fake(0.009, seed=4, num_workers=1))
     added = log.path.stat().st_size - before

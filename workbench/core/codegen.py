@@ -135,6 +135,14 @@ def knobs_to_code(knobs: Any, *, model: str = "model", dataset: str = "dataset",
 
 
 # ---- the sections, in program order -------------------------------------------------------------
+def trial_to_code(result: Any, **kwargs: Any) -> str:
+    """Plain-PyTorch code reproducing one trial (`TrialResult.to_code`): its knobs with the allocator mode its
+    process ran in (`pinned_knobs`), and the step it ran (batch format, loss, sampling: stamped by the
+    Workbench that logged it, `extra["step"]`) unless `shape=` says otherwise. Keywords: `knobs_to_code`'s."""
+    kwargs.setdefault("shape", StepShape.from_record(result.extra.get("step")))
+    return knobs_to_code(result.pinned_knobs(), **kwargs)
+
+
 def header(p: Program) -> list[str]:
     """What the script is, its step, what it could not carry over, and (DDP) how to launch it."""
     k = p.k

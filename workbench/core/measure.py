@@ -8,9 +8,7 @@ launches there); data-wait is the host time blocked getting the next batch onto 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime as _dt
-import functools
 import math
 import os
 import platform
@@ -26,10 +24,9 @@ import torch
 from . import compat
 from .knobs import BUILTIN_KNOBS, Knobs
 from .system import malloc_policy, process_allocator, usable_cores
+from .views import html_view
 
-STATUSES = ("ok", "oom", "error", "nan", "interrupted")
-# One colour per status (the chart's palette), so a card and a chart point agree.
-STATUS_COLORS = {"ok": "#4c78a8", "nan": "#f58518", "interrupted": "#9d755d", "error": "#e45756", "oom": "#b22222"}
+STATUSES = ("ok", "oom", "error", "nan", "interrupted")  # their colours: faces/display.py's STATUS_COLORS
 FOREIGN_LOAD_LIMIT = 0.25  # cores busy with other processes before a trial is flagged as disturbed
 
 
@@ -244,25 +241,6 @@ def quiet_stderr() -> Iterator[None]:
         os.close(devnull)
 
 
-@functools.cache
-def _libc() -> Any:
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (macOS, musl, Windows)
-        return None
-
-
-def release_free_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc keeps them, so RSS would only ever grow).
-
-    The profiler's threads leave freed memory in their own malloc arenas; without this a long
-    session's RSS creeps up by ~1 MB per trial although nothing is leaked.
-    """
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
-
-
 def environment(device: torch.device) -> dict[str, Any]:
     """What a number depends on: versions, device, CPU model and vector unit, GPU, cores, threads."""
     if device.type == "cuda":
@@ -378,51 +356,15 @@ class TrialResult:
         ]
         return f"<{head} " + " | ".join(parts) + f" | {self.knobs}>"
 
-    def _repr_html_(self) -> str:
-        """A compact card for notebooks: headline figures, the status in its colour, the notes."""
-        import html
-
-        esc = html.escape
-        head = f"Trial #{self.trial_id}" if self.trial_id is not None else "Trial"
-        colour = STATUS_COLORS.get(self.status, "#e45756")
-        badge = (f'<span style="background:{colour};color:white;border-radius:3px;padding:0 6px">'
-                 f"{esc(self.status)}</span>")
-        figures = []
-        if self.samples_per_s is not None:
-            noise = self.relative_noise
-            figures.append(("throughput", f"{self.samples_per_s:,.1f} samples/s"
-                            + (f" ±{noise * 100:.0f}%" if noise is not None else "")))
-        if self.step_time_s is not None:
-            figures.append(("median step", f"{self.step_time_s * 1e3:.2f} ms"))
-        if self.data_wait_share is not None:
-            figures.append(("data wait", f"{self.data_wait_share:.0%}"))
-        figures.append(("peak memory", fmt_bytes(self.peak_memory_bytes)))
-        figures.append(("model state", fmt_bytes(self.model_state_bytes)))
-        final = next((x for x in reversed(self.losses) if math.isfinite(x)), None)
-        if final is not None:
-            figures.append(("final loss", f"{final:.4g}"))
-        if self.trace_path:
-            figures.append(("trace", self.trace_path))
-        cells = "".join(f'<tr><td style="color:#666;padding-right:1em">{esc(k)}</td><td>{esc(v)}</td></tr>'
-                        for k, v in figures)
-        parts = [f'<div class="wb-trial" style="border-left:4px solid {colour};padding:4px 10px;margin:4px 0">',
-                 f"<b>{esc(head)}</b> {badge} <code>{esc(self.knobs.label())}</code>",
-                 f'<table style="margin-top:4px">{cells}</table>']
-        if self.message:
-            parts.append(f'<div style="color:{colour}">{esc(self.message)}</div>')
-        if self.notes:
-            parts.append('<ul style="margin:2px 0;color:#555">' + "".join(f"<li>{esc(n)}</li>" for n in self.notes)
-                         + "</ul>")
-        parts.append("</div>")
-        return "".join(parts)
+    def _repr_html_(self) -> str | None:
+        """The card Jupyter draws: faces/display.py's `trial_html`, registered in `views.HTML` (None: the repr)."""
+        return html_view(self)
 
     def to_code(self, **kwargs: Any) -> str:
-        """Plain-PyTorch code reproducing this trial: its knobs, and the step it ran (batch format,
-        loss, sampling: stamped by the Workbench that logged it; see `knobs_to_code`)."""
-        from .stepshape import StepShape
+        """Plain-PyTorch code reproducing this trial (`codegen.trial_to_code`: its knobs and the step it ran)."""
+        from .codegen import trial_to_code
 
-        kwargs.setdefault("shape", StepShape.from_record(self.extra.get("step")))
-        return self.pinned_knobs().to_code(**kwargs)
+        return trial_to_code(self, **kwargs)
 
     def pinned_knobs(self) -> Knobs:
         """The knobs with the allocator mode the trial's process ran in (read back, env "allocator") when

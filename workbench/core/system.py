@@ -149,6 +149,17 @@ def keep_freed_memory() -> bool:
     return ok
 
 
+def release_free_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them, so RSS would only ever grow).
+
+    The profiler's threads leave freed memory in their own malloc arenas; without this a long
+    session's RSS creeps up by ~1 MB per trial although nothing is leaked.
+    """
+    libc = _glibc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
 def malloc_policy() -> str:
     """How this process's malloc treats freed memory, for the environment record: 'kept
     (keep_freed_memory)', the MALLOC_* variables it started with, 'glibc default', or '' (not glibc)."""

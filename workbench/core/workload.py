@@ -216,11 +216,12 @@ class Workload:
         self.blocks = blocks_of(self.pristine)
         self.token_data = has_token_batches(self.spec)  # the length knobs act only on token batches
         self.forward_params = forward_params(self.pristine)
+        self.max_positions = max_positions(self.pristine)
 
     def context_kwargs(self) -> dict[str, Any]:
         """What the knobs' hooks know of this workload (besides the device): knobs.Context's fields."""
         return {"spec": self.spec, "blocks": self.blocks, "has_conv": self.has_conv, "token_data": self.token_data,
-                "forward_params": self.forward_params}
+                "forward_params": self.forward_params, "max_positions": self.max_positions}
 
     def compute_loss(self, model: nn.Module, batch: Any, stage: Any) -> Any:
         """Batch -> loss, recording in `stage.name` which part of the user's code is running."""
@@ -261,6 +262,24 @@ def forward_params(model: nn.Module) -> frozenset:
     except (TypeError, ValueError):
         return frozenset()
     return frozenset(n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
+POSITION_TABLES = ("pos", "wpe", "pos_emb", "pos_embedding", "position_embedding", "position_embeddings")
+
+
+def max_positions(model: nn.Module) -> int | None:
+    """The longest sequence, in tokens, the model's position table holds: a Hugging Face config's
+    `max_position_embeddings` (GPT-2's `n_positions` maps to it), else the rows of an nn.Embedding named
+    like a position table (`pos`, `wpe`, `position_embeddings`...); None when neither is there."""
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and name.rsplit(".", 1)[-1] in POSITION_TABLES:
+            return int(module.num_embeddings)
+    return None
 
 
 def has_token_batches(spec: LoaderSpec) -> bool:

@@ -10,20 +10,22 @@ the account of where the seconds went (`tune(budget_s=...)`).
 - `Deadline`: the cancel Event the runner checks at every step, set by a timer at the deadline with
   a reason, so the stopped trial is recorded as stopped by the budget (status "interrupted", never
   evidence), not by the user.
-- `Spend`: seconds per purpose (race, confirm, explain), the trials not started because their
-  estimate did not fit, the trials stopped at the deadline; `str()` says it in one line.
-- `Allowance`: the same rules for every other call that takes a `budget_s` (diagnose, fit_memory,
-  scaling, compare's rounds): the first (needed) trial runs whole, a later one only when its
-  estimate fits the seconds left, under a Deadline; `notes` say what the budget left out and why.
+- `Budget`: THE one mechanism behind every `budget_s` (tune and its race, compare's rounds and
+  turns, diagnose, fit_memory, scaling): made and validated once per verb call, passed down as the
+  object to the verbs it calls (`Budget.of`, `part`); the first (needed) trial runs whole, a later
+  one only when its estimate fits the seconds left, under a Deadline; `spent` (a `Spend`: seconds
+  per purpose, the trials not started, named, and those stopped at the deadline) and `notes` are
+  where the seconds went, read from it alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +42,6 @@ RECOMPILE_PRIOR = 2.0  # a compiled trial whose graph no measured compiled trial
 GRAPH_FREE = frozenset({"num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "cpu_threads", "data"})
 WORKERS_PRIOR = 1.5  # a trial with workers not yet measured (worker start-up, buffers)
 EXPLAIN_PRIOR = 1.5  # a traced repeat (the profiler's steps after the window) over its trial's seconds
-TUNE_REASON = "stopped by the budget (tune's budget_s) at its deadline"
 
 
 def check_budget_s(budget_s: object) -> None:
@@ -129,53 +130,26 @@ class Deadline(threading.Event):
 
 @dataclass
 class Spend:
-    """How a seconds budget was spent: seconds per purpose, and trials the budget kept out or stopped;
-    `measured` (knobs, seconds, full window) is the evidence of the estimates."""
+    """The account of a seconds budget (a `Budget`'s, read from it alone): seconds per purpose, the
+    trials the budget kept out (named) or stopped at the deadline; `measured` (knobs, seconds, full
+    window) is the evidence of the estimates."""
 
     budget_s: float | None
-    seconds: dict[str, float] = field(default_factory=dict)  # purpose (race, confirm, explain) -> seconds
+    seconds: dict[str, float] = field(default_factory=dict)  # purpose (race, confirm, explain, ...) -> seconds
     not_started: int = 0  # trials whose estimate did not fit the seconds left
     stopped: list[int] = field(default_factory=list)  # trial ids stopped at the deadline
     measured: list[tuple[Knobs, float, bool]] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # the trials not started, by label
 
     def add(self, purpose: str, seconds: float) -> None:
         self.seconds[purpose] = self.seconds.get(purpose, 0.0) + seconds
-
-    def fits(self, knobs: Knobs, left_s: float, factor: float = 1.0) -> bool:
-        """Whether a trial of `knobs` (its estimate x `factor`) fits `left_s` seconds (True before any estimate)."""
-        est = estimate(knobs, self.measured)
-        return est is None or est * factor <= left_s
-
-    def run(self, run: Callable[..., TrialResult], knobs: Knobs, *, purpose: str, deadline_in_s: float | None,
-            stop_early: bool, clock: Callable[[], float], reason: str = TUNE_REASON) -> TrialResult:
-        """`run(knobs, ...)` (bench.run), stopped `deadline_in_s` seconds from now when given (the
-        trial's message is `reason`); the seconds land under `purpose`, the trial in `stopped`
-        (stopped at the deadline) or `measured`."""
-        kwargs: dict[str, Any] = {} if stop_early else {"stop_early": False}
-        deadline = None
-        if deadline_in_s is not None:
-            deadline = kwargs["cancel"] = Deadline(deadline_in_s, reason)
-        t = clock()
-        try:
-            r = run(knobs, **kwargs)
-        finally:
-            if deadline is not None:
-                deadline.cancel()
-        seconds = clock() - t
-        self.add(purpose, seconds)
-        if r is None:  # a caller's run that was stopped before it started (compare's `run` may say so)
-            return r
-        if deadline is not None and deadline.expired and not r.ok:
-            self.stopped.append(r.trial_id)
-        else:
-            self.measured.append((knobs, seconds, "stopped_early" not in r.extra))
-        return r
 
     def __str__(self) -> str:
         parts = ", ".join(f"{p} {s:.1f} s" for p, s in self.seconds.items()) or "nothing run"
         extra = []
         if self.not_started:
-            extra.append(f"{self.not_started} trial(s) not started: their estimate did not fit the seconds left")
+            names = f" ({', '.join(self.left_out)})" if self.left_out else ""
+            extra.append(f"{self.not_started} trial(s) not started: their estimate did not fit the seconds left{names}")
         if self.stopped:
             extra.append(f"{len(self.stopped)} stopped at the deadline (not evidence): "
                          + ", ".join(f"#{t}" for t in self.stopped))
@@ -191,23 +165,46 @@ def takes_cancel(run: Callable[..., Any]) -> bool:
     return any(p.name == "cancel" or p.kind is p.VAR_KEYWORD for p in params)
 
 
-class Allowance:
-    """A seconds budget over one call that runs trials (diagnose, fit_memory, scaling, compare's
-    rounds), with tune()'s rules: the first trial (and any `needed` one) runs whole, since the call
-    means nothing without it; every other trial starts only when its estimate (`estimate`) fits the
-    seconds left and runs under a `Deadline` at budget_s x DEADLINE, so the call's wall time stays
-    within budget_s x OVERRUN plus the needed trials. A trial stopped there is in `spent.stopped`
-    (status "interrupted": never evidence). `budget_s=None` runs every trial whole, and counts."""
+class Budget:
+    """THE seconds budget of one verb call (tune and its race, compare's rounds and turns, diagnose,
+    fit_memory, scaling): made once from `budget_s` (validated here, once) and passed down, as the
+    object, to the verbs it calls. The first trial (and any `needed` one) runs whole, since the call
+    means nothing without it; every other trial starts only when its estimate (`estimate`, from this
+    account's measured trials) fits the seconds left, and runs under a `Deadline` at budget_s x
+    DEADLINE, so the call's wall time stays within budget_s x OVERRUN plus the needed trials. A trial
+    stopped there is in `spent.stopped` (status "interrupted": never evidence). `spent` (Spend) and
+    `notes` are where the seconds went; `str()` says it in one line. `budget_s=None` runs every trial
+    whole, and counts."""
 
     def __init__(self, budget_s: float | None, what: str, *, clock: Callable[[], float] = work_clock,
                  whole_first: bool = True) -> None:
         check_budget_s(budget_s)
+        self._open(budget_s, what, clock, Spend(budget_s), [], whole_first)
+
+    def _open(self, budget_s: float | None, what: str, clock: Callable[[], float], spent: Spend, notes: list[str],
+              whole_first: bool) -> None:
         self.budget_s, self.what, self.clock = budget_s, what, clock
         self.whole_first = whole_first  # False where the needed trials already ran (compare's rounds)
         self.t0 = clock()
-        self.spent = Spend(budget_s)
-        self.notes: list[str] = []  # what the budget left out, and why
+        self.spent = spent  # the account: seconds per purpose, trials not started, stopped, measured
+        self.notes = notes  # what the budget left out, and why
         self.started = 0
+
+    @classmethod
+    def of(cls, budget_s: float | Budget | None, what: str, **kwargs: Any) -> Budget:
+        """The Budget a calling verb passed down, as it is; else a new one from `budget_s` seconds."""
+        return budget_s if isinstance(budget_s, Budget) else cls(budget_s, what, **kwargs)
+
+    def part(self, seconds: float | None = None, what: str | None = None) -> Budget:
+        """A slice of this budget for a verb it calls (compare's rounds or turns): at most `seconds`
+        (None: all that is left) and never more than is left; its trials, seconds and notes land in
+        this account. Its trials all run under its deadline (its caller's first trial already ran)."""
+        part = object.__new__(Budget)
+        part._open(self.cap(seconds), what or self.what, self.clock, self.spent, self.notes, False)
+        return part
+
+    def __str__(self) -> str:
+        return str(self.spent)
 
     def elapsed(self) -> float:
         return self.clock() - self.t0
@@ -216,33 +213,103 @@ class Allowance:
         """Seconds left of the budget (None without one; negative once over)."""
         return None if self.budget_s is None else self.budget_s - self.elapsed()
 
-    def fits(self, seconds: float) -> bool:
-        """Whether `seconds` of work (an analysis, not a trial) fit the seconds left."""
+    def cap(self, seconds: float | None, keep_s: float = 0.0) -> float | None:
+        """`seconds` (None: no cap of its own), never more than the seconds left less `keep_s`."""
         left = self.left()
-        return left is None or seconds <= left
+        if left is None:
+            return seconds
+        return left - keep_s if seconds is None else min(seconds, left - keep_s)
+
+    def fits(self, seconds: float, label: str = "") -> bool:
+        """Whether `seconds` of work (an analysis, a round, turns) fit the seconds left; when they do
+        not and `label` names the work, a note says it was not run."""
+        left = self.left()
+        if left is None or seconds <= left:
+            return True
+        if label:
+            self.notes.append(f"{label} not run: about {seconds:.1f} s, over the {max(0.0, left):.1f} s left "
+                              f"of budget_s={self.budget_s:g}")
+        return False
+
+    def estimate(self, knobs: Knobs) -> float | None:
+        """A trial of `knobs`'s seconds from this account's measured trials (`estimate`; None before any)."""
+        return estimate(knobs, self.spent.measured)
+
+    def fits_trial(self, knobs: Knobs, factor: float = 1.0) -> bool:
+        """Whether a trial of `knobs` (its estimate x `factor`) fits the seconds left (True before any estimate)."""
+        est = self.estimate(knobs)
+        return est is None or self.fits(est * factor)
+
+    def median_trial_s(self) -> float:
+        """The median measured trial's seconds (0 before any)."""
+        done = sorted(s for _k, s, _full in self.spent.measured)
+        return done[len(done) // 2] if done else 0.0
+
+    def trials_left(self) -> int | None:
+        """How many median trials fit the seconds left (None without a budget or before any trial)."""
+        left = self.left()
+        if left is None or not self.spent.measured:
+            return None
+        return max(0, int(left / max(self.median_trial_s(), 1e-6)))
+
+    @contextlib.contextmanager
+    def charge(self, purpose: str) -> Iterator[None]:
+        """The seconds of the work inside (not a trial: turns, analyses, an explanation) under `purpose`."""
+        t = self.clock()
+        try:
+            yield
+        finally:
+            self.spent.add(purpose, self.clock() - t)
 
     def trial(self, run: Callable[..., TrialResult | None], knobs: Knobs, *, purpose: str = "trials",
-              label: str = "", needed: bool = False, deadline: bool = True,
-              starts: bool = False) -> TrialResult | None:
+              label: str = "", needed: bool = False, deadline: bool = True, starts: bool = False,
+              stop_early: bool = True) -> TrialResult | None:
         """`run(knobs)` within the budget; None (and a note naming `label`) when its estimate does not
         fit the seconds left. `deadline=False` for a `run` that takes no `cancel=` (it then runs whole).
         `starts=True`: it starts whatever its estimate, but still under the deadline (compare's first round)."""
-        first, left = not self.started and self.whole_first, self.left()
-        if left is not None and not (first or needed or starts) and not self.spent.fits(knobs, left):
+        first = not self.started and self.whole_first
+        whole = first or needed
+        left = self.left()
+        est = None if left is None or whole or starts else self.estimate(knobs)  # once per trial
+        if est is not None and not self.fits(est):
             self.spent.not_started += 1
-            est = estimate(knobs, self.spent.measured) or 0.0
+            self.spent.left_out.append(label or knobs.label())
             self.notes.append(f"{label or knobs.label()} not run: its estimate {est:.1f} s did not fit the "
-                              f"{max(0.0, left):.1f} s left of budget_s={self.budget_s:g}; raise budget_s to run it")
+                              f"{max(0.0, left):.1f} s left of budget_s={self.budget_s:g}; raise budget_s to run it")  # type: ignore[arg-type]
             return None
-        at = None if left is None or first or needed or not deadline else self.budget_s * DEADLINE - self.elapsed()
+        at = None if left is None or whole or not deadline else self.budget_s * DEADLINE - self.elapsed()  # type: ignore[operator]
         self.started += 1
-        r = self.spent.run(run, knobs, purpose=purpose, deadline_in_s=at, stop_early=True, clock=self.clock,  # type: ignore[arg-type]
-                           reason=f"stopped by the budget ({self.what}'s budget_s) at its deadline")
+        r = self._run(run, knobs, purpose, at, stop_early)
         if r is not None and r.trial_id in self.spent.stopped:
             self.notes.append(f"#{r.trial_id} ({label or knobs.label()}) stopped by the budget at its deadline: not evidence")
-        elif first and self.budget_s is not None and self.elapsed() > self.budget_s:
+        elif first and left is not None and self.elapsed() > self.budget_s:  # type: ignore[operator]
             self.notes.append(f"the first trial alone took {self.elapsed():.1f} s of budget_s={self.budget_s:g}: it ran "
                               "whole (nothing can be said without it); raise budget_s for the rest")
+        return r
+
+    def _run(self, run: Callable[..., TrialResult | None], knobs: Knobs, purpose: str, deadline_in_s: float | None,
+             stop_early: bool) -> TrialResult | None:
+        """`run(knobs, ...)` (bench.run), stopped `deadline_in_s` seconds from now when given; its seconds
+        land under `purpose`, the trial in `stopped` (stopped at the deadline) or `measured`."""
+        kwargs: dict[str, Any] = {} if stop_early else {"stop_early": False}
+        deadline = None
+        if deadline_in_s is not None:
+            why = f"stopped by the budget ({self.what}'s budget_s) at its deadline"
+            deadline = kwargs["cancel"] = Deadline(deadline_in_s, why)
+        t = self.clock()
+        try:
+            r = run(knobs, **kwargs)
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+        seconds = self.clock() - t
+        self.spent.add(purpose, seconds)
+        if r is None:  # a caller's run that was stopped before it started (compare's `run` may say so)
+            return r
+        if deadline is not None and deadline.expired and not r.ok:
+            self.spent.stopped.append(r.trial_id)  # type: ignore[arg-type]
+        else:
+            self.spent.measured.append((knobs, seconds, "stopped_early" not in r.extra))
         return r
 
     def stopped(self, r: TrialResult | None) -> bool:

@@ -34,11 +34,13 @@ from typing import Any
 import torch
 
 from ..core.knobs import KNOBS, Knobs, process_env, settings
-from ..core.measure import release_free_memory, sync
+from ..core.measure import sync
 from ..core.step import BatchSource, LossBuffer, Stage, TrainStep, seeded
+from ..core.system import release_free_memory
 from ..core.workload import Workload
 from ..launch.runner import check_knobs, sort_failure
 from ..results.stats import INTERLEAVE_LOOKS, MARGIN, Comparison, decide_interleaved
+from .budget import Budget
 
 BUDGET_S = 30.0  # default seconds for a whole interleaved comparison, build and warm-up included
 TURN_S = 0.03  # a turn lasts about this long (at least one step, at most MAX_TURN_STEPS)
@@ -218,7 +220,7 @@ def _warm(sides: list[_Side], warmup_steps: int) -> float:
 
 
 def interleaved(workload: Workload, a: Knobs, b: Knobs, *, a_id: int | None = None, b_id: int | None = None,
-                margin: float = MARGIN, budget_s: float = BUDGET_S, warmup_steps: int = 5,
+                margin: float = MARGIN, budget_s: float | Budget = BUDGET_S, warmup_steps: int = 5,
                 turn_steps: int | None = None, looks: int = INTERLEAVE_LOOKS,
                 cancel: threading.Event | None = None) -> Comparison:
     """B against A by interleaved turns in this process, until decided or `budget_s` seconds end.
@@ -227,14 +229,14 @@ def interleaved(workload: Workload, a: Knobs, b: Knobs, *, a_id: int | None = No
     side fails (its status, and the pairs measured before). `turn_steps`: steps per turn (None:
     about TURN_S seconds). `a_id`/`b_id` label the result (the trials the knobs came from). A set
     `cancel` event ends it at the next pair: the pairs so far are judged (InterleaveFailed with status
-    "interrupted" when fewer than 2).
+    "interrupted" when fewer than 2). `budget_s`: seconds, or the part of a calling verb's Budget
+    (compare's, the race's) that the turns may spend.
     """
-    t0 = time.perf_counter()
+    turns = Budget.of(BUDGET_S if budget_s is None else budget_s, "compare")  # a number: validated here, once
+    turns = turns if turns.budget_s is not None else turns.part(BUDGET_S)  # turns always end
     reason = why_not(a, b)
     if reason is not None:
         raise ValueError(f"cannot interleave these two: {reason}")
-    if not budget_s > 0:
-        raise ValueError(f"budget_s must be a number of seconds > 0, got {budget_s!r}")
     if turn_steps is not None and (isinstance(turn_steps, bool) or not isinstance(turn_steps, int)
                                     or turn_steps < 1):
         raise ValueError(f"turn_steps must be an int >= 1 (or None for about {TURN_S * 1000:.0f} ms), "
@@ -247,7 +249,7 @@ def interleaved(workload: Workload, a: Knobs, b: Knobs, *, a_id: int | None = No
             first = _build(workload, "A", a, stack)
             shared = first.replay.batches if _batch_key(a) == _batch_key(b) else None  # read-only: both may use them
             sides = [first, _build(workload, "B", b, stack, shared)]
-            return _alternate(sides, t0, margin=margin, budget_s=budget_s, warmup_steps=warmup_steps,
+            return _alternate(sides, turns, margin=margin, warmup_steps=warmup_steps,
                               turn_steps=turn_steps, looks=looks, ids=(a_id, b_id), cancel=cancel)
     finally:
         if compiled:
@@ -257,10 +259,11 @@ def interleaved(workload: Workload, a: Knobs, b: Knobs, *, a_id: int | None = No
             torch.cuda.empty_cache()
 
 
-def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float, warmup_steps: int,
+def _alternate(sides: list[_Side], turns: Budget, *, margin: float, warmup_steps: int,
                turn_steps: int | None, looks: int, ids: tuple[int | None, int | None],
                cancel: threading.Event | None = None) -> Comparison:
-    """Warm both sides, then pairs of turns (A B, B A, ...), looking at the pairs at planned times."""
+    """Warm both sides, then pairs of turns (A B, B A, ...), looking at the pairs at planned times, while
+    another pair fits the seconds left of `turns` (the comparison's budget)."""
     step_s = _warm(sides, warmup_steps)
     k = turn_steps or max(1, min(MAX_TURN_STEPS, round(TURN_S / max(step_s, 1e-6))))
     # The looks are planned from the clock and the warm-up's timing alone, before any pair is measured
@@ -269,7 +272,7 @@ def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float,
     # left; a slow step gets fewer, better-funded looks, and a step that speeds up still uses the budget.
     pair_s = 2 * k * step_s * 1.1
     started = time.perf_counter()
-    span = max(0.0, budget_s - (started - t0))
+    span = max(0.0, turns.left() or 0.0)
     looks = max(1, min(looks, int(span / pair_s // MIN_PAIRS)))
     look_every = max(MIN_PAIRS, math.ceil(span / pair_s / looks))  # pairs between looks, as planned (for hints)
     switch = any(KNOBS[n].settings is not None for n in sides[0].knobs.diff(sides[1].knobs) if n in KNOBS)
@@ -280,14 +283,13 @@ def _alternate(sides: list[_Side], t0: float, *, margin: float, budget_s: float,
         if n < 2:
             return None
         return decide_interleaved(a.rates[:n], b.rates[:n], looks=looks, margin=margin, a=ids[0], b=ids[1],
-                                  seconds=time.perf_counter() - t0, turn_steps=k, look_every=look_every, note=note)
+                                  seconds=turns.elapsed(), turn_steps=k, look_every=look_every, note=note)
 
     c, look, pairs = None, 0, 0
     while look < looks:
-        now = time.perf_counter()
-        per_pair = (now - started) / pairs if pairs else pair_s
-        if pairs >= 2 and now - t0 + per_pair > budget_s:  # the budget ends: a last look at what there is
-            c = judge(f"Stopped at the time budget (budget_s={budget_s:g}).")
+        per_pair = (time.perf_counter() - started) / pairs if pairs else pair_s
+        if pairs >= 2 and not turns.fits(per_pair):  # the budget ends: a last look at what there is
+            c = judge(f"Stopped at the time budget (budget_s={turns.budget_s:.4g}).")
             break
         if cancel is not None and cancel.is_set():  # a Stop button: judge what there is
             c = judge("Stopped by the user.")
@@ -328,6 +330,9 @@ def in_one_job(jobs: Any, workload: Workload, a: Knobs, b: Knobs, *, cancel: thr
 
     from ..launch.cluster import JobFailed
 
+    if isinstance(kwargs.get("budget_s"), Budget):  # the job's node has its own clock: it gets the seconds left
+        left = kwargs["budget_s"].left()
+        kwargs["budget_s"] = BUDGET_S if left is None else max(1e-3, left)
     try:
         (outcome, value), env, job = jobs.call_where(on_node, workload, a, b, cancel=cancel, **kwargs)
     except JobFailed as e:

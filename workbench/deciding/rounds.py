@@ -16,19 +16,23 @@ from ..core.measure import TrialResult
 from ..results.comparison import Trials, caveats, check_margin, judge, noise_of, rate_for, rates, trials_of, usable
 from ..results.log import ResultLog
 from ..results.stats import MARGIN, Comparison, Noise, decide_sequential
-from .budget import Allowance, check_budget_s, takes_cancel, work_clock
+from .budget import Budget, takes_cancel, work_clock
 
 Run = Callable[[Knobs], TrialResult | None]
+# A confirmation runs at most this many extra alternating rounds: the race's winner against the start
+# (search/race.py), a cached batch's speedup before the data pipeline is called the bottleneck (diagnose/).
+CONFIRM_ROUNDS = 4
 
 
 def compare(a: Trials, b: Trials, *, rounds: int | str = 0, run: Run | None = None, log: ResultLog | None = None,
             noise: Noise | None = None, max_rounds: int = 8, margin: float = MARGIN,
-            budget_s: float | None = None) -> Comparison:
+            budget_s: float | Budget | None = None) -> Comparison:
     """Is configuration B faster than A, slower, the same speed, or is it undecided? From per-trial samples/s.
 
     `a`, `b`: a trial each (or lists of repeats). `rounds="auto"` runs alternating rounds (B A, A B,
     ...) through `run(knobs)` until the answer is faster/slower (beyond noise) or the same speed
-    (interval within ±`margin`), or `max_rounds` (or `budget_s` seconds) run out; each round's B is
+    (interval within ±`margin`), or `max_rounds` (or `budget_s` seconds: a number, or the Budget of
+    the verb that calls it, budget.py) run out; each round's B is
     judged against its back-to-back A, with an interval that stays valid however many rounds it
     looks at (see stats.decide_sequential). `rounds=N` runs exactly N rounds and decides once from
     all trials against the noise of `noise`, else `log`'s repeats (re-read after the rounds), else
@@ -76,27 +80,27 @@ def _one_round(run: Run, runs_a: list[TrialResult], runs_b: list[TrialResult], i
     return pair, ""
 
 
-def _check_auto(run: Run | None, max_rounds: int, budget_s: float | None) -> None:
-    """ValueError naming the first argument of rounds='auto' that cannot work."""
+def _check_auto(run: Run | None, max_rounds: int, budget_s: float | Budget | None) -> Budget:
+    """ValueError naming the first argument of rounds='auto' that cannot work; the rounds' Budget."""
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
         raise ValueError(f"max_rounds must be an int >= 1, got {max_rounds!r}")
-    check_budget_s(budget_s)
+    budget = Budget.of(budget_s, "compare", whole_first=False)  # the needed trials already ran
     if run is None:
         raise ValueError("rounds='auto' needs a way to run trials: call bench.compare(a, b, rounds='auto'), "
                          "or pass run=bench.run")
+    return budget
 
 
 def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *, run: Run | None, log: ResultLog | None,
-                  max_rounds: int, margin: float, budget_s: float | None) -> Comparison:
+                  max_rounds: int, margin: float, budget_s: float | Budget | None) -> Comparison:
     """rounds="auto": alternating rounds until decided, judged on back-to-back pairs (decide_sequential)."""
-    _check_auto(run, max_rounds, budget_s)
-    # budget.py's rules for each round's trials after the first: one starts only when its estimate fits
-    # the seconds left and runs under a deadline (a stopped trial ends the rounds: a stopped round is no evidence)
-    allow = Allowance(budget_s, "compare", whole_first=False)
-    deadline = takes_cancel(run)  # type: ignore[arg-type]
+    budget = _check_auto(run, max_rounds, budget_s)
+    # The Budget's rules for each round's trials: one starts only when its estimate fits the seconds left
+    # and runs under a deadline (a stopped trial ends the rounds: a stopped round is no evidence)
+    deadline, noted = takes_cancel(run), len(budget.notes)  # type: ignore[arg-type]
 
     def timed(knobs: Knobs) -> TrialResult | None:  # the first round always starts (still under the deadline)
-        return allow.trial(run, knobs, purpose="rounds", starts=done == 0, deadline=deadline)  # type: ignore[arg-type]
+        return budget.trial(run, knobs, purpose="rounds", starts=done == 0, deadline=deadline)  # type: ignore[arg-type]
 
     first_a, first_b = runs_a[-1], runs_b[-1]
     # The given pair counts as the first round only when the two trials ran back to back.
@@ -120,14 +124,13 @@ def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *, run: 
     if pa:
         c = look()
     while (c is None or c.answer == "undecided") and done < max_rounds:
-        spent = work_clock() - t0
-        if budget_s is not None and done and spent + spent / done > budget_s:
-            note = f"Stopped after {done} rounds: another round would pass budget_s={budget_s:g} s."
+        if done and not budget.fits((work_clock() - t0) / done):  # another round, as long as the last ones
+            note = f"Stopped after {done} rounds: another round would pass budget_s={budget.budget_s:.4g} s."
             break
         pair, note = _one_round(timed, pa, pb, done + (0 if paired else 1), done,
                                 (first_a.knobs, first_b.knobs))
         if note:
-            note = " ".join([note, *allow.notes])  # why the budget ended the rounds, when it did
+            note = " ".join([note, *budget.notes[noted:]])  # why the budget ended the rounds, when it did
             break
         for side, r in pair:
             side.append(r)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.compat import CompileWatch
+from ..results.rules import MARGIN
 
 __all__ = ["CompileWatch", "break_lines", "explain_compile"]
 
@@ -37,7 +38,7 @@ def explain_compile(info: dict[str, Any] | None, *, speedup: float | None = None
             lines.append(f"fell back to eager: {fail}")
         if info.get("errors"):
             lines.extend(info["errors"][:2])
-    if speedup is not None and speedup < 1.05:
+    if speedup is not None and speedup < 1 + MARGIN:  # within the "same speed" margin: no faster
         why = []
         if info and info.get("fallback"):
             why.append("part of the model fell back to eager")

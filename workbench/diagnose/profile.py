@@ -18,8 +18,6 @@ from ..core.step import built
 from ..core.workload import Workload
 from ..launch.runner import trial_threaded
 
-STAGES = ("data", "forward", "backward", "optimizer")
-
 
 @trial_threaded
 def profile_step(workload: Workload, knobs: Knobs, *, steps: int = 3, warmup: int = 1,
@@ -53,7 +51,7 @@ def profile_step(workload: Workload, knobs: Knobs, *, steps: int = 3, warmup: in
             row["self_device_ms"] = self_dev / 1e3 / steps
         if e.key.startswith(tracing.STEP_LABEL[:-1]):
             continue  # the whole step: the sum of the rows below
-        if e.key in STAGES:
+        if e.key in tracing.PHASES:  # the step's record_function ranges
             stage_rows.append({"stage": e.key, "ms_per_step": e.cpu_time_total / 1e3 / steps})
         else:
             rows.append(row)
@@ -65,7 +63,7 @@ def profile_step(workload: Workload, knobs: Knobs, *, steps: int = 3, warmup: in
         ops["share"] = ops[sort_key] / total
     stages = pd.DataFrame(stage_rows, columns=["stage", "ms_per_step"])
     if not stages.empty:
-        stages["stage"] = pd.Categorical(stages["stage"], STAGES, ordered=True)
+        stages["stage"] = pd.Categorical(stages["stage"], tracing.PHASES, ordered=True)
         stages = stages.sort_values("stage").reset_index(drop=True)
         stages["stage"] = stages["stage"].astype(str)
         stages["share"] = stages["ms_per_step"] / stages["ms_per_step"].sum()

@@ -17,11 +17,11 @@ from ..core import progress
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult, fmt_bytes
 from ..core.trace import trace_file
-from ..deciding.budget import Allowance, Spend
+from ..deciding.budget import Budget, Spend
+from ..deciding.rounds import CONFIRM_ROUNDS
 from ..results.protocol import Bench
 from .compile import explain_compile
 from .data import (
-    CONFIRM_ROUNDS,
     DATA_BOUND_SPEEDUP,
     DATA_WAIT_LIMIT,
     DataCheck,
@@ -137,19 +137,20 @@ def _find(bench: Bench, knobs: Knobs) -> TrialResult | None:
     return next((r for r in reversed(bench.trials) if r.ok and r.steady is not False and r.knobs == knobs), None)
 
 
-def _steady_run(bench: Bench, knobs: Knobs, allow: Allowance | None = None, label: str = "the trial") -> TrialResult | None:
+def _steady_run(bench: Bench, knobs: Knobs, budget: Budget | None = None, label: str = "the trial") -> TrialResult | None:
     """A trial of `knobs` within the budget (None when it did not fit or was stopped at its deadline),
     run once more when it was not steady (steady.py) and that fits: the verdict reads the repeat."""
-    allow = allow or Allowance(None, "diagnose")
-    r = allow.trial(bench.run, knobs, purpose="trials", label=label)
-    if r is None or allow.stopped(r):
+    budget = budget or Budget(None, "diagnose")
+    r = budget.trial(bench.run, knobs, purpose="trials", label=label)
+    if r is None or budget.stopped(r):
         return None
-    again = allow.trial(bench.run, knobs, purpose="trials", label=f"{label} (repeat: unsteady)") \
+    again = budget.trial(bench.run, knobs, purpose="trials", label=f"{label} (repeat: unsteady)") \
         if r.ok and r.steady is False else None
-    return again if again is not None and not allow.stopped(again) else r
+    return again if again is not None and not budget.stopped(again) else r
 
 
 ANALYSIS_STEPS = {"profiler": 3.0, "memory breakdown": 2.0, "block activations": 2.0, "FLOP count": 1.0}
+LOADER_S = 20.0  # seconds: the loader-alone rate stops after this long (less when the budget has less left)
 ANALYSIS_PRIOR = 3.0  # an instrumented eager step (profiler, hooks) over a measured step's seconds
 
 
@@ -181,7 +182,7 @@ def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, pr
     its estimate fits the seconds left (a trial under a deadline); `Diagnosis.spent` and its
     "Budget" section say how the seconds went and what was left out.
     """
-    allow = Allowance(budget_s, "diagnose")
+    budget = Budget.of(budget_s, "diagnose")  # this call's one budget: its trials, analyses and rounds spend it
     if knobs is None:
         knobs = bench.baseline.knobs if bench.baseline is not None else bench.defaults
     if not isinstance(knobs, Knobs):
@@ -192,34 +193,30 @@ def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, pr
     def attempt(name: str, fn: Any) -> Any:
         est = ANALYSIS_STEPS.get(name, 0.0) * (profile_steps if name == "profiler" else 1) * ANALYSIS_PRIOR \
             * (base.step_time_s or 0.0)  # seconds: instrumented eager steps
-        if not allow.fits(est):
-            allow.notes.append(f"{name} not run: about {est:.1f} s, over the seconds left of budget_s={budget_s:g}")
+        if not budget.fits(est, label=name):  # a note says it was not run
             return None
         progress.note(name)  # the search bar says which analysis runs
-        t = allow.clock()
-        try:
-            return fn()
-        except Exception as e:
-            problems.append(f"{name}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
-            if not isinstance(e, (ValueError, TypeError, RuntimeError)):
-                problems.append(traceback.format_exc(limit=2))
-            return None
-        finally:
-            allow.spent.add("analyses", allow.clock() - t)
+        with budget.charge("analyses"):
+            try:
+                return fn()
+            except Exception as e:
+                problems.append(f"{name}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+                if not isinstance(e, (ValueError, TypeError, RuntimeError)):
+                    problems.append(traceback.format_exc(limit=2))
+                return None
 
-    base = (_find(bench, knobs) if reuse else None) or _steady_run(bench, knobs, allow, "the diagnosed trial")
+    base = (_find(bench, knobs) if reuse else None) or _steady_run(bench, knobs, budget, "the diagnosed trial")
     if base is None:  # only a caller's deadline stops the first trial
         raise RuntimeError("the diagnosed trial was stopped before it measured anything: raise budget_s")
     cached = None
     if knobs.data == "loader" and base.ok:
         ck = short_circuit_knobs(knobs)
-        cached = (_find(bench, ck) if reuse else None) or _steady_run(bench, ck, allow, "the short-circuit twin")
-    confirmed = _confirm_data(bench, base, cached, allow)
-    left = allow.left()
-    loader_s = 20.0 if left is None else min(20.0, left)  # seconds: the loader-alone rate stops after this long
+        cached = (_find(bench, ck) if reuse else None) or _steady_run(bench, ck, budget, "the short-circuit twin")
+    confirmed = _confirm_data(bench, base, cached, budget)
+    loader_s = budget.cap(LOADER_S) or 0.0  # seconds: the loader-alone rate stops after this long
     rate = None
     if loader and knobs.data == "loader" and loader_s < 1.0:
-        allow.notes.append(f"loader rate not run: under 1 s left of budget_s={budget_s:g}")
+        budget.notes.append(f"loader rate not run: under 1 s left of budget_s={budget.budget_s:g}")
     elif loader and knobs.data == "loader":
         rate = attempt("loader rate", lambda: loader_rate(wl, knobs, max_s=loader_s))
     data = check_data(base, cached, rate, confirmed)
@@ -248,7 +245,7 @@ def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, pr
                                  compile_info=compile_info, measured_fix=allocator_fix(bench.trials, knobs)), stages)  # the evidence cites the phase split
     return Diagnosis(knobs=knobs, data=data, threads=threads, verdict=verdict, stages=stages, ops=ops,
                      memory=mem, block_activations=blocks, flops=flop_df, compile=compile_lines, problems=problems,
-                     trace_path=trace_path, spent=allow.spent, budget_notes=allow.notes)
+                     trace_path=trace_path, spent=budget.spent, budget_notes=budget.notes)
 
 
 def _profiled(bench: Bench, knobs: Knobs, attempt: Any, steps: int) -> tuple[Any, Any, str | None]:
@@ -260,18 +257,16 @@ def _profiled(bench: Bench, knobs: Knobs, attempt: Any, steps: int) -> tuple[Any
     return got[0], got[1], str(trace_to) if trace_to.exists() else None
 
 
-def _confirm_data(bench: Bench, base: TrialResult, cached: TrialResult | None, allow: Allowance) -> Any:
+def _confirm_data(bench: Bench, base: TrialResult, cached: TrialResult | None, budget: Budget) -> Any:
     """Little data wait, yet the cached batch looks faster: one pair of trials is no evidence
-    (identical trials differ by up to 20%), so confirm in alternating rounds, within the seconds left."""
+    (identical trials differ by up to 20%), so confirm in alternating rounds, within the seconds left
+    (a part of `budget`: the rounds' trials land in diagnose's account)."""
     if cached is None or not cached.ok or (base.data_wait_share or 0) >= DATA_WAIT_LIMIT:
         return None
     if bench.compare(base, cached).speedup < DATA_BOUND_SPEEDUP:
         return None
-    left = allow.left()
-    if left is not None and left <= 0:
-        allow.notes.append("the data-bound check was not confirmed in extra rounds: no seconds left")
+    if not budget.fits(0.0):
+        budget.notes.append("the data-bound check was not confirmed in extra rounds: no seconds left")
         return None
-    t = allow.clock()
-    c = bench.compare(base, cached, rounds="auto", max_rounds=CONFIRM_ROUNDS, budget_s=left)  # stops when decided
-    allow.spent.add("confirm", allow.clock() - t)
-    return c
+    return bench.compare(base, cached, rounds="auto", max_rounds=CONFIRM_ROUNDS,
+                         budget_s=budget.part())  # stops when decided

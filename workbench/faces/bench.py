@@ -25,12 +25,13 @@ from ..core.measure import TrialResult
 from ..core.progress import TrialProgress, search, shown
 from ..core.stepshape import StepShape, is_demo_source, is_import_path, shape_of
 from ..core.workload import StepFn, Workload, move_to
-from ..deciding.budget import check_budget_s
+from ..deciding.budget import Budget
 from ..deciding.rounds import compare
 from ..launch.cluster import check_executor, local_device, where_note
 from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel_slot, run_trial, submit_trial
 from ..results import Comparison, ResultLog
 from ..results.stats import MARGIN, Noise
+from .scaling import Scaling
 from .surface import DEPRECATED, log_path, require_notebook
 
 DEFAULT_LOG_DIR = "workbench-runs"
@@ -369,7 +370,8 @@ class Workbench:
         `self.run` for trials (the panel passes its own runner); a set `cancel` event stops the
         interleaved turns at the next pair (the panel's Stop button).
         """
-        check_budget_s(budget_s)  # the same cap as tune()'s wherever a budget_s is taken
+        # this call's one budget (validated here, once): its turns and rounds spend it; rounds=0 spends nothing
+        budget = Budget.of(budget_s, "compare", whole_first=False) if rounds or budget_s is not None else None
         ra = a if isinstance(a, TrialResult) else self.log.get(a)
         rb = b if isinstance(b, TrialResult) else self.log.get(b)
         if interleave is not None:  # the keyword before `method`
@@ -387,12 +389,12 @@ class Workbench:
         if rounds and ra.ok and rb.ok:  # the allocator compared: both sides in fresh processes, pinned
             ra, rb, note = self._pinned(ra, rb)
         if rounds == "auto" and interleave is not False and ra.ok and rb.ok:  # a failed trial: compare says why
-            c, why = self._interleaved(ra, rb, margin=margin, budget_s=budget_s, required=interleave is True,
+            c, why = self._interleaved(ra, rb, margin=margin, budget=budget, required=interleave is True,
                                        cancel=cancel)
             note = f"{note} {why}".strip()
         if c is None:
             c = compare(ra, rb, rounds=rounds, run=run or self.run, log=self.log, max_rounds=max_rounds,
-                        margin=margin, budget_s=budget_s)
+                        margin=margin, budget_s=budget)
             c = replace(c, note=f"{note} {c.note}".strip()) if note else c
         c = where_note(c, ra, rb)
         if rounds:  # new evidence was measured: the log keeps the comparison (the table's verdict uses it)
@@ -417,10 +419,11 @@ class Workbench:
         return ra, rb, (f"{side} left the allocator as this process runs it ({mode!r}): pinned to {mode!r} so that "
                         "both sides run in fresh processes.")
 
-    def _interleave(self, a: TrialResult, b: TrialResult, *, margin: float = MARGIN, budget_s: float | None = None,
-                   cancel: threading.Event | None = None) -> Comparison:
+    def _interleave(self, a: TrialResult, b: TrialResult, *, margin: float = MARGIN,
+                    budget_s: float | Budget | None = None, cancel: threading.Event | None = None) -> Comparison:
         """B's knobs against A's by interleaved turns in this process (deciding/interleave.py), on the
-        trial thread like a trial; `budget_s` seconds at most (default 30), build and warm-up included.
+        trial thread like a trial; `budget_s` seconds at most (default 30; or the part of a calling
+        verb's Budget it was given), build and warm-up included.
 
         Records nothing (`compare(rounds="auto")` and the tuner log what they use). Raises ValueError
         naming why when the pair cannot interleave (its knobs; on CUDA both trials' peaks against free
@@ -435,14 +438,15 @@ class Workbench:
             jobs = self._jobs_now()
             run = functools.partial(in_one_job, jobs) if jobs else interleaved  # both sides in ONE job
             future = submit_trial(run, self.workload, a.knobs, b.knobs, a_id=a.trial_id, b_id=b.trial_id,
-                                  margin=margin, budget_s=budget_s or BUDGET_S,
+                                  margin=margin, budget_s=budget_s if budget_s is not None else BUDGET_S,
                                   warmup_steps=min(self.warmup_steps, INTERLEAVE_WARMUP), cancel=cancel)
             return _wait(future)
 
-    def _interleaved(self, ra: TrialResult, rb: TrialResult, *, margin: float, budget_s: float | None,
+    def _interleaved(self, ra: TrialResult, rb: TrialResult, *, margin: float, budget: Budget,
                      required: bool, cancel: threading.Event | None = None) -> tuple[Comparison | None, str]:
-        """The interleaved comparison of two trials' knobs, or (None, why trials must decide instead)."""
-        from ..deciding.interleave import InterleaveFailed, memory_reason, why_not
+        """The interleaved comparison of two trials' knobs, or (None, why trials must decide instead);
+        its turns spend a part of `budget` (all that is left; BUDGET_S without a budget_s)."""
+        from ..deciding.interleave import BUDGET_S, InterleaveFailed, memory_reason, why_not
 
         reason = why_not(ra.knobs, rb.knobs) or memory_reason(self.device, ra.peak_memory_bytes,
                                                                rb.peak_memory_bytes)
@@ -451,7 +455,9 @@ class Workbench:
                 raise ValueError(f"interleave=True, but these two cannot interleave: {reason}")
             return None, f"By alternating trials: {reason}."
         try:
-            return self._interleave(ra, rb, margin=margin, budget_s=budget_s, cancel=cancel), ""
+            with budget.charge("turns"):
+                turns = budget.part(BUDGET_S if budget.budget_s is None else None)
+                return self._interleave(ra, rb, margin=margin, budget_s=turns, cancel=cancel), ""
         except InterleaveFailed as e:
             if e.status == "interrupted":  # stopped before two pairs: the trials path sees the stop too
                 return None, "Stopped by the user while interleaving."
@@ -537,22 +543,21 @@ class Workbench:
         return to_tensorboard(self.trials, logdir, name=self.name)
 
     def scaling(self, world_sizes: tuple[int, ...] = (1, 2), *, strategies: tuple[str, ...] | None = None,
-                progress: bool | None = None, budget_s: float | None = None, **knobs: Any) -> pd.DataFrame:
+                progress: bool | None = None, budget_s: float | None = None, **knobs: Any) -> Scaling:
         """One trial per world size (and per strategy: `strategies=("ddp", "fsdp2")`) with the same other
-        knobs: samples/s, efficiency, peak memory and model state per rank (see scaling.py); `budget_s`
-        caps the seconds (budget.py)."""
+        knobs: samples/s, efficiency, peak memory and model state per rank (see scaling.py), as a `Scaling`
+        (`.frame` the table, `.chart()` its picture, `["efficiency"]` a column); `budget_s` caps the seconds
+        (budget.py)."""
         from ..search.scaling import plan, scaling
 
-        check_budget_s(budget_s)
+        budget = Budget.of(budget_s, "scaling")  # validated once, before anything runs
         total = len(plan(self, world_sizes, strategies, knobs))
-        with search(progress, "scaling", log=self.log, total=total, budget_s=budget_s):
-            return scaling(self, world_sizes, strategies, budget_s=budget_s, **knobs)
+        with search(progress, "scaling", log=self.log, total=total, budget_s=budget.budget_s):
+            return Scaling(scaling(self, world_sizes, strategies, budget_s=budget, **knobs))
 
-    def _scaling_chart(self, frame: pd.DataFrame) -> Any:
-        """The chart of a `scaling()` frame: measured bars vs linear scaling, efficiency labels."""
-        from .charts import scaling_chart
-
-        return scaling_chart(frame)
+    def _scaling_chart(self, frame: pd.DataFrame | Scaling) -> Any:
+        """The chart of a `scaling()` result (deprecated name: use `bench.scaling(...).chart()`)."""
+        return (frame if isinstance(frame, Scaling) else Scaling(frame)).chart()
 
     def __getattr__(self, name: str) -> Any:
         """The names that left the public surface keep working for one release, with a FutureWarning."""

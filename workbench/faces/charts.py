@@ -19,10 +19,11 @@ import altair as alt
 import pandas as pd
 
 from ..core.knobs import knob_names
+from .display import BASELINE_COLOR, STATUS_COLORS
 
-# Every status gets a fixed colour and shape, so a colour means the same thing in every chart.
+# Every status gets a fixed colour (display.STATUS_COLORS, the panel's and the cards' too) and shape.
 KINDS = ["baseline", "ok", "nan", "interrupted", "error", "oom"]
-KIND_COLORS = ["#222222", "#4c78a8", "#f58518", "#9d755d", "#e45756", "#b22222"]
+KIND_COLORS = [BASELINE_COLOR, *(STATUS_COLORS[k] for k in KINDS[1:])]
 UNSTEADY_COLOR = "#b279a2"  # the "not steady" mark under a throughput point
 KIND_SHAPES = ["diamond", "circle", "triangle-up", "cross", "cross", "cross"]
 FAILED = ("interrupted", "error", "oom")  # no throughput: drawn as a cross on the zero line
@@ -302,18 +303,18 @@ def on_trial_pick(jupyter_chart: Any, fn: Callable[[int | None], None]) -> Calla
     return detach
 def scaling_chart(scaling: pd.DataFrame, *, width: int = 360) -> alt.TopLevelMixin:
     """Global samples/s per world size (bars) against ideal linear scaling from the first row
-    (dashed line), each bar labelled with its efficiency: the picture of `bench.scaling()`."""
+    (dashed line), each bar labelled with its efficiency: `bench.scaling(...).chart()` (faces/scaling.py)."""
     df = scaling.copy()
     base = df.iloc[0]
     df["ideal"] = df["world_size"] / base["world_size"] * (base["samples_per_s"] or 0.0)
     df["label"] = df["efficiency"].map(lambda e: "" if e is None or e != e else f"{e:.0%}")
     x = (alt.X("setup:O", sort=None, title="processes x strategy") if "setup" in df.columns
          else alt.X("world_size:O", title="processes (world_size)"))
-    bars = alt.Chart(df).mark_bar(color="#4c78a8").encode(
+    bars = alt.Chart(df).mark_bar(color=STATUS_COLORS["ok"]).encode(
         x=x, y=alt.Y("samples_per_s:Q", title="global samples/s"),
         tooltip=["world_size", alt.Tooltip("samples_per_s:Q", format=",.0f"),
                  alt.Tooltip("per_rank_samples_per_s:Q", format=",.0f"), alt.Tooltip("efficiency:Q", format=".0%"),
                  "threads_per_rank", *[c for c in ("peak_memory_mb", "model_state_mb") if c in df.columns], "status"])
-    ideal = alt.Chart(df).mark_line(strokeDash=[4, 4], color="#222222", point=True).encode(x=x, y="ideal:Q")
+    ideal = alt.Chart(df).mark_line(strokeDash=[4, 4], color=BASELINE_COLOR, point=True).encode(x=x, y="ideal:Q")
     text = alt.Chart(df).mark_text(dy=-8).encode(x=x, y="samples_per_s:Q", text="label:N")
     return (bars + ideal + text).properties(width=width, title="Scaling: measured (bars) vs linear (dashed)")

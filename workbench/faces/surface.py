@@ -17,7 +17,7 @@ DEPRECATED = {
     "set_baseline": ("_set_baseline", "assign bench.baseline = trial"),
     "interleave": ("_interleave", "use bench.compare(a, b, method='interleave')"),
     "steps_frame": ("_steps_frame", "use bench.log.steps_frame()"),
-    "scaling_chart": ("_scaling_chart", "use workbench.faces.charts.scaling_chart(bench.scaling(...))"),
+    "scaling_chart": ("_scaling_chart", "use bench.scaling(...).chart()"),
 }
 
 

@@ -19,7 +19,6 @@ skipped with a warning, never repaired or deleted.
 
 from __future__ import annotations
 
-import errno
 import fnmatch
 import functools
 import os
@@ -38,7 +37,10 @@ from ..core.knobs import Knobs
 from ..core.measure import TrialResult
 from ..deciding.rounds import compare
 from ..results.comparison import noise_of
-from ..results.records import bad_lines_text, read_records
+from ..results.log import Unreadable, read_appended
+from ..results.records import bad_lines_text
+from ..results.rules import ANSWERS
+from .display import VERDICT_COLORS
 from .learners import TRIALS, SimulatedLearners, learner_session, simulate_learners
 
 # The columns an instructor reads first; knobs and details follow.
@@ -54,11 +56,6 @@ SUMMARY_COLUMNS = ["workload", "knob", "machines", "helped", "same_speed", "hurt
 
 MAX_GATHER_FILE_BYTES = 64 << 20  # a learner's log of a session is ~100 KB; beyond this it is not one
 MAX_DEPTH = 8  # folder levels searched below the shared folder
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-
-
-class Unreadable(ValueError):
-    """A file in the shared folder that gather will not read; the message says why, never its content."""
 
 
 @dataclass
@@ -75,67 +72,21 @@ class _Log:
     rows: list[dict[str, Any]] | None = None  # its rows in `results` (None: to be built)
 
 
-def _read_bytes(path: Path, offset: int, ident: tuple[int, int]) -> tuple[bytes, tuple[int, int], bool]:
-    """(the bytes after `offset`, the file's identity, whether reading restarted at 0) of a regular file
-    opened without following symlinks and without blocking; Unreadable for anything else."""
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.EMLINK):
-            raise Unreadable("a symbolic link: not followed (gather reads only files inside the folder)") from None
-        raise Unreadable(f"cannot be opened ({e.strerror or type(e).__name__})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Unreadable("not a regular file (a FIFO, socket or device)")
-        if st.st_size > MAX_GATHER_FILE_BYTES:
-            raise Unreadable(f"larger than {MAX_GATHER_FILE_BYTES:,} bytes: not a learner's log")
-        new_ident = (st.st_dev, st.st_ino)
-        restart = new_ident != ident or st.st_size < offset
-        start = 0 if restart else offset
-        os.lseek(fd, start, os.SEEK_SET)
-        chunks, left = [], st.st_size - start
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks), new_ident, restart
-    finally:
-        os.close(fd)
-
-
 def _read_into(log: _Log) -> list[str]:
-    """Read what was appended to `log.path` since the last read into `log`; the bad lines' descriptions.
-
-    A last line without its newline counts when it parses (a finished record); otherwise it is
-    left for the next read (a learner's write in progress) and reported once.
-    """
-    data, ident, restart = _read_bytes(log.path, log.offset, log.ident)
-    if restart:
+    """Read what was appended to `log.path` since the last read into `log` (`read_appended`, the one log
+    reader: no symbolic link followed, no FIFO blocking, a size cap); the bad lines' descriptions. An
+    unfinished last line is left for the next read (a learner's write in progress) and reported."""
+    got = read_appended(log.path, log.offset, log.ident, max_bytes=MAX_GATHER_FILE_BYTES, refuse_larger=True)
+    if got.restarted:
         log.trials, log.baseline_id, log.offset, log.lines, log.bad = [], None, 0, 0, 0
-    log.ident = ident
-    complete = data[: data.rfind(b"\n") + 1]
-    lines = complete.split(b"\n")[:-1] if complete else []
-    tail = data[len(complete):]
-    if tail:
-        lines.append(tail)
-    trials, baseline_id, bad = read_records(lines)
-    if tail and bad and bad[-1][0] == len(lines) - 1:  # an unfinished last line: wait for the rest
-        bad = bad[:-1]
-        descr = [bad_lines_text(bad, first_line=log.lines + 1)] if bad else []
-        descr.append(f"last line unfinished ({len(tail):,} bytes; read again when it grows)")
-        data = complete
-    else:
-        descr = [bad_lines_text(bad, first_line=log.lines + 1)] if bad else []
-    log.trials += trials
-    if baseline_id is not None:
-        log.baseline_id = baseline_id
-    log.offset += len(data)
-    log.lines += data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-    log.bad += len(bad)
-    log.rows = None
+    log.ident = got.ident
+    descr = [bad_lines_text(got.bad, first_line=log.lines + 1)] if got.bad else []
+    if got.tail:
+        descr.append(f"last line unfinished ({len(got.tail):,} bytes; read again when it grows)")
+    log.trials += got.trials
+    if got.baseline_id is not None:
+        log.baseline_id = got.baseline_id
+    log.offset, log.lines, log.bad, log.rows = got.end, log.lines + got.lines, log.bad + len(got.bad), None
     return descr
 
 
@@ -379,8 +330,8 @@ class Workshop:
         data["who"] = data["participant"]
         x = alt.X("who:N", title=None, axis=alt.Axis(labelAngle=-40))
         y = alt.Y("speedup:Q", title="speedup vs own baseline", scale=alt.Scale(type="log", zero=False))
-        colour = alt.Color("verdict:N", scale=alt.Scale(domain=["faster", "slower", "same", "undecided"],
-                                                         range=["#2e7d32", "#c62828", "#1565c0", "#bbbbbb"]))
+        colour = alt.Color("verdict:N", scale=alt.Scale(domain=list(ANSWERS),
+                                                         range=[VERDICT_COLORS[a] for a in ANSWERS]))
         tooltip = ["participant:N", "machine:N", "knob:N", alt.Tooltip("speedup:Q", format=".2f"),
                    alt.Tooltip("speedup_low:Q", format=".2f", title="95% low"),
                    alt.Tooltip("speedup_high:Q", format=".2f", title="95% high"), "verdict:N", "torch:N"]

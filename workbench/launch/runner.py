@@ -31,7 +31,7 @@ import torch
 from ..core import trace as tracing
 from ..core.earlystop import StopRule
 from ..core.knobs import BLOCK_KNOBS, Knobs, check_run, context, device_notes, process_env, settings, traits
-from ..core.measure import TrialResult, environment, memory_meter, model_state_bytes, now_iso, release_free_memory
+from ..core.measure import TrialResult, environment, memory_meter, model_state_bytes, now_iso
 from ..core.phases import (
     Stopped,
     TrialInterrupted,
@@ -43,6 +43,7 @@ from ..core.phases import (
 )
 from ..core.progress import Poller, TrialProgress
 from ..core.step import BatchSource, Stage, TrainStep, seeded
+from ..core.system import release_free_memory
 from ..core.workload import Workload
 
 Progress = Callable[[str, int, int], None]  # (phase, steps done, steps total), called by a Poller

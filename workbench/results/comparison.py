@@ -8,14 +8,16 @@ table judges its rows with the same rule (`stats.one_look`).
 
 from __future__ import annotations
 
-import itertools
+import math
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult
-from .stats import MARGIN, Comparison, Noise, adjacent_noise, decide, estimate_noise
+from .rules import MARGIN, check_margin
+from .stats import Comparison, Noise, decide, pooled_noise
 
 Trials = TrialResult | Sequence[TrialResult]
 
@@ -68,24 +70,57 @@ def trials_of(x: Trials) -> list[TrialResult]:
     return runs
 
 
-def check_margin(margin: float) -> None:
-    """ValueError unless `margin` is a fraction between 0 and 1."""
-    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not 0 < margin < 1:
-        raise ValueError(f"margin must be a fraction between 0 and 1 (0.05 = ±5%), got {margin!r}")
+class NoiseTracker:
+    """The between-trial noise of a growing set of trials, one trial at a time: the results table adds each
+    trial as it arrives, `noise_of` a batch. Repeats of identical knobs pool by Welford's update of each
+    configuration's log(samples/s); back-to-back pairs (consecutive trial ids, same knobs, in any arrival
+    order) add their squared log-ratio to a running sum. The figure is `stats.pooled_noise` of those sums,
+    as `estimate_noise` and `adjacent_noise` give it from the same trials all at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.groups: dict[Knobs, tuple[int, float, float]] = {}  # knobs -> (n, mean, ss) of log samples/s
+        self.by_id: dict[int, tuple[Knobs, float]] = {}  # trial id -> (knobs, log samples/s), for the pairs
+        self.ss, self.df, self.configs = 0.0, 0, 0
+        self.adjacent_ss, self.pairs = 0.0, 0
+        self._noise: Noise | None = None
+
+    def add(self, r: TrialResult) -> None:
+        """Take in one trial (a trial that cannot be compared carries no evidence and changes nothing)."""
+        v = float(r.samples_per_s or 0.0)
+        if not usable(r) or not (v > 0 and math.isfinite(v)):
+            return
+        x = math.log(v)
+        with self.lock:
+            n, mean, ss = self.groups.get(r.knobs, (0, 0.0, 0.0))
+            delta = x - mean
+            mean += delta / (n + 1)
+            grow = delta * (x - mean)
+            self.groups[r.knobs] = (n + 1, mean, ss + grow)
+            self.ss, self.df, self.configs = self.ss + grow, self.df + (n >= 1), self.configs + (n == 1)
+            t = r.trial_id
+            if t is not None and t not in self.by_id:
+                self.by_id[t] = (r.knobs, x)
+                for other in (self.by_id.get(t - 1), self.by_id.get(t + 1)):
+                    if other is not None and other[0] == r.knobs:
+                        self.adjacent_ss, self.pairs = self.adjacent_ss + (x - other[1]) ** 2, self.pairs + 1
+            self._noise = None
+
+    def noise(self) -> Noise:
+        """The noise of the trials taken in so far (the prior until repeats exist)."""
+        with self.lock:
+            if self._noise is None:
+                self._noise = pooled_noise(self.ss, self.df, self.configs, self.adjacent_ss, self.pairs)
+            return self._noise
 
 
 def noise_of(trials: Iterable[TrialResult]) -> Noise:
     """The between-trial noise these trials show: repeats of identical knobs, pooled (see stats.py),
     and how far back-to-back identical trials land apart (consecutive trial ids, same knobs)."""
-    groups: dict[Knobs, list[float]] = {}
-    ok = [r for r in trials if usable(r)]
-    for r in ok:
-        groups.setdefault(r.knobs, []).append(float(r.samples_per_s or 0.0))
-    ordered = sorted((r for r in ok if r.trial_id is not None), key=lambda r: r.trial_id or 0)
-    pairs = [(float(x.samples_per_s or 0.0), float(y.samples_per_s or 0.0)) for x, y in itertools.pairwise(ordered)
-             if y.trial_id == (x.trial_id or 0) + 1 and x.knobs == y.knobs]
-    noise = estimate_noise(list(groups.values()))
-    return replace(noise, adjacent=adjacent_noise(pairs), adjacent_pairs=len(pairs))
+    tracker = NoiseTracker()
+    for r in trials:
+        tracker.add(r)
+    return tracker.noise()
 
 
 def allocator_note(runs_a: Sequence[TrialResult], runs_b: Sequence[TrialResult]) -> str:

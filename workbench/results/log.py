@@ -2,21 +2,25 @@
 
 The log is append-only JSONL (one record per line, flushed and fsynced), so a kernel restart or
 a crash mid-trial loses nothing that finished. Nothing here ever unpickles: records are plain
-JSON, read as untrusted input (records.py). Appends from several processes are serialised by an
-OS file lock. The table (`frame()`) lives in table.py; comparing configurations in comparison.py
+JSON, read as untrusted input (records.py) by `read_appended`, the one reader of logs (the workshop's
+gather uses it too): no symbolic link followed, nothing but a regular file, a size cap, malformed lines
+skipped and counted, a half-written last line left for later. Appends from several processes are
+serialised by an OS file lock. The table (`frame()`) lives in table.py; comparing configurations in comparison.py
 (deciding) and rounds.py (running alternating rounds).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
+import stat
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,92 @@ except ImportError:  # Windows: no lock; one file per process (see ResultLog)
     _LOCKS = False
 
 MAX_FILE_BYTES = 1 << 30  # a log beyond 1 GiB is read up to there (with a warning)
+NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a log path that is a symbolic link is not opened through it
+_READ_FLAGS = os.O_RDONLY | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class Unreadable(OSError, ValueError):
+    """A log file that is not read: a symbolic link, a FIFO or device, over a size cap. The message says
+    why, never the file's content (an OSError to the log's own reads and writes, a ValueError to callers)."""
+
+
+@dataclass
+class Appended:
+    """What one read of a JSONL log found after an offset (`read_appended`)."""
+
+    trials: list[TrialResult] = field(default_factory=list)
+    baseline_id: int | None = None  # the last "baseline" line's trial id, if any
+    comparisons: list[LoggedComparison] = field(default_factory=list)
+    bad: list[tuple[int, Exception]] = field(default_factory=list)  # (line index from `start`, why): skipped
+    start: int = 0  # where this read began (0 after a restart)
+    end: int = 0  # the offset after every line taken: the next read starts here
+    lines: int = 0  # lines taken (records and bad ones)
+    tail: bytes = b""  # a half-written last line (no newline, not yet a record): left for the next read
+    ident: tuple[int, int] = (0, 0)  # the file's (device, inode)
+    restarted: bool = False  # the file was replaced or shrank since `ident`: read again from its start
+    capped: bool = False  # the file goes on past max_bytes: nothing after that point was read
+
+
+def read_appended(source: str | os.PathLike | int, offset: int = 0, ident: tuple[int, int] | None = None, *,
+                  max_bytes: int = MAX_FILE_BYTES, refuse_larger: bool = False) -> Appended:
+    """The records of a JSONL log after byte `offset`, read as untrusted input: the one reader of logs.
+
+    `source` is a path (opened without following a symbolic link, without blocking) or a descriptor
+    the caller opened. Anything but a regular file raises `Unreadable`, and so does one over
+    `max_bytes` when `refuse_larger` (else its lines up to `max_bytes` are read, `capped` says so).
+    Malformed lines are skipped, each in `bad` with a reason that never quotes it (records.py). A last
+    line without its newline counts when it parses (a finished record); otherwise it is half-written,
+    left in `tail` for a later read. With `ident` (the (device, inode) of an earlier read), a file
+    replaced or shrunk since is read again from byte 0 (`restarted`).
+    """
+    if isinstance(source, int):
+        return _read_fd(source, offset, ident, max_bytes, refuse_larger)
+    try:
+        fd = os.open(source, _READ_FLAGS)
+    except OSError as e:
+        raise _why_not(e) from None
+    try:
+        return _read_fd(fd, offset, ident, max_bytes, refuse_larger)
+    finally:
+        os.close(fd)
+
+
+def _why_not(e: OSError) -> OSError:
+    """An open's failure in words: a symbolic link is Unreadable (never followed); else the OSError."""
+    if e.errno in (errno.ELOOP, errno.EMLINK):
+        return Unreadable("a symbolic link: not followed (a log is read and written only as a file of its own)")
+    return e
+
+
+def _read_fd(fd: int, offset: int, ident: tuple[int, int] | None, max_bytes: int, refuse_larger: bool) -> Appended:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise Unreadable("not a regular file (a FIFO, socket or device)")
+    if refuse_larger and st.st_size > max_bytes:
+        raise Unreadable(f"larger than {max_bytes:,} bytes: not one workbench's log")
+    got = Appended(ident=(st.st_dev, st.st_ino))
+    got.restarted = ident is not None and (got.ident != ident or st.st_size < offset)
+    got.start = 0 if got.restarted else offset
+    got.capped = st.st_size > max_bytes
+    os.lseek(fd, got.start, os.SEEK_SET)
+    chunks, left = [], max(0, min(st.st_size, max_bytes) - got.start)
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    data = b"".join(chunks)
+    complete = data[: data.rfind(b"\n") + 1]
+    lines = complete.split(b"\n")[:-1]
+    tail = b"" if got.capped else data[len(complete):]  # at the cap a line is cut by the cap, not half-written
+    got.trials, got.baseline_id, got.bad = read_records([*lines, tail] if tail else lines, comparisons=got.comparisons)
+    if tail and got.bad and got.bad[-1][0] == len(lines):  # not a record yet: a write in progress, or cut short
+        got.bad.pop()
+        got.tail, tail = tail, b""
+    got.end = got.start + len(complete) + len(tail)
+    got.lines = len(lines) + (1 if tail else 0)
+    return got
 
 
 class ResultLog:
@@ -77,30 +167,22 @@ class ResultLog:
             self._read_new(f)
 
     def _read_new(self, f: Any) -> None:
-        """Parse complete lines after `_offset` of the locked, open file `f` (binary, a+)."""
-        f.seek(self._offset)
-        data = f.read(max(0, MAX_FILE_BYTES - self._offset) + 1)
-        if len(data) + self._offset > MAX_FILE_BYTES:
+        """Take in the lines after `_offset` of the locked, open file `f` (binary, a+), read by `read_appended`."""
+        got = read_appended(f.fileno(), self._offset)
+        if got.capped:
             self._warn_once("size", f"{self.path}: the log is over {MAX_FILE_BYTES:,} bytes; trials after that "
                                     "point are not read (start a new log: Workbench(log=...))")
-            data = data[: data.rfind(b"\n", 0, MAX_FILE_BYTES - self._offset) + 1]
-            if not data:
-                return
-        if not data:
-            return
-        complete = data[: data.rfind(b"\n") + 1]
-        tail = data[len(complete):]
-        trials, baseline_id, bad = read_records(complete.split(b"\n"), comparisons=self.comparisons)
-        self.trials += trials
-        if baseline_id is not None:
-            self._baseline_id = baseline_id
-        if bad:
+        self.trials += got.trials
+        self.comparisons += got.comparisons
+        if got.baseline_id is not None:
+            self._baseline_id = got.baseline_id
+        if got.bad:
             where = f" (after byte {self._offset})" if self._offset else ""
-            warnings.warn(f"{self.path}: skipped {len(bad)} unreadable line(s){where}: {bad_lines_text(bad)}",
+            warnings.warn(f"{self.path}: skipped {len(got.bad)} unreadable line(s){where}: {bad_lines_text(got.bad)}",
                           stacklevel=4)
-        self._offset += len(complete)
-        if tail:
-            self._cut_tail(f, tail)
+        self._offset = got.end
+        if got.tail:
+            self._cut_tail(f, got.tail)
 
     def _cut_tail(self, f: Any, tail: bytes) -> None:
         """An unterminated last line: cut it off (locked), keeping it in `<log>.broken` when that works."""
@@ -171,7 +253,7 @@ class ResultLog:
     def _write_failed(self, e: OSError, what: str) -> None:
         """Remember the failure and warn once per cause, saying how to keep the trials."""
         self.write_error = e
-        why = e.strerror or type(e).__name__
+        why = e.strerror or str(e) or type(e).__name__
         self._warn_once(f"{what}:{e.errno}", (
             f"could not {what} the result log {self.path} ({why}). Trials stay in memory (bench.results); "
             f"save them elsewhere with bench.log.save('other/folder/log.jsonl'), or free space and the next "
@@ -376,7 +458,11 @@ def _locked(path: Path) -> Iterator[Any]:
     key = os.path.abspath(path)
     with _THREAD_LOCKS_GUARD:
         thread_lock = _THREAD_LOCKS.setdefault(key, threading.Lock())
-    with thread_lock, open(path, "a+b", buffering=0) as f:  # unbuffered: a failed write leaves nothing behind
+    try:  # unbuffered: a failed write leaves nothing behind; a symbolic link is not followed (Unreadable)
+        f = open(path, "a+b", buffering=0, opener=lambda p, flags: os.open(p, flags | NO_FOLLOW, 0o666))
+    except OSError as e:
+        raise _why_not(e) from None
+    with thread_lock, f:
         if _LOCKS:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # blocks while another process appends
         try:

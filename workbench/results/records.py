@@ -4,7 +4,7 @@ A log line is read as something anyone could have written (a shared folder, a co
 is never unpickled and never evaluated; a line that is too long, too deep, not JSON, holds
 non-finite numbers, or fields of the wrong type or range is refused with a BadRecord whose message
 never quotes the line. `safe_file_name` turns a participant's or workbench's name into a short,
-stable file name. The log itself (locking, appends) is `resultlog.ResultLog`.
+stable file name. The log itself (reading files, locking, appends) is `log.py`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from ..core.knobs import BUILTIN_KNOBS, Knobs, knob_names
 from ..core.measure import STATUSES, TrialResult
+from .rules import ANSWERS
 from .stats import Comparison
 
 MAX_LINE_BYTES = 1 << 20  # a trial record is a few KB; a longer line is not one of ours
@@ -128,7 +129,6 @@ def _knobs_of(rec: dict[str, Any]) -> Knobs:
     return knobs
 
 
-ANSWERS = ("faster", "slower", "same", "undecided")
 METHODS = ("trials", "interleaved")
 
 

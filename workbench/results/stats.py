@@ -32,14 +32,16 @@ one-look rule, vectorised: `decide` and the results table both call it.
 from __future__ import annotations
 
 import functools
-import html
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
+
+from ..core.views import html_view
+from .rules import ANSWER_WORDS, MARGIN, Answer, check_margin
 
 CONFIDENCE = 0.95
 MIN_EFFECT = 0.02  # ratios within 2% of 1 are called noise even when the interval excludes 1
@@ -47,9 +49,6 @@ PRIOR_NOISE = 0.10  # sd of log(samples/s) between identical trials assumed befo
 PRIOR_WEIGHT = 4.0  # the prior counts as this many degrees of freedom of evidence
 MIN_NOISE = 0.01  # never believe identical trials agree better than 1% (sd), however quiet the log
 MAX_ROUNDS_HINT = 20  # beyond this many rounds a gap is called too small to settle
-MARGIN = 0.05  # "same speed": the whole interval lies within ±MARGIN (symmetric in log: 1/1.05 … 1.05)
-ANSWER_WORDS = {"faster": "faster", "slower": "slower", "same": "same speed", "undecided": "undecided"}
-VERDICTS = ("baseline", "faster", "slower", "same", "undecided")  # the results table's verdict column (failed: "")
 PAIRED_PRIOR_SD = 0.10  # sd of log(B/A) between back-to-back trials assumed before any pair is measured
 PAIRED_PRIOR_DF = 2.0  # the paired prior counts as this many degrees of freedom (weak: data win by round 3)
 TOO_NOISY = 0.25  # identical trials landing further apart than ±25%: too noisy to decide small differences
@@ -192,10 +191,8 @@ def words_of_spread(spread: float) -> str:
 
 
 def estimate_noise(groups: Sequence[Sequence[float]]) -> Noise:
-    """Pool the spread of log(samples/s) within groups of identical knobs, blended with the prior.
-
-    `groups`: one sequence of per-trial samples/s per configuration (singletons carry no evidence).
-    """
+    """Pool the spread of log(samples/s) within groups of identical knobs, blended with the prior. `groups`: one
+    sequence of per-trial samples/s per configuration (singletons carry no evidence)."""
     ss, df, configs = 0.0, 0, 0
     for g in groups:
         x = np.log([v for v in g if v and v > 0 and math.isfinite(v)])
@@ -203,15 +200,22 @@ def estimate_noise(groups: Sequence[Sequence[float]]) -> Noise:
             ss += float(((x - x.mean()) ** 2).sum())
             df += len(x) - 1
             configs += 1
+    return pooled_noise(ss, df, configs)
+
+
+def pooled_noise(ss: float, df: int, configs: int, adjacent_ss: float = 0.0, pairs: int = 0) -> Noise:
+    """The noise from sums of squares of log(samples/s): within `configs` repeated configurations (`df` repeats beyond
+    each one's first) and over `pairs` back-to-back pairs; `estimate_noise` and `comparison.NoiseTracker` end here."""
     measured = math.sqrt(ss / df) if df else None
     var = (PRIOR_WEIGHT * PRIOR_NOISE**2 + ss) / (PRIOR_WEIGHT + df)
-    return Noise(max(MIN_NOISE, math.sqrt(var)), PRIOR_WEIGHT + df, df, configs, measured)
+    adjacent = math.sqrt(adjacent_ss / pairs / 2) if pairs else None
+    return Noise(max(MIN_NOISE, math.sqrt(var)), PRIOR_WEIGHT + df, df, configs, measured, adjacent, pairs)
 
 
 def adjacent_noise(pairs: Sequence[tuple[float, float]]) -> float | None:
     """sd of one trial's log(samples/s) from back-to-back pairs of identical knobs (None without pairs)."""
     d = [math.log(y / x) for x, y in pairs if x and y and x > 0 and y > 0]
-    return math.sqrt(sum(v * v for v in d) / len(d) / 2) if d else None
+    return pooled_noise(0.0, 0, 0, sum(v * v for v in d), len(d)).adjacent
 
 
 PRIOR = estimate_noise([])
@@ -253,7 +257,7 @@ class Comparison:
         return self.low >= 1 / (1 + self.margin) and self.high <= 1 + self.margin
 
     @property
-    def answer(self) -> Literal["faster", "slower", "same", "undecided"]:
+    def answer(self) -> Answer:
         """B against A in one word: faster/slower (beyond noise), same (within ±margin), or undecided."""
         if self.beyond_noise:
             return "faster" if self.speedup > 1 else "slower"
@@ -321,23 +325,9 @@ class Comparison:
 
     __repr__ = __str__
 
-    def _repr_html_(self) -> str:
-        if self.method == "interleaved":  # hundreds of turns: each side's median turn, not every one
-            rows = "".join(f"<tr><td>{side}</td><td>#{t}</td><td>{len(r)} turns, median "
-                           f"{statistics.median(r) if r else float('nan'):,.1f}</td></tr>"
-                           for side, t, r in (("A", self.a, self.a_rates), ("B", self.b, self.b_rates)))
-        else:
-            rows = self._trial_rows()
-        color = {"faster": "#2e7d32", "slower": "#c62828", "same": "#1565c0"}.get(self.answer, "#616161")
-        return (f'<p style="color:{color}">{html.escape(str(self))}</p>'  # the sentence says the verdict once
-                f'<table class="wb-comparison"><tr><th></th><th>trials</th><th>samples/s</th></tr>{rows}</table>'
-                f"<p><small>{html.escape(str(self.noise))}</small></p>")
-
-    def _trial_rows(self) -> str:
-        return "".join(
-            f"<tr><td>{side}</td><td>{', '.join(f'#{t}' for t in ids)}</td>"
-            f"<td>{', '.join(f'{r:,.1f}' for r in rates)}</td></tr>"
-            for side, ids, rates in (("A", self.a_trials, self.a_rates), ("B", self.b_trials, self.b_rates)))
+    def _repr_html_(self) -> str | None:
+        """What Jupyter draws: faces/display.py's `comparison_html`, registered in `views.HTML` (None: the str)."""
+        return html_view(self)
 
 
 class Looks(NamedTuple):
@@ -573,8 +563,7 @@ def decide_interleaved(a_rates: Sequence[float], b_rates: Sequence[float], *, lo
     if len(xa) != len(xb) or len(xa) < 2 or not (np.isfinite(xa).all() and np.isfinite(xb).all()):
         raise ValueError("an interleaved comparison needs at least 2 pairs of positive samples/s, equally many "
                          f"on each side; got {len(xa)} and {len(xb)}")
-    if not 0 < margin < 1:
-        raise ValueError(f"margin must be a fraction between 0 and 1 (0.05 = ±5%), got {margin!r}")
+    check_margin(margin)
     d = xb - xa
     n = len(d)
     alpha = interleave_alpha(looks)
@@ -591,6 +580,6 @@ def decide_interleaved(a_rates: Sequence[float], b_rates: Sequence[float], *, lo
                       method="interleaved", turns=n, turn_steps=turn_steps)
 
 
-__all__ = ["ANSWER_WORDS", "BUILD_NOISE", "CONFIDENCE", "MARGIN", "MIN_EFFECT", "PRIOR", "PRIOR_NOISE", "Comparison", "Looks", "Noise",
-           "adjacent_noise", "critical", "decide", "decide_interleaved", "decide_sequential", "estimate_noise",
-           "interleave_alpha", "look_alpha", "one_look", "paired_prior", "t_cdf", "t_quantile", "trimmed"]
+__all__ = ["ANSWER_WORDS", "BUILD_NOISE", "CONFIDENCE", "MARGIN", "MIN_EFFECT", "PRIOR", "PRIOR_NOISE", "Comparison", "Looks",
+           "Noise", "adjacent_noise", "critical", "decide", "decide_interleaved", "decide_sequential", "estimate_noise",
+           "interleave_alpha", "look_alpha", "one_look", "paired_prior", "pooled_noise", "t_cdf", "t_quantile", "trimmed"]

@@ -13,7 +13,6 @@ import math
 import threading
 import warnings
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -21,8 +20,8 @@ import pandas as pd
 
 from ..core.knobs import BLOCK_KNOBS, KNOBS, Knobs
 from ..core.measure import STATUSES, TrialResult
-from .comparison import Trials, usable
-from .stats import Noise, adjacent_noise, critical, estimate_noise, one_look
+from .comparison import NoiseTracker, Trials, usable
+from .stats import Noise, critical, one_look
 
 # The columns a reader wants first; knobs and details follow.
 SUMMARY_COLUMNS = [
@@ -114,10 +113,7 @@ class Table:
         self.lock = threading.RLock()
         self.trials: list[TrialResult] = []
         self.static: pd.DataFrame | None = None
-        self.groups: dict[Knobs, list[float]] = {}  # repeats of identical knobs: the noise evidence
-        self.by_id: dict[int, tuple[Knobs, float]] = {}  # usable trials by id, for back-to-back pairs
-        self.pairs: dict[int, tuple[float, float]] = {}  # first id of a back-to-back pair -> its two rates
-        self._noise: Noise | None = None
+        self.noise_tracker = NoiseTracker()  # the noise evidence, updated per trial (no recount of the log)
         self.base_key: tuple[Any, ...] | None = None
         self.judged_noise: Noise | None = None
         self.labels: list[str] = []
@@ -142,36 +138,17 @@ class Table:
             if new:
                 self.trials.extend(new)
                 for r in new:
-                    if usable(r):
-                        self.groups.setdefault(r.knobs, []).append(float(r.samples_per_s or 0.0))
-                        self._pair(r)
-                        self._noise = None
+                    self.noise_tracker.add(r)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", FutureWarning)  # all-NA columns in a small part
                     part = _static_frame(new)
                     self.static = part if self.static is None else pd.concat([self.static, part], ignore_index=True)
             return self
 
-    def _pair(self, r: TrialResult) -> None:
-        """Back-to-back repeats (consecutive trial ids, same knobs), as noise_of() finds them."""
-        if r.trial_id is None:
-            return
-        t, rate = r.trial_id, float(r.samples_per_s or 0.0)
-        self.by_id[t] = (r.knobs, rate)
-        before, after = self.by_id.get(t - 1), self.by_id.get(t + 1)
-        if before is not None and before[0] == r.knobs:
-            self.pairs[t - 1] = (before[1], rate)
-        if after is not None and after[0] == r.knobs:
-            self.pairs[t] = (rate, after[1])
-
     def noise(self) -> Noise:
-        """Between-trial noise of the trials taken in: repeats of identical knobs and back-to-back pairs."""
-        with self.lock:
-            if self._noise is None:
-                pairs = [self.pairs[t] for t in sorted(self.pairs)]
-                self._noise = replace(estimate_noise(list(self.groups.values())), adjacent=adjacent_noise(pairs),
-                                      adjacent_pairs=len(pairs))
-            return self._noise
+        """Between-trial noise of the trials taken in (repeats of identical knobs and back-to-back pairs):
+        `comparison.NoiseTracker`, the estimator `noise_of` uses, updated as each trial arrived."""
+        return self.noise_tracker.noise()
 
     def frame(self, base: TrialResult | None, noise: Noise, defaults: Knobs | None = None) -> pd.DataFrame:
         """The table against baseline `base` under `noise`, labels naming what differs from `defaults`

@@ -14,7 +14,7 @@ import torch
 
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult, fmt_bytes
-from ..deciding.budget import Allowance, Spend
+from ..deciding.budget import Budget, Spend
 from ..diagnose.memory import block_activation_bytes
 from ..results.protocol import Bench
 
@@ -176,15 +176,15 @@ def fit_memory(bench: Bench, max_bytes: int | None = None, effective_batch: int 
     if effective_batch is None:
         raise TypeError("fit_memory() needs effective_batch: samples per optimizer step (batch_size x accum_steps)")
     k = _first_knobs(bench, max_bytes, effective_batch, headroom, base)
-    allow = Allowance(budget_s, "fit_memory")
+    budget = Budget.of(budget_s, "fit_memory")  # validated once; its account is the result's
     limit = max_bytes * (1 - headroom)  # the peak a fitting configuration may reach
     rows: list[dict[str, Any]] = []  # one per trial run
     notes: list[str] = []
     ref: list[TrialResult] = []  # the first ok trial: time costs are relative to it
 
     def run(step: str, change: str, knobs: Knobs) -> TrialResult:
-        r = allow.trial(bench.run, knobs, purpose="fit", label=change)
-        if r is None or allow.stopped(r):  # not started, or stopped at the deadline: no evidence, the search ends
+        r = budget.trial(bench.run, knobs, purpose="fit", label=change)
+        if r is None or budget.stopped(r):  # not started, or stopped at the deadline: no evidence, the search ends
             raise _OutOfTime
         peak = r.peak_memory_bytes
         if r.ok and not ref:
@@ -203,10 +203,10 @@ def fit_memory(bench: Bench, max_bytes: int | None = None, effective_batch: int 
         r, knobs = _rescue(bench, k, effective_batch, min_micro_batch or max(1, effective_batch // 8), max_trials,
                            run, limit, rows, notes)
     except _OutOfTime:
-        notes.append(f"the seconds ran out (budget_s={budget_s:g}) before a configuration fit: raise budget_s")
+        notes.append(f"the seconds ran out (budget_s={budget.budget_s:g}) before a configuration fit: raise budget_s")
         r, knobs = None, None
-    return FitResult(knobs, r, int(max_bytes), effective_batch, pd.DataFrame(rows), notes + allow.notes,
-                     allow.spent)
+    return FitResult(knobs, r, int(max_bytes), effective_batch, pd.DataFrame(rows), notes + budget.notes,
+                     budget.spent)
 
 
 def _rescue(bench: Bench, k: Knobs, effective_batch: int, min_micro: int, max_trials: int, run: Any, limit: float,

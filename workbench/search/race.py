@@ -3,8 +3,8 @@
 `race(ctx, entries)` runs rounds over the live entries (`Entry`: knobs, where they came from, trials
 so far); after every round any entry beyond noise slower than the leader is dropped and the slower
 half is out (successive halving, as in F-Race/irace), so further trials go only to contenders.
-`confirm_winner` settles the winner against the start. `Ctx` holds the tuner's budget (trials and
-seconds), runs every trial through `bench.run` (so each lands in the results and the chart), and
+`confirm_winner` settles the winner against the start. `Ctx` holds the tuner's trial count and its
+`Budget` (the seconds), runs every trial through `bench.run` (so each lands in the results and the chart), and
 keeps the path's rows. tune.py builds the candidates and calls these; this module never imports it.
 
 Interleaved drops (issue 34): after a round's trials, a contender that the trials leave undecided
@@ -28,18 +28,17 @@ from typing import Any
 
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult, fmt_bytes
-from ..deciding.budget import DEADLINE, Spend, cost_class, estimate, work_clock
+from ..deciding.budget import Budget, cost_class
 from ..deciding.interleave import INTERLEAVE_WARMUP, MIN_PAIRS, WARMUP_S, InterleaveFailed, why_not
-from ..deciding.rounds import compare
+from ..deciding.rounds import CONFIRM_ROUNDS, compare
 from ..results.comparison import Trials
 from ..results.log import ResultLog
 from ..results.protocol import Bench
+from ..results.rules import MARGIN
 from ..results.stats import Comparison
 
-SAME_MARGIN = 0.05  # "same speed": the interval of the ratio lies within ±5%
-ANSWERS = ("faster", "slower", "same", "undecided")
+SAME_MARGIN = MARGIN  # the one "same speed" margin (results/rules.py), by the name the race has always used
 MAX_ROUNDS = 4  # alternating rounds per race
-CONFIRM_ROUNDS = 4  # at most this many extra alternating rounds settle the winner against the start
 # Seconds for one interleaved comparison in a race: what one more round of its two sides' trials would
 # cost, at least 2 s (two builds, warm-ups and a first look) and at most 10 s
 RACE_INTERLEAVE_S = (2.0, 10.0)
@@ -47,7 +46,7 @@ RACE_INTERLEAVE_S = (2.0, 10.0)
 # ---- the one decision adapter -------------------------------------------------------------------
 def answer_of(a: Trials, b: Trials, *, rounds: int = 0, run: Callable[[Knobs], TrialResult] | None = None,
             log: ResultLog | None = None) -> tuple[str, Comparison]:
-    """B against A as one of ANSWERS; the ONE place tune() turns a comparison into a decision.
+    """B against A as one of ANSWERS (results/rules.py); the ONE place tune() turns a comparison into a decision.
 
     Decisions pool each side's repeats against the log's learnt between-trial noise (integer rounds):
     the race already alternates its rounds and keeps every trial as evidence, whereas
@@ -82,48 +81,36 @@ class Entry:
 
 
 class Ctx:
-    """The tuner's budget (trials and seconds), its trials, and the path's rows."""
+    """The tuner's trial count, its `Budget` (the seconds: made once by tune(), or here from a number),
+    its trials, and the path's rows."""
 
-    def __init__(self, bench: Bench, limit: int, budget_s: float | None, memory_cap: float | None,
+    def __init__(self, bench: Bench, limit: int, budget_s: float | Budget | None, memory_cap: float | None,
                  memory_budget: int | None, stop_early: bool = True, parallel: int = 1) -> None:
-        self.bench, self.limit, self.budget_s = bench, limit, budget_s
+        self.bench, self.limit = bench, limit
+        self.budget = Budget.of(budget_s, "tune")  # the seconds: estimates, deadline, the account (spent)
         self.parallel = parallel  # trials in flight at once (jobs on an executor: tune(parallel=N))
         self.memory_cap, self.memory_budget = memory_cap, memory_budget
-        self.t0, self.used, self.durations = work_clock(), 0, []
+        self.used = 0
         self.rows: list[dict[str, Any]] = []
         self.start: Entry | None = None
         self.stop_early = stop_early
-        self.spent = Spend(budget_s)  # seconds per purpose, and the trials behind the estimates
         self.purpose = "race"  # what the seconds of the next trials are spent on (race, confirm, explain)
         # (A's knobs, B's knobs) -> (interleaved comparison or None, the side that failed, what happened): once a pair
         self.interleaved: dict[tuple[Knobs, Knobs], tuple[Comparison | None, Entry | None, str]] = {}
-
-    def elapsed(self) -> float:
-        return work_clock() - self.t0
-
-    def fits(self, knobs: Knobs, factor: float = 1.0) -> bool:
-        """Whether a trial of `knobs` (its estimate x `factor`) fits the seconds left."""
-        return self.budget_s is None or self.spent.fits(knobs, self.budget_s - self.elapsed(), factor)
 
     def verdict(self, a: Entry, b: Entry) -> str | None:
         """B against A as the interleaved comparison this tune() call ran says (None when none decided it)."""
         c = self.interleaved.get((a.knobs, b.knobs), (None, None, ""))[0]
         return c.answer if c is not None else None
 
-    def median_trial_s(self) -> float:
-        """The median finished trial's seconds (0 before any)."""
-        return sorted(self.durations)[len(self.durations) // 2] if self.durations else 0.0
-
     def affordable(self) -> int:
-        """Trials still affordable: the trial cap, and the seconds left over the median trial's."""
-        n = self.limit - self.used
-        if self.budget_s is not None and self.durations:
-            n = min(n, int((self.budget_s - self.elapsed()) / max(self.median_trial_s(), 1e-6)))
-        return max(0, n)
+        """Trials still affordable: the trial cap, and the median trials the budget's seconds left hold."""
+        n, fit = self.limit - self.used, self.budget.trials_left()
+        return max(0, n if fit is None else min(n, fit))
 
     def run(self, knobs: Knobs) -> TrialResult | None:
-        """One trial, None when its estimate does not fit the seconds left (budget.py); an unsteady trial
-        runs once more when that fits, and the repeat is the evidence (issue 30)."""
+        """One trial, None when its estimate does not fit the seconds left (Budget.trial); an unsteady
+        trial runs once more when that fits, and the repeat is the evidence (issue 30)."""
         r = self._once(knobs)
         if r is not None and r.ok and r.steady is False and self.used < self.limit:
             again = self._once(knobs)  # kept only when it finished: a repeat stopped by the budget is no evidence
@@ -152,20 +139,14 @@ class Ctx:
         return out
 
     def _once(self, knobs: Knobs) -> TrialResult | None:
-        if self.used and not self.fits(knobs):
-            self.spent.not_started += 1
-            return None
-        at = self.budget_s * DEADLINE - self.elapsed() if self.budget_s is not None and self.used else None
-        r = self.spent.run(self.bench.run, knobs, purpose=self.purpose, deadline_in_s=at,  # the start runs whole
-                           stop_early=self.stop_early, clock=work_clock)
-        self.used += 1
-        if r.trial_id not in self.spent.stopped:
-            self.durations.append(self.spent.measured[-1][1])
+        r = self.budget.trial(self.bench.run, knobs, purpose=self.purpose, stop_early=self.stop_early)  # the start: whole
+        if r is not None:
+            self.used += 1
         return r
 
     def rejected(self, r: TrialResult) -> str | None:
         """Why a trial's configuration cannot be kept (failed, over the budget or the headroom)."""
-        if r.trial_id in self.spent.stopped:
+        if self.budget.stopped(r):
             return "stopped by the budget at its deadline: not evidence"
         if not r.ok or not r.samples_per_s:
             return f"rejected: {r.status}"
@@ -275,14 +256,13 @@ def interleave_seconds(ctx: Ctx, a: Entry, b: Entry) -> float | None:
     when that is below its least cost: both sides built and warmed (a compiled side compiles again:
     about its trial's seconds) and MIN_PAIRS pairs of one-step turns (then trials decide).
     """
-    trial_s = [estimate(e.knobs, ctx.spent.measured) or 0.0 for e in (a, b)]
+    trial_s = [ctx.budget.estimate(e.knobs) or 0.0 for e in (a, b)]
     step_s = sum(e.trials[-1].step_time_s or 0.0 for e in (a, b))  # seconds per step, both sides
     lo, hi = RACE_INTERLEAVE_S
     seconds = min(hi, max(lo, sum(trial_s)))
     least = 2 * WARMUP_S + (INTERLEAVE_WARMUP + 2 + 2 * MIN_PAIRS) * step_s
     least += sum(s for e, s in zip((a, b), trial_s) if cost_class(e.knobs)[0])
-    if ctx.budget_s is not None:
-        seconds = min(seconds, ctx.budget_s - ctx.elapsed() - 2 * ctx.median_trial_s())
+    seconds = ctx.budget.cap(seconds, keep_s=2 * ctx.budget.median_trial_s())  # type: ignore[assignment]
     return seconds if seconds >= least else None
 
 
@@ -311,19 +291,17 @@ def interleaved_answer(ctx: Ctx, a: Entry, b: Entry, purpose: str) -> tuple[Comp
     if seconds is None:
         return None, None, ""
     out: tuple[Comparison | None, Entry | None, str] = (None, None, "")
-    t = work_clock()
-    try:
-        c = run(a.trials[-1], b.trials[-1], margin=SAME_MARGIN, budget_s=seconds)
-        ctx.bench.log.record_comparison(c, a.knobs, b.knobs)
-        out = (c, None, "")
-    except InterleaveFailed as e:
-        side = {"A": a, "B": b}.get(e.side or "")
-        failed = side if e.status in ("nan", "error") else None
-        out = (None, failed, f"ended {e.status} while interleaved" + (f" ({side.label})" if side else ""))
-    except ValueError:  # the memory check: both trials' peaks do not fit in free memory together
-        pass
-    finally:
-        ctx.spent.add(purpose, work_clock() - t)
+    with ctx.budget.charge(purpose):
+        try:  # the turns get a part of the same budget: at most `seconds`
+            c = run(a.trials[-1], b.trials[-1], margin=SAME_MARGIN, budget_s=ctx.budget.part(seconds))
+            ctx.bench.log.record_comparison(c, a.knobs, b.knobs)
+            out = (c, None, "")
+        except InterleaveFailed as e:
+            side = {"A": a, "B": b}.get(e.side or "")
+            failed = side if e.status in ("nan", "error") else None
+            out = (None, failed, f"ended {e.status} while interleaved" + (f" ({side.label})" if side else ""))
+        except ValueError:  # the memory check: both trials' peaks do not fit in free memory together
+            pass
     ctx.interleaved[key] = out
     return out
 

@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from ..core.knobs import STRATEGIES
-from ..deciding.budget import Allowance
+from ..deciding.budget import Budget
 from ..results.protocol import Bench
 
 COLUMNS = ["world_size", "strategy", "setup", "samples_per_s", "per_rank_samples_per_s", "efficiency",
@@ -66,15 +66,15 @@ def scaling(bench: Bench, world_sizes: Iterable[int] = (1, 2), strategies: Itera
     deadline; a row left out or stopped says so in `status`, and `frame.attrs["spent"]` (budget.Spend)
     and `frame.attrs["notes"]` say how the seconds went.
     """
-    allow = Allowance(budget_s, "scaling")
+    budget = Budget.of(budget_s, "scaling")  # validated once; its account is the result's
     rows = []
     for k in plan(bench, world_sizes, strategies, changes):
-        r = allow.trial(bench.run, k, purpose="scaling", label=f"world_size={k.world_size} ({k.strategy})")
+        r = budget.trial(bench.run, k, purpose="scaling", label=f"world_size={k.world_size} ({k.strategy})")
         if r is None:
             rows.append({"world_size": k.world_size, "strategy": k.strategy if k.world_size > 1 else "one process",
                          "status": "not run: over the budget"})
             continue
-        rate = None if allow.stopped(r) else r.samples_per_s  # a trial stopped at the deadline is no evidence
+        rate = None if budget.stopped(r) else r.samples_per_s  # a trial stopped at the deadline is no evidence
         d = r.extra.get("distributed", {}) if rate else {}
         per_rank = d.get("per_rank_samples_per_s", rate if k.world_size == 1 else None)
         threads = (d.get("per_rank") or [{}])[0].get("threads") if d else r.env.get("threads")
@@ -85,7 +85,7 @@ def scaling(bench: Bench, world_sizes: Iterable[int] = (1, 2), strategies: Itera
                      "threads_per_rank": threads, "exposed_comm_share": d.get("exposed_comm_share"),
                      "step_time_ms": None if r.step_time_s is None else r.step_time_s * 1e3,
                      "peak_memory_mb": _mb(r.peak_memory_bytes), "model_state_mb": _mb(r.model_state_bytes),
-                     "status": "stopped by the budget" if allow.stopped(r) else r.status, "trial_id": r.trial_id})
+                     "status": "stopped by the budget" if budget.stopped(r) else r.status, "trial_id": r.trial_id})
     df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "efficiency"])
     base = df.iloc[0]
     if base["samples_per_s"]:
@@ -93,7 +93,7 @@ def scaling(bench: Bench, world_sizes: Iterable[int] = (1, 2), strategies: Itera
     else:
         df["efficiency"] = None
     out = df[COLUMNS]
-    out.attrs.update(spent=allow.spent, notes=allow.notes)
+    out.attrs.update(spent=budget.spent, notes=budget.notes)
     return out
 
 

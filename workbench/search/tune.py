@@ -28,12 +28,14 @@ from ..core.knobs import Knobs, tunable_knobs
 from ..core.measure import TrialResult
 from ..core.stepshape import StepShape
 from ..core.system import available_allocators
-from ..deciding.budget import EXPLAIN_PRIOR, Spend, check_budget_s, work_clock
+from ..deciding.budget import EXPLAIN_PRIOR, Budget, Spend
+from ..diagnose.data import DATA_WAIT_LIMIT
 from ..diagnose.verdict import ALLOCATOR_SHARE
 from ..results.protocol import Bench
+from ..results.rules import ANSWERS
 from ..results.stats import Comparison
 from .fit import DEFAULT_HEADROOM, FitResult, fit_memory, memory_ceiling, renamed  # the memory rescue lives in fit.py
-from .race import ANSWERS, SAME_MARGIN, Ctx, Entry, admit, answer_of, confirm_winner, near_misses, race, settled
+from .race import SAME_MARGIN, Ctx, Entry, admit, answer_of, confirm_winner, near_misses, race, settled
 
 STAGES = ("process", "data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
 DEFAULT_TRIALS = 24  # the trial cap when neither budget nor budget_s is given
@@ -274,20 +276,17 @@ def _explain(ctx: Ctx, start: TrialResult, best: TrialResult) -> Any:
     from ..diagnose.explain import explain_winner, has_trace  # analysis beside tune; imported only for a winner
 
     need = sum(not has_trace(t) for t in (start, best))
-    fits = all(ctx.fits(t.knobs, EXPLAIN_PRIOR * need) for t in (start, best) if not has_trace(t))
+    fits = all(ctx.budget.fits_trial(t.knobs, EXPLAIN_PRIOR * need) for t in (start, best) if not has_trace(t))
     if need > ctx.affordable() or not fits:
         ctx.rows.append({"stage": "explain", "change": "", "trial": None, "samples_per_s": None, "speedup": None,
                          "decision": f"not explained: its {need} traced repeat(s) would pass the budget "
                                     "(bench.explain(start, best) runs them)"})
         return None
-    before, t = len(ctx.bench.trials), work_clock()
-    why = explain_winner(ctx.bench, start, best)
+    before = len(ctx.bench.trials)
+    with ctx.budget.charge("explain"):
+        why = explain_winner(ctx.bench, start, best)
     ctx.used += len(ctx.bench.trials) - before  # the traced repeats are trials of this tune() call
-    ctx.spent.add("explain", work_clock() - t)
     return why
-
-
-DATA_BOUND = 0.2  # a start that waits for data this share of its window enters every worker option first
 
 
 def faulting(bench: Bench, knobs: Knobs) -> float | None:
@@ -315,7 +314,7 @@ def _lead(ctx: Ctx, start: TrialResult) -> tuple[str, ...]:
                               f"{padding:.0%} of the start's token slots are padding: group_by_length and "
                               "packing before workers, precision or kernels")
     wait = start.data_wait_share or 0.0
-    if wait >= DATA_BOUND:
+    if wait >= DATA_WAIT_LIMIT:  # data-bound by diagnose's rule: every worker option enters first
         return _entered_first(ctx, "data", "every worker count", ("workers",),
                               f"the start waits for data {wait:.0%} of its window: worker counts (with compute "
                               "threads) before precision or kernels")
@@ -329,12 +328,11 @@ def _entered_first(ctx: Ctx, stage: str, change: str, axes: tuple[str, ...], why
     return axes
 
 
-def _check(n_trials: int | None, budget_s: float | None, stages: tuple[str, ...], memory_budget: int | None,
+def _check(n_trials: int | None, budget: Budget, stages: tuple[str, ...], memory_budget: int | None,
            headroom: float) -> int:
     """Validate tune()'s arguments; returns the trial cap."""
     if n_trials is not None and (not isinstance(n_trials, int) or isinstance(n_trials, bool) or n_trials < 2):
         raise ValueError(f"n_trials must be an int >= 2 (a cap on trials, the start included), got {n_trials!r}")
-    check_budget_s(budget_s)
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; choose from {STAGES}")
@@ -342,7 +340,7 @@ def _check(n_trials: int | None, budget_s: float | None, stages: tuple[str, ...]
         raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
     if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
         raise ValueError(f"headroom must be a share of memory in [0, 1) (e.g. headroom=0.1), got {headroom!r}")
-    return n_trials if n_trials is not None else (DEFAULT_TRIALS if budget_s is None else 10_000)
+    return n_trials if n_trials is not None else (DEFAULT_TRIALS if budget.budget_s is None else 10_000)
 
 
 def n_trials_of(n_trials: int | None, old: dict[str, Any]) -> int | None:
@@ -380,10 +378,12 @@ def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = 
     `parallel=N` (a Workbench with an executor, docs/cluster.md) keeps up to N jobs in flight in each race
     round; the path's `node` column says which node measured each trial.
     """
-    limit = _check(n_trials_of(n_trials, old), budget_s, stages, memory_budget, headroom)
+    n_trials = n_trials_of(n_trials, old)
+    budget = Budget.of(budget_s, "tune")  # the one budget of this call: its race and confirmation spend it
+    limit = _check(n_trials, budget, stages, memory_budget, headroom)
     _check_parallel(bench, parallel)
     ceiling = memory_ceiling(bench, memory_budget)
-    ctx = Ctx(bench, limit, budget_s, None if ceiling is None else ceiling * (1 - headroom), memory_budget,
+    ctx = Ctx(bench, limit, budget, None if ceiling is None else ceiling * (1 - headroom), memory_budget,
               stop_early=stop_early, parallel=parallel)
     k0 = start or bench.defaults
     ctx.start = first = Entry("start", "the start", k0)
@@ -393,11 +393,11 @@ def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = 
     ctx.purpose = "race"
     ctx.row(first, r, "start" if r.ok else f"start failed: {r.status}")
     if not r.ok:
-        return TuneResult(k0, r, r, pd.DataFrame(ctx.rows), ctx.used, limit, "undecided", None, ctx.elapsed(), budget_s,
-                          spent=ctx.spent)
-    if budget_s is not None and not ctx.fits(k0):
+        return TuneResult(k0, r, r, pd.DataFrame(ctx.rows), ctx.used, limit, "undecided", None, budget.elapsed(),
+                          budget.budget_s, spent=budget.spent)
+    if not budget.fits_trial(k0):
         ctx.rows.append({"stage": "budget", "change": "", "trial": None, "samples_per_s": None, "speedup": None,
-                         "decision": f"the start alone took {ctx.elapsed():.1f} s of budget_s={budget_s:g}: no other "
+                         "decision": f"the start alone took {budget.elapsed():.1f} s of budget_s={budget.budget_s:g}: no other "
                                      "trial fits; raise budget_s to tune"})
     first.trials.append(r)
     seen, leader = {k0}, first
@@ -428,7 +428,7 @@ def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = 
     best = leader if answer == "faster" else first
     why = _explain(ctx, r, best.trials[-1]) if explain and best is not first and hasattr(bench, "explain") else None
     return TuneResult(best.knobs, best.trials[-1], r, pd.DataFrame(ctx.rows), ctx.used, limit, answer, c,
-                      ctx.elapsed(), budget_s, why, ctx.spent)
+                      budget.elapsed(), budget.budget_s, why, budget.spent)
 
 
 __all__ = ["ANSWERS", "PAIRS", "SAME_MARGIN", "STAGES", "FitResult", "TuneResult", "fit_memory", "stage_axes", "stage_options", "tune"]

@@ -180,6 +180,23 @@ def pad_loader(value: int | None, ctx: Context) -> dict[str, Any]:
     return {"collate_fn": tokens.PadToMultiple(ctx.spec.collate_fn, value)}
 
 
+def pad_check(value: int | None, ctx: Context) -> None:
+    """Refuse a multiple that pads the longest sample past the model's position table: every batch
+    holding that sample would fail in the model's position embedding (an index error), not run slower."""
+    if value is None or ctx.max_positions is None or not ctx.token_data or ctx.knobs.packing:
+        return
+    if ctx.spec is None or ctx.spec.iterable or not tokens.is_token_item(tokens.first_item(ctx.spec.dataset)):
+        return  # lengths cannot be read before the collate_fn runs: the trial's error says it instead
+    longest = max(tokens.length_pool(ctx.spec.dataset, 0)[1], default=0)
+    padded = -(-longest // value) * value  # tokens: longest rounded up to the multiple
+    if longest <= ctx.max_positions < padded:
+        fits = [m for m in (8, 4, 2, 1) if -(-longest // m) * m <= ctx.max_positions]
+        raise ValueError(
+            f"pad_to_multiple_of={value} pads the longest sample ({longest} tokens) to {padded}, past this model's "
+            f"{ctx.max_positions} positions: use a smaller multiple (pad_to_multiple_of={fits[0]}), "
+            "or set pad_to_multiple_of=None")
+
+
 def pad_note(value: int | None, ctx: Context) -> str | None:
     if value is None:
         return None
@@ -285,9 +302,9 @@ class DataKnobs:
     group_by_length: bool = declare(False, loader=grouped_loader, check_run=grouped_check, note=grouped_note,
         code=grouped_code, kind="bool", group="Data pipeline", widget="checkbox", probe=True, fuzz=Fuzz((False, True)),
         help="batches of similar lengths (the Trainer's length-grouped sampler): less padding on token data")
-    pad_to_multiple_of: int | None = declare(None, loader=pad_loader, note=pad_note, code=pad_code, kind="int",
-        minimum=1, optional=True, group="Data pipeline", widget="dropdown", options=(None, 8, 64), probe=8,
-        fuzz=Fuzz((None, 1, 8), (0,)),  # 64 pads past the transformer demo's position table: an error trial (open)
+    pad_to_multiple_of: int | None = declare(None, loader=pad_loader, check_run=pad_check, note=pad_note, code=pad_code,
+        kind="int", minimum=1, optional=True, group="Data pipeline", widget="dropdown", options=(None, 8, 64), probe=8,
+        fuzz=Fuzz((None, 1, 8, 64), (0,)),  # 64 pads past the transformer demo's positions: refused, naming the fix
         help="pad token batches to a multiple of this length (fewer distinct shapes: tensor cores, fewer recompiles)")
     packing: bool = declare(False, loader=packing_loader, check_run=packing_check, note=packing_note,
         code=packing_code, kind="bool", group="Data pipeline", widget="checkbox", probe=True,

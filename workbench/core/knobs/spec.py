@@ -90,6 +90,7 @@ class Context:
     token_data: bool = False  # the batches hold input_ids (the length knobs act only then)
     forward_params: frozenset = frozenset()  # the model's forward parameters (packing needs position_ids)
     window: Any = None  # tokens.TokenWindow: the trial's length-stratified batches (token data, lengths vary)
+    max_positions: int | None = None  # the model's position table, in tokens (None: it has none we can read)
 
     @property
     def device_type(self) -> str:

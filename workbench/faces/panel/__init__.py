@@ -29,6 +29,7 @@ from ...core.progress import FAILED_PHASES, Poller, TrialProgress
 from ...launch.runner import check_knobs
 from ...results.protocol import Bench
 from ...results.stats import ANSWER_WORDS
+from ..display import comparison_html
 from .controls import GROUPS, KnobControls
 from .queue import DEBOUNCE_S, TrialQueue
 from .tuning import DEFAULT_BUDGET_S, Countdown, PanelBench, TuneStopped, tune_summary
@@ -369,7 +370,7 @@ class Panel:
         self.last_repeat = {"trial_id": trial_id, "baseline_id": base.trial_id, "comparison": c,
                             "rounds": c.rounds, "confirmed": c.verdict, "answer": c.answer}
         self.verdict.value = (f"<b>Repeat to confirm #{trial_id} against baseline #{base.trial_id}:</b> "
-                              + c._repr_html_())
+                              + comparison_html(c))
         how = (f"{c.turns} pairs of interleaved turns, {c.seconds or 0:.0f} s" if c.method == "interleaved"
                else f"{c.rounds} round{'s' if c.rounds != 1 else ''}")
         self._set_status("ok", f"repeat done: {ANSWER_WORDS[c.answer]} after {how}")

@@ -13,15 +13,15 @@ import pandas as pd
 
 from ...core.measure import TrialResult
 from ...results.protocol import Bench
-from ..display import tidy
+from ..display import STATUS_COLORS, tidy
 
-STATUS_COLORS = {"ok": "#2e7d32", "nan": "#ef6c00", "interrupted": "#6d4c41", "error": "#c62828", "oom": "#b71c1c"}
 TABLE_COLUMNS = ["trial_id", "label", "status", "samples_per_s", "speedup", "verdict", "step_time_ms",
                  "data_wait_share", "peak_memory_mb", "model_state_mb", "final_loss", "message"]
 
 
 def status_html(phase: str, text: str) -> str:
-    """The status line; `data-phase` lets browser tests see what the panel is doing."""
+    """The status line; `data-phase` lets browser tests see what the panel is doing. A trial's status
+    (ok, oom, ...) takes its colour from display.STATUS_COLORS, a phase (starting, measuring, ...) grey."""
     color = STATUS_COLORS.get(phase, "#455a64")
     safe = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return f'<span class="wb-status" data-phase="{phase}" style="color:{color}">{safe}</span>'
