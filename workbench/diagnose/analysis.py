@@ -39,7 +39,7 @@ class Context:
     knobs: Knobs
     base: TrialResult  # the diagnosed trial (ok)
     profile_steps: int
-    results: dict[str, Any]  # name -> result of the analyses run so far (the profiler's: "profiler")
+    results: dict[str, Any]  # name -> result of the declared analyses run so far (earlier `order`)
     attempt: Callable[[str, Callable[[], Any]], Any]  # a sub-step: a failure is listed in problems, None returned
 
     @property
