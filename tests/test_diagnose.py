@@ -403,7 +403,7 @@ def test_a_new_analysis_is_one_file_that_diagnose_runs_budgets_and_shows(new_ana
     assert "== Parameter census (a new file) ==" in text and re.search(rf"parameters\s+{n}\n", text)
     assert text.index("Parameter census") < text.index("Memory at the peak") < text.index("FLOPs and MFU")
     assert "<b>Parameter census (a new file)</b>" in page and f"<td>{n}</td>" in page
-    assert d.spent.seconds["parameter census"] >= 0 and "parameter census" in text.split("== Budget")[1]
+    assert "parameter census" in d.spent.seconds and "parameter census" in text.split("== Budget")[1]  # its seconds
     assert d.problems == [] and d.memory is not None and d.flops is not None  # the built-ins, declared the same way
 
     sys.modules[new_analysis_file].FAIL = True  # one that raises is listed; the rest still run
@@ -411,9 +411,8 @@ def test_a_new_analysis_is_one_file_that_diagnose_runs_budgets_and_shows(new_ana
     assert d.problems == ["parameter census: RuntimeError: the census refuses"]
     assert "Parameter census" not in str(d) and d.memory is not None and "Memory at the peak" in str(d)
 
-    before = len(bench.trials)
     d = bench.diagnose(profile=False, loader=False, skip=["parameter census", "FLOP count"], progress=False)
     assert "parameter census" not in d.analyses and d.flops is None and d.memory is not None and d.problems == []
-    assert len(bench.trials) == before  # the trials are reused
+    assert "Parameter census" not in str(d) and "FLOPs and MFU" not in str(d)
     with pytest.raises(ValueError, match="parameter census"):  # the message lists the known names
         bench.diagnose(skip="census", progress=False)

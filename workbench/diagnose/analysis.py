@@ -9,9 +9,9 @@ A module in this folder declares an analysis once, on the function that computes
 `diagnose()` finds it (`discover()` imports every module of this folder, so a new file is picked up
 with no other edit), runs it after the profiler when its estimate fits the call's one `Budget`
 (`steps` instrumented eager steps x `ANALYSIS_PRIOR` x the diagnosed trial's step time), charges its
-seconds to the budget's account under its name, keeps its result in `Diagnosis.analyses[name]`, and
-shows it as a titled section of the Diagnosis (text and HTML). One that raises is listed in
-`Diagnosis.problems` and the others still run.
+seconds to the budget's account under its name, keeps its result in `Diagnosis.analyses[name]` (the
+built-ins: in their own `field`, e.g. `Diagnosis.memory`), and shows it as a titled section of the
+Diagnosis (text and HTML). One that raises is listed in `Diagnosis.problems`; the others still run.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Analysis:
     title: str  # the section's title
     steps: float = 1.0  # instrumented eager steps it runs (the budget's estimate)
     order: int = 100  # sections in this order (built-ins: 10, 20, 30), then the compile section
-    field: str | None = None  # a Diagnosis field that holds the result (the built-ins'); always in `analyses`
+    field: str | None = None  # the Diagnosis field that holds the result (the built-ins'); else `analyses[name]`
     show: Callable[[Any], Any] | None = None  # result -> DataFrame | Series | list of lines | None (no section)
     index: bool = False  # show the table's index
     when: Callable[[Context], bool] | None = None  # run only when this holds (e.g. the model has blocks)

@@ -54,7 +54,7 @@ class Diagnosis:
     trace_path: str | None = None  # Chrome trace of the profiled steps (Perfetto, chrome://tracing, HTA)
     spent: Spend | None = None  # how the seconds went (budget_s): trials run, not started, stopped at the deadline
     budget_notes: list[str] = field(default_factory=list)  # what the budget left out, and why
-    analyses: dict[str, Any] = field(default_factory=dict)  # name -> result of each declared analysis (analysis.py)
+    analyses: dict[str, Any] = field(default_factory=dict)  # name -> result of a declared analysis without a field here
 
     @property
     def bottleneck(self) -> str:
@@ -254,7 +254,7 @@ def _gathered(bench: Bench, knobs: Knobs, base: TrialResult, data: DataCheck, th
               ops: Any, trace_path: str | None, results: dict[str, Any], problems: list[str],
               budget: Budget) -> Diagnosis:
     """The verdict (it reads the profiler's ops and stages and the FLOPs' MFU) and the Diagnosis."""
-    fields = {a.field: results.get(a.name) for a in ANALYSES.values() if a.field}
+    fields = {a.field: results.pop(a.name, None) for a in ANALYSES.values() if a.field}  # the built-ins' own fields
     flop_df = fields.get("flops")
     mfu = None
     if flop_df is not None:
