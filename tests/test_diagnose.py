@@ -411,8 +411,9 @@ def test_a_new_analysis_is_one_file_that_diagnose_runs_budgets_and_shows(new_ana
     assert d.problems == ["parameter census: RuntimeError: the census refuses"]
     assert "Parameter census" not in str(d) and d.memory is not None and "Memory at the peak" in str(d)
 
-    d = bench.diagnose(profile=False, loader=False, skip=["parameter census", "FLOP count"], progress=False)
+    d = bench.diagnose(profile=False, skip=["parameter census", "FLOP count", "loader rate"], progress=False)
     assert "parameter census" not in d.analyses and d.flops is None and d.memory is not None and d.problems == []
+    assert d.data.loader_samples_per_s is None and "loader rate" not in d.spent.seconds
     assert "Parameter census" not in str(d) and "FLOPs and MFU" not in str(d)
     with pytest.raises(ValueError, match="parameter census"):  # the message lists the known names
         bench.diagnose(skip="census", progress=False)

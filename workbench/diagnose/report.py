@@ -186,6 +186,7 @@ def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, pr
         raise TypeError(f"knobs must be a Knobs value (bench.knobs(...)), got {type(knobs).__name__}")
     declared, problems = discover()
     skipped = _skipped(skip, declared, profile=profile, memory=memory, flops=flops)
+    loader = loader and "loader rate" not in skipped
     wl = bench.workload
 
     base = (_find(bench, knobs) if reuse else None) or _steady_run(bench, knobs, budget, "the diagnosed trial")
