@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -353,3 +357,63 @@ def test_diagnose_reads_steady_trials_only():
     assert r.steady is True and len(bench.trials) == 2
     bench.trials = bench.trials[:1]  # only the unsteady one
     assert _find(bench, k) is None
+
+
+# ---- a new analysis is one new file in diagnose/ ---------------------------------------------
+NEW_ANALYSIS = '''"""A user's analysis, one file: the parameter count (written by the test, removed after)."""
+import pandas as pd
+
+from .analysis import Context, analysis
+
+FAIL = False  # the test sets it to see a failure listed in problems
+
+
+@analysis("parameter census", title="Parameter census (a new file)", steps=1.0, order=5)
+def census(ctx: Context) -> pd.DataFrame:
+    if FAIL:
+        raise RuntimeError("the census refuses")
+    n = ctx.workload.num_parameters
+    return pd.DataFrame({"figure": ["parameters", "trial"], "value": [n, ctx.base.trial_id]})
+'''
+
+
+@pytest.fixture
+def new_analysis_file():
+    """A module written into workbench/diagnose/ as a user would add one (no other file edited)."""
+    import workbench.diagnose as pkg
+    from workbench.diagnose.analysis import ANALYSES
+
+    name = f"zz_census_{os.getpid()}"
+    path = Path(pkg.__file__).parent / f"{name}.py"
+    path.write_text(NEW_ANALYSIS)
+    try:
+        yield f"workbench.diagnose.{name}"
+    finally:
+        path.unlink(missing_ok=True)
+        ANALYSES.pop("parameter census", None)
+        sys.modules.pop(f"workbench.diagnose.{name}", None)
+
+
+def test_a_new_analysis_is_one_file_that_diagnose_runs_budgets_and_shows(new_analysis_file):
+    bench = make_bench()
+    d = bench.diagnose(profile=False, loader=False, budget_s=600, progress=False)
+    n = sum(p.numel() for p in Blocks().parameters())
+    assert d.analyses["parameter census"]["value"].tolist() == [n, bench.trials[0].trial_id]
+    text, page = str(d), d._repr_html_()
+    assert "== Parameter census (a new file) ==" in text and re.search(rf"parameters\s+{n}\n", text)
+    assert text.index("Parameter census") < text.index("Memory at the peak") < text.index("FLOPs and MFU")
+    assert "<b>Parameter census (a new file)</b>" in page and f"<td>{n}</td>" in page
+    assert "parameter census" in d.spent.seconds and "parameter census" in text.split("== Budget")[1]  # its seconds
+    assert d.problems == [] and d.memory is not None and d.flops is not None  # the built-ins, declared the same way
+
+    sys.modules[new_analysis_file].FAIL = True  # one that raises is listed; the rest still run
+    d = bench.diagnose(profile=False, loader=False, progress=False)
+    assert d.problems == ["parameter census: RuntimeError: the census refuses"]
+    assert "Parameter census" not in str(d) and d.memory is not None and "Memory at the peak" in str(d)
+
+    d = bench.diagnose(profile=False, skip=["parameter census", "FLOP count", "loader rate"], progress=False)
+    assert "parameter census" not in d.analyses and d.flops is None and d.memory is not None and d.problems == []
+    assert d.data.loader_samples_per_s is None and "loader rate" not in d.spent.seconds
+    assert "Parameter census" not in str(d) and "FLOPs and MFU" not in str(d)
+    with pytest.raises(ValueError, match="parameter census"):  # the message lists the known names
+        bench.diagnose(skip="census", progress=False)

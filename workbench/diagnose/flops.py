@@ -19,6 +19,7 @@ from ..core.measure import TrialResult, sync
 from ..core.step import built
 from ..core.workload import Workload
 from ..launch.runner import trial_threaded
+from .analysis import Context, analysis
 
 # Dense peak TFLOP/s from vendor data sheets (SXM variants unless named): fp32, tf32, bf16, fp16.
 # None = no tensor-core path for that dtype. Matched by substring of the device name, longest first.
@@ -112,3 +113,11 @@ def mfu_frame(flops: int, result: TrialResult, peak: float | None, source: str) 
         ("MFU", mfu, "achieved / peak (matmul-class ops only)"),
     ]
     return pd.DataFrame(rows, columns=["figure", "value", "note"])
+
+
+@analysis("FLOP count", title="FLOPs and MFU", steps=1.0, order=30, field="flops")
+def _flops(ctx: Context) -> pd.DataFrame:
+    """FLOPs per step against the peak (a peak that cannot be found is a problem; MFU is then unknown)."""
+    n = flops_per_step(ctx.workload, ctx.knobs)
+    peak = ctx.attempt("peak FLOP/s", lambda: peak_flops(ctx.workload, ctx.knobs))
+    return mfu_frame(n, ctx.base, *(peak or (None, "unknown")))

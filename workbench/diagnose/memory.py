@@ -11,10 +11,11 @@ import torch
 
 from ..core import measure
 from ..core.knobs import Knobs
-from ..core.measure import live_tensor_bytes, profile_peak_bytes, sync
+from ..core.measure import fmt_bytes, live_tensor_bytes, profile_peak_bytes, sync
 from ..core.step import built
 from ..core.workload import Workload
 from ..launch.runner import trial_threaded
+from .analysis import Context, analysis
 
 
 def _peak_extra(fn: Callable[[], Any], device: torch.device) -> int | None:
@@ -104,3 +105,24 @@ def block_activation_bytes(workload: Workload, knobs: Knobs) -> pd.Series:
             for h in handles:
                 h.remove()
     return pd.Series(saved, name="saved_bytes", dtype="int64").sort_values(ascending=False)
+
+
+def _memory_table(mem: pd.DataFrame) -> pd.DataFrame:
+    mem = mem.copy()
+    mem["size"] = mem["bytes"].map(fmt_bytes)
+    return mem[["kind", "size", "share"]]
+
+
+def _block_table(blocks: pd.Series) -> pd.DataFrame | None:
+    return blocks.head(8).map(fmt_bytes).rename("saved for backward").to_frame() if len(blocks) else None
+
+
+@analysis("memory breakdown", title="Memory at the peak", steps=2.0, order=10, field="memory", show=_memory_table)
+def _memory(ctx: Context) -> pd.DataFrame:
+    return memory_breakdown(ctx.workload, ctx.knobs)
+
+
+@analysis("block activations", title="Activations by block (checkpoint the largest first)", steps=2.0, order=20,
+          field="block_activations", show=_block_table, index=True, when=lambda ctx: bool(ctx.workload.blocks))
+def _blocks(ctx: Context) -> pd.Series:
+    return block_activation_bytes(ctx.workload, ctx.knobs)

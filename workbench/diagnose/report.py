@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,11 +16,12 @@ import pandas as pd
 
 from ..core import progress
 from ..core.knobs import Knobs
-from ..core.measure import TrialResult, fmt_bytes
+from ..core.measure import TrialResult
 from ..core.trace import trace_file
 from ..deciding.budget import Budget, Spend
 from ..deciding.rounds import CONFIRM_ROUNDS
 from ..results.protocol import Bench
+from .analysis import ANALYSES, ANALYSIS_PRIOR, Analysis, Context, discover
 from .compile import explain_compile
 from .data import (
     DATA_BOUND_SPEEDUP,
@@ -29,8 +31,6 @@ from .data import (
     loader_rate,
     short_circuit_knobs,
 )
-from .flops import flops_per_step, mfu_frame, peak_flops
-from .memory import block_activation_bytes, memory_breakdown
 from .profile import profile_step
 from .threads import thread_check, thread_frame
 from .verdict import Verdict, allocator_fix, cite_phases, decide
@@ -54,6 +54,7 @@ class Diagnosis:
     trace_path: str | None = None  # Chrome trace of the profiled steps (Perfetto, chrome://tracing, HTA)
     spent: Spend | None = None  # how the seconds went (budget_s): trials run, not started, stopped at the deadline
     budget_notes: list[str] = field(default_factory=list)  # what the budget left out, and why
+    analyses: dict[str, Any] = field(default_factory=dict)  # name -> result of a declared analysis without a field here
 
     @property
     def bottleneck(self) -> str:
@@ -70,43 +71,39 @@ class Diagnosis:
         v = self.flops.set_index("figure")["value"].get("MFU")
         return None if v is None or pd.isna(v) else float(v)
 
-    def _sections(self) -> list[tuple[str, Any]]:
-        """(title, DataFrame | Series | list of lines) in reading order."""
-        out: list[tuple[str, Any]] = [("Data pipeline", self.data.frame()),
-                                      ("Threads and cores", thread_frame(self.threads))]
+    def _sections(self) -> list[tuple[str, Any, bool]]:
+        """(title, DataFrame | Series | list of lines, show the index) in reading order; the declared
+        analyses (analysis.py) in their order after the profiler's."""
+        out: list[tuple[str, Any, bool]] = [("Data pipeline", self.data.frame(), False),
+                                            ("Threads and cores", thread_frame(self.threads), False)]
         if self.stages is not None:
-            out.append(("Time by stage (eager, profiler)", self.stages))
+            out.append(("Time by stage (eager, profiler)", self.stages, False))
         if self.ops is not None:
-            out.append(("Top ops by self time", self.ops))
-        if self.memory is not None:
-            mem = self.memory.copy()
-            mem["size"] = mem["bytes"].map(fmt_bytes)
-            out.append(("Memory at the peak", mem[["kind", "size", "share"]]))
-        if self.block_activations is not None and len(self.block_activations):
-            blocks = self.block_activations.head(8).map(fmt_bytes).rename("saved for backward")
-            out.append(("Activations by block (checkpoint the largest first)", blocks.to_frame()))
-        if self.flops is not None:
-            out.append(("FLOPs and MFU", self.flops))
+            out.append(("Top ops by self time", self.ops, False))
+        for a in sorted(ANALYSES.values(), key=lambda a: a.order):
+            body = a.section(getattr(self, a.field) if a.field else self.analyses.get(a.name))
+            if body is not None:
+                out.append((a.title, body, a.index or isinstance(body, pd.Series)))
         if self.compile:
-            out.append(("torch.compile", self.compile))
+            out.append(("torch.compile", self.compile, False))
         if self.trace_path:
-            out.append(("Trace (open in ui.perfetto.dev or chrome://tracing)", [self.trace_path]))
+            out.append(("Trace (open in ui.perfetto.dev or chrome://tracing)", [self.trace_path], False))
         if self.problems:
-            out.append(("Analyses that could not run", self.problems))
+            out.append(("Analyses that could not run", self.problems, False))
         if self.spent is not None and self.spent.budget_s:
-            out.append((f"Budget ({self.spent.budget_s:g} s)", [str(self.spent), *self.budget_notes]))
+            out.append((f"Budget ({self.spent.budget_s:g} s)", [str(self.spent), *self.budget_notes], False))
         return out
 
     def __str__(self) -> str:
         lines = [f"Diagnosis of {self.knobs}", "", str(self.verdict)]
         with pd.option_context("display.width", 120, "display.max_colwidth", 70,
                                "display.float_format", "{:,.4g}".format):
-            for title, body in self._sections():
+            for title, body, index in self._sections():
                 lines += ["", f"== {title} =="]
                 if isinstance(body, list):
                     lines += [f"- {x}" for x in body]
                 else:
-                    lines.append(body.to_string(index=isinstance(body, pd.Series) or title.startswith("Activations")))
+                    lines.append(body.to_string(index=index))
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -120,14 +117,13 @@ class Diagnosis:
             args = ", ".join(f"{k}={val!r}" for k, val in v.next_knobs.items())
             call = f"<code>bench.run({html.escape(args)})</code> — " if v.next_knobs else ""
             parts.append(f"<p><b>Next:</b> {call}{html.escape(v.why)}</p>")
-        for title, body in self._sections():
+        for title, body, index in self._sections():
             parts.append(f"<details{' open' if title == 'Data pipeline' else ''}><summary><b>{html.escape(title)}</b></summary>")
             if isinstance(body, list):
                 parts.append("<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in body) + "</ul>")
             else:
                 frame = body.to_frame() if isinstance(body, pd.Series) else body
-                parts.append(frame.to_html(float_format="{:,.4g}".format, index=isinstance(body, pd.Series)
-                                           or title.startswith("Activations"), border=0))
+                parts.append(frame.to_html(float_format="{:,.4g}".format, index=index, border=0))
             parts.append("</details>")
         return "\n".join(parts)
 
@@ -149,9 +145,8 @@ def _steady_run(bench: Bench, knobs: Knobs, budget: Budget | None = None, label:
     return again if again is not None and not budget.stopped(again) else r
 
 
-ANALYSIS_STEPS = {"profiler": 3.0, "memory breakdown": 2.0, "block activations": 2.0, "FLOP count": 1.0}
+PROFILER_STEPS = 3.0  # instrumented eager steps per profiled step (the budget's estimate of the profiler)
 LOADER_S = 20.0  # seconds: the loader-alone rate stops after this long (less when the budget has less left)
-ANALYSIS_PRIOR = 3.0  # an instrumented eager step (profiler, hooks) over a measured step's seconds
 
 
 def _compile_lines(bench: Bench) -> list[str]:
@@ -172,42 +167,40 @@ def _compile_lines(bench: Bench) -> list[str]:
 
 def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, profile: bool = True,
              memory: bool = True, flops: bool = True, loader: bool = True, profile_steps: int = 3,
-             budget_s: float | None = None) -> Diagnosis:
+             budget_s: float | None = None, skip: Iterable[str] | str = ()) -> Diagnosis:
     """Diagnose `knobs` (default: the baseline's knobs, else the workbench defaults).
 
     Runs (or reuses, when `reuse`) the trial and its short-circuit twin through `bench.run`, then
-    the loader-alone rate, thread check, profiler, memory breakdown and FLOPs; an analysis that
-    fails is listed in `problems` instead of stopping the rest. `budget_s` caps the seconds
-    (budget.py, as in tune()): the diagnosed trial runs whole, the twin and each analysis only when
-    its estimate fits the seconds left (a trial under a deadline); `Diagnosis.spent` and its
-    "Budget" section say how the seconds went and what was left out.
+    the loader-alone rate, thread check, profiler and every declared analysis (analysis.py: memory
+    breakdown, block activations, FLOPs, and any file added to diagnose/); an analysis that fails is
+    listed in `problems` instead of stopping the rest. `skip` names analyses not to run
+    (`profile=False`, `memory=False`, `flops=False` skip the profiler, the memory ones, the FLOPs).
+    `budget_s` caps the seconds (budget.py, as in tune()): the diagnosed trial runs whole, the twin
+    and each analysis only when its estimate fits the seconds left (a trial under a deadline);
+    `Diagnosis.spent` and its "Budget" section say how the seconds went and what was left out.
     """
     budget = Budget.of(budget_s, "diagnose")  # this call's one budget: its trials, analyses and rounds spend it
     if knobs is None:
         knobs = bench.baseline.knobs if bench.baseline is not None else bench.defaults
     if not isinstance(knobs, Knobs):
         raise TypeError(f"knobs must be a Knobs value (bench.knobs(...)), got {type(knobs).__name__}")
+    declared, problems = discover()
+    skipped = _skipped(skip, declared, profile=profile, memory=memory, flops=flops)
+    loader = loader and "loader rate" not in skipped
     wl = bench.workload
-    problems: list[str] = []
-
-    def attempt(name: str, fn: Any) -> Any:
-        est = ANALYSIS_STEPS.get(name, 0.0) * (profile_steps if name == "profiler" else 1) * ANALYSIS_PRIOR \
-            * (base.step_time_s or 0.0)  # seconds: instrumented eager steps
-        if not budget.fits(est, label=name):  # a note says it was not run
-            return None
-        progress.note(name)  # the search bar says which analysis runs
-        with budget.charge("analyses"):
-            try:
-                return fn()
-            except Exception as e:
-                problems.append(f"{name}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
-                if not isinstance(e, (ValueError, TypeError, RuntimeError)):
-                    problems.append(traceback.format_exc(limit=2))
-                return None
 
     base = (_find(bench, knobs) if reuse else None) or _steady_run(bench, knobs, budget, "the diagnosed trial")
     if base is None:  # only a caller's deadline stops the first trial
         raise RuntimeError("the diagnosed trial was stopped before it measured anything: raise budget_s")
+
+    def attempt(name: str, fn: Callable[[], Any], steps: float = 0.0) -> Any:
+        est = steps * ANALYSIS_PRIOR * (base.step_time_s or 0.0)  # seconds: instrumented eager steps
+        if not budget.fits(est, label=name):  # a note says it was not run
+            return None
+        progress.note(name)  # the search bar says which analysis runs
+        with budget.charge(name):  # the account names each analysis's seconds
+            return _tried(problems, name, fn)
+
     cached = None
     if knobs.data == "loader" and base.ok:
         ck = short_circuit_knobs(knobs)
@@ -222,36 +215,66 @@ def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, pr
     data = check_data(base, cached, rate, confirmed)
     threads = thread_check(knobs)
 
-    stages = ops = mem = blocks = flop_df = trace_path = None
-    if base.ok:
-        stages, ops, trace_path = _profiled(bench, knobs, attempt, profile_steps) if profile else (None, None, None)
-        if memory:
-            mem = attempt("memory breakdown", lambda: memory_breakdown(wl, knobs))
-            if wl.blocks:
-                blocks = attempt("block activations", lambda: block_activation_bytes(wl, knobs))
-        if flops:
-            n = attempt("FLOP count", lambda: flops_per_step(wl, knobs))
-            peak = attempt("peak FLOP/s", lambda: peak_flops(wl, knobs))
-            if n is not None:
-                flop_df = mfu_frame(n, base, *(peak or (None, "unknown")))
+    stages = ops = trace_path = None
+    results: dict[str, Any] = {}
+    if base.ok:  # the profiler is wired here: the verdict reads its stages and ops
+        if "profiler" not in skipped:
+            stages, ops, trace_path = _profiled(bench, knobs, attempt, profile_steps)
+        ctx = Context(bench, knobs, base, profile_steps, results, lambda name, fn: _tried(problems, name, fn))
+        for a in declared:
+            if a.name not in skipped and (a.when is None or a.when(ctx)):
+                results[a.name] = attempt(a.name, lambda a=a: a.run(ctx), a.steps)
+    return _gathered(bench, knobs, base, data, threads, stages, ops, trace_path, results, problems, budget)
 
-    compile_lines = _compile_lines(bench)
-    compile_info = base.extra.get("compile") if knobs.compile != "off" else None
+
+def _tried(problems: list[str], name: str, fn: Callable[[], Any]) -> Any:
+    """`fn()`, or None with a line in `problems` when it raises (an analysis never stops the rest)."""
+    try:
+        return fn()
+    except Exception as e:
+        problems.append(f"{name}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+        if not isinstance(e, (ValueError, TypeError, RuntimeError)):
+            problems.append(traceback.format_exc(limit=2))
+        return None
+
+
+def _skipped(skip: Iterable[str] | str, declared: list[Analysis], *, profile: bool, memory: bool,
+             flops: bool) -> set[str]:
+    """The names of the analyses not to run: `skip`, checked against the known names, and the old keywords."""
+    names = {skip} if isinstance(skip, str) else set(skip)
+    known = {"profiler", "loader rate", *(a.name for a in declared)}
+    if names - known:
+        raise ValueError(f"skip= names analyses; unknown: {sorted(names - known)}; known: {sorted(known)}")
+    off = {"profiler"} if not profile else set()  # the old keywords: the profiler, by field the others
+    fields = {"memory", "block_activations"} if not memory else set()
+    fields |= {"flops"} if not flops else set()
+    return names | off | {a.name for a in declared if a.field in fields}
+
+
+def _gathered(bench: Bench, knobs: Knobs, base: TrialResult, data: DataCheck, threads: dict[str, Any], stages: Any,
+              ops: Any, trace_path: str | None, results: dict[str, Any], problems: list[str],
+              budget: Budget) -> Diagnosis:
+    """The verdict (it reads the profiler's ops and stages and the FLOPs' MFU) and the Diagnosis."""
+    fields = {a.field: results.pop(a.name, None) for a in ANALYSES.values() if a.field}  # the built-ins' own fields
+    flop_df = fields.get("flops")
     mfu = None
     if flop_df is not None:
         v = flop_df.set_index("figure")["value"].get("MFU")
         mfu = None if v is None or pd.isna(v) else float(v)
+    wl = bench.workload
+    compile_info = base.extra.get("compile") if knobs.compile != "off" else None
     verdict = cite_phases(decide(knobs, data, threads, device=wl.device, ops=ops, mfu=mfu, has_conv=wl.has_conv,
                                  compile_info=compile_info, measured_fix=allocator_fix(bench.trials, knobs)), stages)  # the evidence cites the phase split
     return Diagnosis(knobs=knobs, data=data, threads=threads, verdict=verdict, stages=stages, ops=ops,
-                     memory=mem, block_activations=blocks, flops=flop_df, compile=compile_lines, problems=problems,
-                     trace_path=trace_path, spent=budget.spent, budget_notes=budget.notes)
+                     compile=_compile_lines(bench), problems=problems, trace_path=trace_path, spent=budget.spent,
+                     budget_notes=budget.notes, analyses=results, **fields)
 
 
 def _profiled(bench: Bench, knobs: Knobs, attempt: Any, steps: int) -> tuple[Any, Any, str | None]:
     """The profiler's (stages, ops, trace path) through `attempt` (None when it could not run)."""
     trace_to = trace_file(bench.log.path.parent if bench.log.path is not None else None, bench.name, "diagnose")
-    got = attempt("profiler", lambda: profile_step(bench.workload, knobs, steps=steps, trace_path=trace_to))
+    got = attempt("profiler", lambda: profile_step(bench.workload, knobs, steps=steps, trace_path=trace_to),
+                  PROFILER_STEPS * steps)
     if got is None:
         return None, None, None
     return got[0], got[1], str(trace_to) if trace_to.exists() else None
