@@ -125,7 +125,7 @@ def test_length_knobs_say_they_are_no_ops_on_non_token_data(change):
 
 def test_a_multiple_that_pads_past_the_position_table_is_refused_naming_a_fit():
     bench = wb.demo("transformer", size="tiny")  # 16 positions, every sample 16 tokens
-    assert bench.workload.max_positions == 16
+    assert bench.workload.max_positions == 16 and bench.workload.longest_tokens() == 16  # read once, kept
     with pytest.raises(ValueError, match=r"pads the longest sample \(16 tokens\) to 64.*16 positions.*pad_to_multiple_of=8"):
         bench.run(bench.knobs(pad_to_multiple_of=64))
     assert bench.run(bench.knobs(pad_to_multiple_of=8)).ok  # 16 is already a multiple of 8: it fits

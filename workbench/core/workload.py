@@ -217,11 +217,23 @@ class Workload:
         self.token_data = has_token_batches(self.spec)  # the length knobs act only on token batches
         self.forward_params = forward_params(self.pristine)
         self.max_positions = max_positions(self.pristine)
+        self._longest: tuple[int | None] | None = None  # longest_tokens(), read on first use
 
     def context_kwargs(self) -> dict[str, Any]:
         """What the knobs' hooks know of this workload (besides the device): knobs.Context's fields."""
         return {"spec": self.spec, "blocks": self.blocks, "has_conv": self.has_conv, "token_data": self.token_data,
-                "forward_params": self.forward_params, "max_positions": self.max_positions}
+                "forward_params": self.forward_params, "max_positions": self.max_positions,
+                "longest_tokens": self.longest_tokens}
+
+    def longest_tokens(self) -> int | None:
+        """The longest sample, in tokens (over the samples the length knobs read: tokens.length_pool),
+        read once per workload; None when the samples are not token dicts (the collate_fn tokenizes)."""
+        if self._longest is None:
+            from .tokens import first_item, is_token_item, length_pool
+
+            token_items = not self.spec.iterable and is_token_item(first_item(self.spec.dataset))
+            self._longest = (max(length_pool(self.spec.dataset, 0)[1], default=0) if token_items else None,)
+        return self._longest[0]
 
     def compute_loss(self, model: nn.Module, batch: Any, stage: Any) -> Any:
         """Batch -> loss, recording in `stage.name` which part of the user's code is running."""

@@ -185,9 +185,9 @@ def pad_check(value: int | None, ctx: Context) -> None:
     holding that sample would fail in the model's position embedding (an index error), not run slower."""
     if value is None or ctx.max_positions is None or not ctx.token_data or ctx.knobs.packing:
         return
-    if ctx.spec is None or ctx.spec.iterable or not tokens.is_token_item(tokens.first_item(ctx.spec.dataset)):
+    longest = ctx.longest_tokens() if ctx.longest_tokens is not None else None
+    if longest is None:
         return  # lengths cannot be read before the collate_fn runs: the trial's error says it instead
-    longest = max(tokens.length_pool(ctx.spec.dataset, 0)[1], default=0)
     padded = -(-longest // value) * value  # tokens: longest rounded up to the multiple
     if longest <= ctx.max_positions < padded:
         fits = [m for m in (8, 4, 2, 1) if -(-longest // m) * m <= ctx.max_positions]

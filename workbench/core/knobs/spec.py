@@ -91,6 +91,7 @@ class Context:
     forward_params: frozenset = frozenset()  # the model's forward parameters (packing needs position_ids)
     window: Any = None  # tokens.TokenWindow: the trial's length-stratified batches (token data, lengths vary)
     max_positions: int | None = None  # the model's position table, in tokens (None: it has none we can read)
+    longest_tokens: Callable[[], int | None] | None = None  # the longest sample in tokens (Workload.longest_tokens)
 
     @property
     def device_type(self) -> str:
