@@ -273,3 +273,90 @@ def test_the_log_and_gather_read_a_file_alike(tmp_path):
     with pytest.warns(UserWarning, match=r"line 2 \(trial_id"):
         own = ResultLog(path).trials
     assert own == gathered and [r.trial_id for r in own] == [1, 2, 3]
+
+
+# ---- files the log writes beside itself, numpy figures, long trials (issue 49) ------------------------
+def test_the_broken_side_file_and_save_s_temporary_file_never_follow_a_planted_link(tmp_path):
+    """`<log>.broken` and save()'s temporary file are opened without following a link: a link planted
+    there (a shared folder) must not send the fragment, or a truncating write, to another file."""
+    import os
+
+    path, lines = _three_lines(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"keep me\n")
+    path.write_bytes(b"".join(lines) + lines[0][:40])  # a crash mid-write: the fragment goes to .broken
+    path.with_suffix(".broken").symlink_to(victim)
+    with pytest.warns(UserWarning, match="last line"):
+        log = ResultLog(path)
+    assert victim.read_bytes() == b"keep me\n" and [r.trial_id for r in log.trials] == [1, 2, 3]
+    assert path.read_bytes() == b"".join(lines)  # the log still heals
+    out = tmp_path / "out"
+    out.mkdir()
+    for pid in {os.getpid(), *range(os.getpid() - 2, os.getpid() + 3)}:  # a temporary name guessed ahead
+        (out / f".log.jsonl.{pid}.tmp").symlink_to(victim)
+    saved = log.save(out / "log.jsonl")
+    assert victim.read_bytes() == b"keep me\n"
+    assert [r.trial_id for r in ResultLog(saved).trials] == [1, 2, 3]
+    assert not saved.is_symlink() and stat_mode(saved) & 0o022 == 0
+
+
+def stat_mode(p):
+    import os
+
+    return os.lstat(p).st_mode
+
+
+def test_numpy_figures_of_any_kind_are_logged_not_lost(tmp_path):
+    """A NaN held as np.float32 (or any numpy scalar, in any field) is cleaned like a float: the trial is
+    appended and reloads, never lost to a ValueError."""
+    log = ResultLog(tmp_path / "log.jsonl")
+    r = fake([0.01, 0.011])
+    odd = TrialResult(knobs=r.knobs, status="ok", samples_per_s=np.float32(123.5), step_times_s=r.step_times_s,
+                      data_wait_s=r.data_wait_s, data_wait_share=np.float32("nan"), samples_per_step=np.int64(10),
+                      peak_memory_bytes=np.int64(1 << 20), losses=(np.float32("nan"), np.float64(0.5)),
+                      extra={"flag": np.bool_(True), "inf": np.float64("inf"), "ints": [np.int32(3)],
+                             "arr": np.arange(3, dtype=np.int16), "half": np.float16(0.25)})
+    got = log.append(odd)
+    assert got.trial_id == 1 and log.unsaved == 0 and log.write_error is None
+    back = ResultLog(log.path).trials[0]
+    assert back.samples_per_s == 123.5 and back.data_wait_share is None and back.samples_per_step == 10
+    assert back.peak_memory_bytes == 1 << 20 and np.isnan(back.losses[0]) and back.losses[1] == 0.5
+    assert back.extra["flag"] is True and back.extra["inf"] is None and back.extra["ints"] == [3]
+    assert back.extra["arr"] == [0, 1, 2] and back.extra["half"] == 0.25
+    assert ResultLog(None).append(odd).trial_id == 1  # the memory-only log cleans the same way
+
+
+def test_a_200_000_step_trial_round_trips_through_the_reader_with_every_figure(tmp_path):
+    """The writer stores what the reader reads: a trial of 200,000 steps (a JSONL line of several MB inline)
+    is written within the reader's line cap and reloads in a fresh reader with its whole series."""
+    from workbench.results.log import read_appended
+    from workbench.results.records import MAX_LINE_BYTES
+
+    n = 200_000
+    rng = np.random.default_rng(0)
+    times = tuple(float(x) for x in 0.01 * (1 + 0.1 * rng.standard_normal(n)).clip(0.5))
+    waits = tuple(float(x) for x in 0.001 * rng.random(n))
+    losses = tuple(float(x) for x in 2.0 / np.arange(1, n + 1))
+    r = TrialResult(knobs=wb.Knobs(), status="ok", samples_per_s=10 * n / sum(times), step_times_s=times,
+                    data_wait_s=waits, data_wait_share=sum(waits) / sum(times), samples_per_step=10,
+                    losses=(*losses[:-1], float("nan")))
+    path = tmp_path / "log.jsonl"
+    log = ResultLog(path)
+    log.append(r)
+    log.append(fake([0.01, 0.011]))
+    assert all(len(line) <= MAX_LINE_BYTES for line in path.read_bytes().splitlines(keepends=True))
+    got = read_appended(path)
+    assert not got.bad and [t.trial_id for t in got.trials] == [1, 2]  # the raw reader takes both lines
+    back = ResultLog(path).trials[0]  # a fresh reader, as after a restart
+    assert back.step_times_s == times and back.data_wait_s == waits
+    assert back.losses[:-1] == losses[:-1] and np.isnan(back.losses[-1])
+    for name in ("samples_per_s", "step_time_s", "step_time_iqr_s", "data_wait_share"):
+        assert getattr(back, name) == getattr(r, name), name
+    row = ResultLog(path).frame().iloc[0]
+    assert row["final_loss"] == losses[-2] and row["step_time_ms"] == r.step_time_s * 1e3
+    import shutil
+
+    shutil.rmtree(path.with_suffix(".series"))  # the side file lost: the trial stays, with its first steps, said
+    with pytest.warns(UserWarning, match=r"full step series of #1 .*first 1,000 steps"):
+        short = ResultLog(path).trials[0]
+    assert short.step_times_s == times[:1000] and short.samples_per_s == r.samples_per_s

@@ -29,7 +29,8 @@ import pandas as pd
 
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult
-from .records import LoggedComparison, bad_lines_text, default_participant, read_records
+from . import series
+from .records import MAX_LINE_BYTES, LoggedComparison, bad_lines_text, default_participant, read_records
 from .stats import Comparison, Noise
 from .table import Table
 
@@ -172,7 +173,7 @@ class ResultLog:
         if got.capped:
             self._warn_once("size", f"{self.path}: the log is over {MAX_FILE_BYTES:,} bytes; trials after that "
                                     "point are not read (start a new log: Workbench(log=...))")
-        self.trials += got.trials
+        self.trials += self._joined(got.trials)
         self.comparisons += got.comparisons
         if got.baseline_id is not None:
             self._baseline_id = got.baseline_id
@@ -183,6 +184,33 @@ class ResultLog:
         self._offset = got.end
         if got.tail:
             self._cut_tail(f, got.tail)
+
+    def _joined(self, trials: list[TrialResult]) -> list[TrialResult]:
+        """`trials` with the series a long trial keeps beside the log put back (series.py); one warning
+        per read names the trials whose side file is missing or damaged (they keep their first steps)."""
+        out, missing = [], []
+        for r in trials:
+            whole, why = series.join(r, self.path)
+            out.append(whole)
+            if why is not None:
+                missing.append(f"#{r.trial_id} ({why})")
+        if missing:
+            warnings.warn(f"{self.path}: the full step series of {', '.join(missing)} could not be read back; "
+                          f"those trials keep their first {series.KEPT_STEPS:,} steps", stacklevel=5)
+        return out
+
+    def _trial_line(self, record: dict[str, Any], log: Path | None) -> bytes:
+        """A trial's JSONL line, never longer than the reader takes: a long trial's series go to a side file
+        beside `log` (series.py); the traceback is cut to its end if the line is still too long."""
+        line = _line(record)
+        if len(line) > MAX_LINE_BYTES:  # not the series alone: a huge message or traceback is cut
+            keep = 16 << 10
+            record = {**record, "message": str(record.get("message", ""))[:keep],
+                      "traceback": str(record.get("traceback", ""))[-keep:]}
+            line = _line(record)
+        if len(line) > series.INLINE_BYTES:
+            line = _line(series.split(record, log))
+        return line
 
     def _cut_tail(self, f: Any, tail: bytes) -> None:
         """An unterminated last line: cut it off (locked), keeping it in `<log>.broken` when that works."""
@@ -195,12 +223,16 @@ class ResultLog:
             self._offset += len(tail)
             return
         broken = self.path.with_suffix(".broken")
-        try:
-            with open(broken, "ab") as b:
+        try:  # like the log itself: never through a symbolic link, never blocking on a FIFO
+            fd = os.open(broken, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | NO_FOLLOW, 0o666)
+            with open(fd, "ab", buffering=0) as b:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise Unreadable("not a regular file")
                 b.write(tail + b"\n")
-        except OSError:  # no room for the copy either: the fragment is dropped, the log still heals
+        except OSError:  # no room, or not a file of its own: the fragment is dropped, the log still heals
             with contextlib.suppress(OSError):
-                if broken.stat().st_size == 0:
+                st = os.lstat(broken)
+                if stat.S_ISREG(st.st_mode) and st.st_size == 0:
                     broken.unlink()
         try:
             f.truncate(self._offset)
@@ -279,19 +311,10 @@ class ResultLog:
         if target.suffix != ".jsonl":
             target = target / (self.path.name if self.path is not None else "log.jsonl")
         target.parent.mkdir(parents=True, exist_ok=True)
-        lines = [json.dumps(_clean(r.to_record()), default=_json_default, allow_nan=False) for r in self.trials]
+        lines = [self._trial_line(_clean(r.to_record()), target) for r in self.trials]
         if self._baseline_id is not None:
-            lines.append(json.dumps({"event": "baseline", "trial_id": self._baseline_id}))
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write("".join(x + "\n" for x in lines).encode("utf-8"))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            lines.append(_line({"event": "baseline", "trial_id": self._baseline_id}))
+        series.write_new(target, b"".join(lines))  # a new temporary file (O_EXCL, no link followed), then renamed
         self.path, self._offset, self._unsaved, self.write_error = target, target.stat().st_size, [], None
         return target
 
@@ -309,10 +332,10 @@ class ResultLog:
 
         def number() -> bytes:
             numbered.append(replace(result, trial_id=self._next_id(), participant=participant))
-            return _line(_clean(numbered[0].to_record()))
+            return self._trial_line(_clean(numbered[0].to_record()), self.path)
 
         if self.path is None:
-            number()
+            numbered.append(replace(result, trial_id=self._next_id(), participant=participant))
         else:
             self._persist(number)
         result = numbered[0]
@@ -478,11 +501,16 @@ def _line(record: dict[str, Any]) -> bytes:
 
 
 def _clean(obj: Any) -> Any:
-    """Non-finite floats become None (JSON has no NaN)."""
+    """JSON's values only: numpy scalars and arrays become Python's (np.float32 -> float, np.bool_ -> bool),
+    non-finite floats become None (JSON has no NaN), keys become text."""
+    if isinstance(obj, np.ndarray):
+        obj = obj.tolist()
+    elif isinstance(obj, np.generic):
+        obj = obj.item()
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k if isinstance(k, str) else str(k): _clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_clean(v) for v in obj]
     return obj
