@@ -322,3 +322,35 @@ def test_training_arguments_name_the_allocator_mode_they_cannot_set():
     assert len(said) == 1 and "MALLOC_MMAP_THRESHOLD_=" in said[0] and "python train.py" in said[0], out.left_out
     assert not any(line.startswith("allocator=") for line in
                    training_kwargs(wb.Knobs(), blocks=[], optim=None, device_type="cpu").left_out)
+
+
+def test_a_compile_mode_without_a_knob_value_is_listed_as_unmapped_not_a_crash():
+    """torch.compile takes modes the compile knob has no value for (max-autotune-no-cudagraphs): the Trainer
+    is valid, so from_trainer says what it did with the mode instead of raising."""
+    trainer = trainer_of(torch_compile=True, torch_compile_mode="max-autotune-no-cudagraphs")
+    with pytest.warns(UserWarning, match=r"could not map.*torch_compile_mode='max-autotune-no-cudagraphs'"):
+        bench = wb.Workbench.from_trainer(trainer, log=None)
+    assert bench.defaults.compile == "default"
+    assert any("max-autotune-no-cudagraphs" in x for x in bench._hf.left_out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a mode the knob has is mapped as it is, with nothing to say
+        mapped = wb.Workbench.from_trainer(trainer_of(torch_compile=True, torch_compile_mode="reduce-overhead"),
+                                           log=None)
+    assert mapped.defaults.compile == "reduce-overhead"
+
+
+def test_weight_decay_follows_the_trainer_s_groups_or_refuses_saying_why():
+    """The optimizer decays exactly the parameters the Trainer decays; handed parameters it cannot match to
+    the Trainer's names, it refuses with the reason rather than decaying every one."""
+    trainer = trainer_of(weight_decay=0.1)
+    bench = wb.Workbench.from_trainer(trainer, log=None)
+    model = bench.workload.fresh_model()
+    opt = bench.workload.check_optimizer(model)
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.1 for p in g["params"]}
+    names = set(trainer.get_decay_parameter_names(model))
+    assert {n: id(p) in decayed for n, p in model.named_parameters()} == {n: n in names for n, _ in
+                                                                          model.named_parameters()}
+    assert 0 < len(decayed) < len(list(model.parameters()))  # both groups hold parameters
+    params = list(model.parameters())
+    with pytest.raises(ValueError, match=r"weight-decay groups.*parameters"):
+        bench.workload.optimizer_factory(params[:-1])

@@ -53,9 +53,23 @@ def test_the_mode_is_read_back_from_the_maps(tmp_path):
     maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
     assert system.mapped_allocator(maps) is None
     assert system.mapped_allocator(tmp_path / "missing") is None
-    here = system.process_allocator()
-    assert here in system.ALLOCATORS or here == ""
-    assert environment(torch.device("cpu"))["allocator"] == here  # every trial records it
+
+
+@pytest.mark.parametrize(("mapped", "env", "want"), [
+    ("jemalloc", {}, "jemalloc"), ("tcmalloc", system.KEPT_ENV, "tcmalloc"),  # a mapped library wins
+    (None, system.KEPT_ENV, "glibc-kept"), (None, {}, "glibc")])
+def test_the_process_s_mode_follows_its_maps_and_variables_and_every_trial_records_it(monkeypatch, mapped, env,
+                                                                                         want):
+    if system._glibc() is None:
+        pytest.skip("not glibc")
+    monkeypatch.setattr(system, "mapped_allocator", lambda maps="/proc/self/maps": mapped)
+    monkeypatch.setattr(system, "_kept", False)
+    for k in system.KEPT_ENV:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert system.process_allocator() == want
+    assert environment(torch.device("cpu"))["allocator"] == want  # every trial records it
 
 
 def test_a_preload_that_takes_is_seen_inside_the_process():
@@ -76,6 +90,24 @@ def test_the_script_carries_the_launch_line_and_checks_the_mode():
     assert "(every rank inherits it)" in ddp and "env -u LD_PRELOAD" in ddp and "torchrun --standalone" in ddp
     assert ddp.index("warnings.warn(") > ddp.index("dist.init_process_group")  # each rank checks
     assert "allocator" not in wb.Knobs().to_code()  # the process as it is: nothing to pin
+
+
+def test_a_library_path_with_a_space_and_quotes_stays_one_word_in_the_launch_line(monkeypatch):
+    import shlex
+
+    odd = "/opt/my libs/it's \"x\"/libtcmalloc_minimal.so.4"
+    monkeypatch.setattr(process, "allocator_library", lambda mode: odd)
+    code = wb.Knobs(allocator="tcmalloc").to_code()
+    compile(code, "train.py", "exec")  # the check's warning is still valid Python
+    launch = next(line for line in code.splitlines() if line.startswith("#   LD_PRELOAD="))
+    assert shlex.split(launch[4:])[:2] == [f"LD_PRELOAD={odd}", "python"]
+    warned = next(line for line in code.splitlines() if "warnings.warn(" in line)
+    assert shlex.split(eval(warned.strip()[len("warnings.warn("):-1]).split("(", 1)[1])[0] == f"LD_PRELOAD={odd}"
+    from workbench.faces.hf import training_kwargs
+
+    said = next(x for x in training_kwargs(wb.Knobs(allocator="tcmalloc"), blocks=[], optim=None,
+                                           device_type="cpu").left_out if x.startswith("allocator="))
+    assert shlex.split(said.split("`")[1])[0] == f"LD_PRELOAD={odd}"
 
 
 def test_a_trial_s_script_pins_the_mode_its_process_ran_in():
@@ -130,7 +162,11 @@ def test_an_allocator_trial_runs_in_a_fresh_process_in_its_mode(make_bench):
     assert here.env["allocator"] == system.process_allocator() and "process" not in here.env
     assert f"allocator={mode!r}" in bench.to_code(r.trial_id)
     c = bench.compare(here, r, rounds=1)  # the default side pinned to this process's mode, both fresh
-    assert c.answer in ("faster", "slower", "same", "undecided")
+    a_side, b_side = [bench.log.get(t) for t in c.a_trials], [bench.log.get(t) for t in c.b_trials]
+    assert [t.knobs.allocator for t in a_side] == [system.process_allocator()] * len(a_side)
+    assert all(t.env["allocator"] == mode and "process" in t.env for t in b_side)  # each in its mode, fresh
+    assert all("process" in t.env and t.env["process"]["pid"] != os.getpid() for t in a_side + b_side)
+    assert c.a_rates == tuple(t.samples_per_s for t in a_side) and c.b_rates == tuple(t.samples_per_s for t in b_side)
     assert "pinned to" in c.note and "The allocator is the knob compared" in c.note
     assert bench.trials[-1].env["process"]["pid"] != os.getpid()
 

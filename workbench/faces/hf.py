@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ..core.knobs import Knobs, user_knob_names
+from ..core.knobs import COMPILE_MODES, Knobs, user_knob_names
 
 HINT = 'Hugging Face support needs transformers and accelerate: pip install "tuning-workbench[hf]"'
 SCHEDULE_NOTE = "lr_scheduler_type={!r} (the workbench steps a constant learning rate: throughput does not depend on it)"
@@ -53,14 +53,26 @@ class TrainerOrigin:
 class TrainerOptimizer:
     """The optimizer the Trainer would build (`Trainer.get_optimizer_cls_and_kwargs`), with its
     weight-decay groups: decay for the parameters `Trainer.get_decay_parameter_names` names, none for
-    the rest. Parameters are matched by position, which a fresh copy of the model keeps."""
+    the rest. Parameters are matched by position, which a fresh copy of the model keeps; parameters that
+    do not match the Trainer's model (another count or shapes) are refused with the reason, never all
+    decayed."""
 
-    def __init__(self, cls: type, kwargs: dict[str, Any], decays: list[bool], weight_decay: float) -> None:
+    def __init__(self, cls: type, kwargs: dict[str, Any], decays: list[bool], weight_decay: float,
+                 shapes: list[tuple[int, ...]] | None = None) -> None:
         self.cls, self.kwargs, self.decays, self.weight_decay = cls, kwargs, decays, weight_decay
+        self.shapes = shapes
 
     def __call__(self, params: Any) -> torch.optim.Optimizer:
         params = list(params)
-        decays = self.decays if len(self.decays) == len(params) else [True] * len(params)
+        shapes = [tuple(p.shape) for p in params]
+        if len(self.decays) != len(params) or (self.shapes is not None and shapes != self.shapes):
+            raise ValueError(
+                f"the Trainer's weight-decay groups cannot be matched: its model has {len(self.decays)} parameters, "
+                f"the optimizer was given {len(params)}" + (" of other shapes" if len(self.decays) == len(params)
+                                                             else "") + ". A knob or step_fn that adds or replaces "
+                "parameters needs its own optimizer: pass Workbench.from_trainer(trainer, optimizer=lambda params: "
+                "...), or Trainer(optimizers=(...)).")
+        decays = self.decays
         groups = [{"params": [p for p, d in zip(params, decays) if d and p.requires_grad],
                    "weight_decay": self.weight_decay},
                   {"params": [p for p, d in zip(params, decays) if not d and p.requires_grad], "weight_decay": 0.0}]
@@ -80,8 +92,9 @@ def optimizer_of(trainer: Any, model: torch.nn.Module) -> tuple[TrainerOptimizer
     kwargs = dict(kwargs)
     impl = "fused" if kwargs.pop("fused", None) else "foreach" if kwargs.pop("foreach", None) else "as-given"
     names = set(trainer.get_decay_parameter_names(model))
-    decays = [n in names for n, _ in model.named_parameters()]
-    return TrainerOptimizer(cls, kwargs, decays, float(args.weight_decay)), impl, []
+    named = list(model.named_parameters())
+    decays = [n in names for n, _ in named]
+    return TrainerOptimizer(cls, kwargs, decays, float(args.weight_decay), [tuple(p.shape) for _, p in named]), impl, []
 
 
 def sampling_strategy(args: Any) -> str:
@@ -103,7 +116,10 @@ def knobs_from_args(args: Any, blocks: list[str], impl: str) -> tuple[dict[str, 
         k["prefetch_factor"] = args.dataloader_prefetch_factor
     k["amp"] = "bf16" if args.bf16 else "fp16" if args.fp16 else "off"
     if args.torch_compile:
-        k["compile"] = args.torch_compile_mode or "default"
+        mode = args.torch_compile_mode or "default"
+        k["compile"] = mode if mode in COMPILE_MODES else "default"
+        if mode not in COMPILE_MODES:
+            left.append(f"torch_compile_mode={mode!r} (no compile knob value: trials start from compile='default')")
         if args.torch_compile_backend not in (None, "inductor"):
             left.append(f"torch_compile_backend={args.torch_compile_backend!r} (trials compile with inductor)")
     if getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing:

@@ -14,6 +14,7 @@ the exported script's header and checks the mode at its start (every torchrun ra
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,11 +60,12 @@ def allocator_note(value: str | None, ctx: Context) -> str | None:
 
 
 def launch_env(value: str) -> str:
-    """The variables a launch line sets for `value` (the library found here for a preload)."""
+    """The variables a launch line sets for `value` (the library found here for a preload), quoted for a
+    POSIX shell: a library path with spaces or quotes stays one word."""
     if value == "glibc-kept":
-        return " ".join(f"{k}={v}" for k, v in KEPT_ENV.items())
+        return " ".join(f"{k}={shlex.quote(v)}" for k, v in KEPT_ENV.items())
     if value in PRELOADED:
-        return f"LD_PRELOAD={allocator_library(value) or PRELOADED[value][0]}"
+        return "LD_PRELOAD=" + shlex.quote(allocator_library(value) or PRELOADED[value][0])
     return "env -u LD_PRELOAD -u MALLOC_MMAP_THRESHOLD_ -u MALLOC_TRIM_THRESHOLD_"
 
 
@@ -77,9 +79,9 @@ def check_lines(value: str) -> list[str]:
     else:
         test = (f'any(v in os.environ for v in ("LD_PRELOAD", {", ".join(repr(k) for k in KEPT_ENV)})) '
                 f'or "/libtcmalloc" in ({maps}) or "/libjemalloc" in ({maps})')
-    return [f"if {test}:  # the trials ran with allocator={value!r}",
-            f'    warnings.warn("this process does not run allocator={value!r}, which the trials measured: start '
-            f'it as the header says ({launch_env(value)} ...); its samples/s can differ by up to 2x")']
+    text = (f"this process does not run allocator={value!r}, which the trials measured: start it as the header "
+            f"says ({launch_env(value)} ...); its samples/s can differ by up to 2x")
+    return [f"if {test}:  # the trials ran with allocator={value!r}", f"    warnings.warn({text!r})"]
 
 
 def allocator_code(k: Any) -> dict[str, list[str]]:
