@@ -125,3 +125,17 @@ def test_panel_chart_and_card_use_one_colour_per_status():
         card = trial_html(TrialResult(knobs=wb.Knobs(), status=status, message="m"))
         assert f"border-left:4px solid {colour}" in card
     assert KIND_COLORS[KINDS.index("baseline")] == BASELINE_COLOR
+
+
+def test_text_cells_are_escaped_in_the_panel_table_and_tidy():
+    """A message such as "<class 'torch.Tensor'>" or a label with markup shows as text: never taken as HTML."""
+    from workbench.faces.panel.view import table_html
+
+    results = pd.DataFrame({"trial_id": [1, 2], "label": ["<b>bold</b> & co", "defaults"], "status": ["error", "ok"],
+                            "samples_per_s": [None, 10.0], "speedup": [None, 1.0], "verdict": ["", "baseline"],
+                            "message": ["expected <class 'torch.Tensor'>, got <script>x</script>", ""],
+                            "baseline": [False, True]})
+    for out in (table_html(results), tidy(results, ["label", "message", "samples_per_s"]).to_html()):
+        assert "&lt;class &#39;torch.Tensor&#39;&gt;" in out
+        assert "&lt;b&gt;bold&lt;/b&gt; &amp; co" in out and "<script>" not in out and "<b>bold" not in out
+    assert "10.0" in tidy(results, ["samples_per_s"]).to_html()  # figures keep their format

@@ -68,8 +68,9 @@ def loss_cells(df: pd.DataFrame) -> pd.Series:
 
 
 def tidy(df: pd.DataFrame, columns: list[str] | None = None, *, index: bool = False) -> Any:
-    """`df[columns]` as a Styler: figures rounded, units in the headers, missing values as "–",
-    the cached batch's loss marked, and a box that scrolls sideways instead of wrapping the table.
+    """`df[columns]` as a Styler: figures rounded, units in the headers, missing values as "–", text
+    escaped (a message's `<class ...>` shows as written), the cached batch's loss marked, and a box that
+    scrolls sideways instead of wrapping the table.
 
     `tidy(bench.results, ["label", "samples_per_s", "final_loss"])`: the `data` knob of the full
     frame still marks the cached batch's loss.
@@ -86,7 +87,10 @@ def tidy(df: pd.DataFrame, columns: list[str] | None = None, *, index: bool = Fa
     floats = {c: "{:,.3g}" for c in view.columns if pd.api.types.is_float_dtype(view[c])}
     formats = floats | {c: f for c, (_, f) in FORMATS.items() if c in view.columns and c != "final_loss"}
     styler = view.style.format(formats, na_rep="–")
-    styler = styler.relabel_index([FORMATS.get(c, (c,))[0] for c in view.columns], axis="columns")
+    text = [c for c in view.columns if c not in formats]  # labels, messages, knobs: shown as text, never as HTML
+    if text:
+        styler = styler.format(na_rep="–", escape="html", subset=text)
+    styler = styler.relabel_index([html.escape(str(FORMATS.get(c, (c,))[0])) for c in view.columns], axis="columns")
     if not index:
         styler = styler.hide(axis="index")
     return (styler.set_table_styles([{"selector": "th, td", "props": "white-space: nowrap; padding: 2px 8px"}])
