@@ -9,6 +9,7 @@ import signal
 import stat
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -158,3 +159,75 @@ def test_cancel_ends_the_trial_s_process(make_bench):
     r = bench.run(progress=watch, cancel=stop)
     assert r.status == "interrupted" and "process was ended" in r.message
     assert time.monotonic() - t0 < 120  # 400 steps of 50 ms would be 20 s more at least
+
+
+KERNEL = r"""
+import sys, time, torch, workbench as wb
+
+class Slow(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        time.sleep(0.05)
+        return self.a(x)
+
+data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 4, (64,)))
+bench = wb.Workbench(Slow(), data, loss_fn=torch.nn.CrossEntropyLoss(), log=None, steps=100_000, warmup_steps=1,
+                     knobs=wb.Knobs(batch_size=8))
+
+def progress(phase, done, total):
+    if phase == "measuring":
+        print("measuring", flush=True)
+
+bench.run(allocator=sys.argv[1], progress=progress)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_kernel_leaves_no_training_process_behind(tmp_path):
+    """A kernel killed (SIGKILL) during an allocator trial, which runs in a fresh process in its own session:
+    within 10 s no process of that trial is left, and its job folder is gone."""
+    import contextlib
+    import subprocess
+    import sys
+
+    import psutil
+
+    from workbench.core import system
+
+    mode = "tcmalloc" if system.allocator_library("tcmalloc") is not None else "glibc-kept"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
+           "TMPDIR": str(tmp_path)}
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, mode], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert kernel.stdout.readline().strip() == "measuring"  # the trial's process is training
+        trial = [p for p in psutil.Process(kernel.pid).children(recursive=True)
+                 if "workbench.launch.fresh" in " ".join(p.cmdline())]
+        assert len(trial) == 1
+        left = [trial[0], *trial[0].children(recursive=True)]
+        args = trial[0].cmdline()
+        folder = Path(args[args.index("workbench.launch.fresh") + 1])
+        assert folder.is_dir() and folder.name.startswith("workbench-job-")
+    finally:
+        kernel.kill()
+        kernel.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_running(p) for p in left):
+        time.sleep(0.2)
+    outlived = [p.pid for p in left if _running(p)]
+    for p in left:  # never leave one behind, even when the test fails
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    assert not outlived, "a training process outlived its kernel by 10 s"
+    assert not folder.exists()
+
+
+def _running(p) -> bool:
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -38,6 +38,7 @@ import torch
 from ..core.measure import TrialResult, environment, now_iso
 from ..core.progress import TrialProgress
 from ..core.workload import Workload, resolve_device
+from .folders import owned_private_folder
 
 INSTALL = 'pip install "tuning-workbench[cluster]"'
 POLL_S = 0.25  # how often the notebook looks at the job (progress file, result)
@@ -94,8 +95,8 @@ def check_executor(executor: Any) -> Any:
         raise TypeError(f"executor must have submit(fn, *args) returning a job with result(), done() and cancel() "
                         f"(e.g. submitit.AutoExecutor(folder, cluster='slurm'); {INSTALL}), got {type(executor).__name__}")
     folder = getattr(executor, "folder", None)
-    if folder is not None:
-        private_folder(Path(folder))
+    if folder is not None:  # result pickles load from there: this user's all the way down ("logs/%j": "logs")
+        owned_private_folder(folder)
     return executor
 
 

@@ -11,6 +11,13 @@ folder (mode 0700, under the temp dir), then starts `python -m workbench.launch.
 executor's environment. The job loads only what was written there, runs the call and writes its
 outcome back into the folder; `result()` reads it. `cancel()` ends the job's whole process group
 (its DataLoader workers too). Nothing in the caller's process changes.
+
+The job's folder is one only this user could have written (folders.py: private, and every folder above
+it this user's or root's, not writable by others), since its outcome is a pickle. The job ends with the
+caller: a watchdog thread in the job watches the caller's pid (a pid, not a thread: a caller's trial
+thread may end first), and when the caller is gone (a kernel killed, crashed or restarted) it removes
+the job folder and kills the job's process group within PARENT_POLL_S, so no training process is left
+beside the next kernel's trials.
 """
 
 from __future__ import annotations
@@ -23,11 +30,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .folders import check_parents, owned_private_folder
 from .ranks import exit_text
 
 CALL = "call.pkl"  # (fn, args, kwargs), cloudpickled by the caller
@@ -35,6 +45,7 @@ OUTCOME = "outcome.pkl"  # ("ok", value) or ("error", text, traceback), written 
 PATH = "sys_path.json"  # the caller's import path, so the job imports what the caller imports
 LOG = "job.log"  # the job's stdout and stderr
 KILL_GRACE_S = 2.0
+PARENT_POLL_S = 0.5  # how often the job looks whether its caller still lives
 
 
 class FreshProcessError(RuntimeError):
@@ -166,9 +177,10 @@ class FreshProcess:
         import cloudpickle
 
         if self.folder is not None:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            owned_private_folder(self.folder)  # ValueError naming the folder when others could write there
         folder = Path(tempfile.mkdtemp(prefix="workbench-job-", dir=self.folder))  # mode 0700
         try:
+            check_parents(folder)  # the temp dir's folders too: the outcome is a pickle
             with open(folder / CALL, "wb") as f:
                 cloudpickle.dump((fn, args, kwargs), f)
             (folder / PATH).write_text(json.dumps([p for p in sys.path if isinstance(p, str)]))
@@ -180,7 +192,8 @@ class FreshProcess:
                     env[k] = v
             env["PYTHONPATH"] = os.pathsep.join([package_root(), *filter(None, [env.get("PYTHONPATH")])])
             with open(folder / LOG, "wb") as log:
-                proc = subprocess.Popen([self.python, "-m", "workbench.launch.fresh", str(folder)], env=env,
+                proc = subprocess.Popen([self.python, "-m", "workbench.launch.fresh", str(folder), str(os.getpid())],
+                                        env=env,
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)  # its own group: cancel ends its workers too
         except BaseException:
@@ -204,11 +217,41 @@ def _exit_text(code: int | None) -> str:
     return f"is {text}" if code is None else f"was {text}" if code < 0 else text
 
 
-def job_main(folder: str) -> int:
-    """Inside the job's process: run the call in `folder`, write its outcome there; the exit code."""
+def _caller_gone(parent: int, first_ppid: int) -> bool:
+    """Whether the caller (pid `parent`) has ended: this process was handed to another parent (init or a
+    subreaper), or no process has that pid any more."""
+    if os.getppid() != first_ppid:
+        return True
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # a pid of another user's: ours has gone and the pid was reused
+        return True
+    return False
+
+
+def _end_with_caller(parent: int, where: Path) -> None:
+    """The job's watchdog: once the caller has ended, remove the job folder and kill the job's process group
+    (this process, its DataLoader and compile workers): nobody is left to read its outcome."""
+    first = os.getppid()
+    while not _caller_gone(parent, first):
+        time.sleep(PARENT_POLL_S)
+    shutil.rmtree(where, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    os._exit(1)  # where the group could not be signalled
+
+
+def job_main(folder: str, parent: int | None = None) -> int:
+    """Inside the job's process: run the call in `folder`, write its outcome there; the exit code. With
+    `parent` (the caller's pid), the job ends when the caller does (`_end_with_caller`)."""
     import cloudpickle
 
     where = Path(folder)
+    if parent is not None:
+        threading.Thread(target=_end_with_caller, args=(parent, where), name="workbench-caller-watch",
+                         daemon=True).start()
     try:
         for p in json.loads((where / PATH).read_text()):
             if p not in sys.path:
@@ -230,4 +273,4 @@ def job_main(folder: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(job_main(sys.argv[1]))
+    sys.exit(job_main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None))

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,7 @@ class Jobs:
             self.dir = private_folder(log_path.parent / f"{log_path.stem}.jobs")
         else:
             self.dir = Path(tempfile.mkdtemp(prefix="workbench-jobs-"))  # mkdtemp makes it 0700
+            weakref.finalize(self, shutil.rmtree, self.dir, ignore_errors=True)  # removed with this Jobs, or at exit
         self.travel_bytes: int | None = None
         self.queue_s = 0.0  # seconds this workbench's jobs waited in the queue
         self.in_flight: dict[str, Any] = {}  # registry file name -> job (tune(parallel=N) keeps several)
