@@ -354,9 +354,25 @@ def test_a_200_000_step_trial_round_trips_through_the_reader_with_every_figure(t
         assert getattr(back, name) == getattr(r, name), name
     row = ResultLog(path).frame().iloc[0]
     assert row["final_loss"] == losses[-2] and row["step_time_ms"] == r.step_time_s * 1e3
+    moved = ResultLog(path).save(tmp_path / "moved")  # the way out writes the same bounded lines
+    assert all(len(line) <= MAX_LINE_BYTES for line in moved.read_bytes().splitlines(keepends=True))
+    assert ResultLog(moved).trials[0].step_times_s == times
     import shutil
 
     shutil.rmtree(path.with_suffix(".series"))  # the side file lost: the trial stays, with its first steps, said
     with pytest.warns(UserWarning, match=r"full step series of #1 .*first 1,000 steps"):
         short = ResultLog(path).trials[0]
     assert short.step_times_s == times[:1000] and short.samples_per_s == r.samples_per_s
+
+
+def test_a_record_with_huge_text_or_diagnostics_still_fits_the_reader(tmp_path):
+    from workbench.results.records import MAX_LINE_BYTES
+
+    log = ResultLog(tmp_path / "log.jsonl")
+    r = TrialResult(knobs=wb.Knobs(), status="error", message="m" * 2_000_000, traceback="t" * 2_000_000,
+                    extra={"blob": "x" * 2_000_000})
+    log.append(r)
+    assert len(log.path.read_bytes()) <= MAX_LINE_BYTES
+    back = ResultLog(log.path).trials[0]
+    assert back.status == "error" and back.message.startswith("m" * 1000) and back.traceback.endswith("t" * 1000)
+    assert "blob" not in back.extra and any("extra diagnostics dropped" in n for n in back.notes)

@@ -200,16 +200,22 @@ class ResultLog:
         return out
 
     def _trial_line(self, record: dict[str, Any], log: Path | None) -> bytes:
-        """A trial's JSONL line, never longer than the reader takes: a long trial's series go to a side file
-        beside `log` (series.py); the traceback is cut to its end if the line is still too long."""
-        line = _line(record)
-        if len(line) > MAX_LINE_BYTES:  # not the series alone: a huge message or traceback is cut
+        """A trial's JSONL line (`record` as to_record() gives it), never longer than the reader takes: a long
+        trial's series go to a side file beside `log` (series.py); then, were it still too long, the message
+        and traceback are cut, then `extra` is dropped (a note says so)."""
+        if sum(len(record.get(k) or ()) for k in series.SERIES) > series.INLINE_VALUES:
+            record = series.split(record, log)
+        line = _line(_clean(record))
+        if len(line) > MAX_LINE_BYTES:  # not the series: a huge message or traceback
             keep = 16 << 10
             record = {**record, "message": str(record.get("message", ""))[:keep],
                       "traceback": str(record.get("traceback", ""))[-keep:]}
-            line = _line(record)
-        if len(line) > series.INLINE_BYTES:
-            line = _line(series.split(record, log))
+            line = _line(_clean(record))
+        if len(line) > MAX_LINE_BYTES:  # diagnostics too large for one line: the figures are kept
+            extra = record.get("extra") or {}
+            record = {**record, "extra": {k: v for k, v in extra.items() if k == "series"},
+                      "notes": [*record.get("notes", ()), "extra diagnostics dropped: the record was over 1 MiB"]}
+            line = _line(_clean(record))
         return line
 
     def _cut_tail(self, f: Any, tail: bytes) -> None:
@@ -311,7 +317,7 @@ class ResultLog:
         if target.suffix != ".jsonl":
             target = target / (self.path.name if self.path is not None else "log.jsonl")
         target.parent.mkdir(parents=True, exist_ok=True)
-        lines = [self._trial_line(_clean(r.to_record()), target) for r in self.trials]
+        lines = [self._trial_line(r.to_record(), target) for r in self.trials]
         if self._baseline_id is not None:
             lines.append(_line({"event": "baseline", "trial_id": self._baseline_id}))
         series.write_new(target, b"".join(lines))  # a new temporary file (O_EXCL, no link followed), then renamed
@@ -332,7 +338,7 @@ class ResultLog:
 
         def number() -> bytes:
             numbered.append(replace(result, trial_id=self._next_id(), participant=participant))
-            return self._trial_line(_clean(numbered[0].to_record()), self.path)
+            return self._trial_line(numbered[0].to_record(), self.path)
 
         if self.path is None:
             numbered.append(replace(result, trial_id=self._next_id(), participant=participant))

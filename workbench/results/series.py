@@ -2,7 +2,7 @@
 
 A trial of 200,000 steps holds three series (step times, data waits, losses) of 200,000 floats each:
 several MB as JSON, over the 1 MiB a log reader takes per line (records.MAX_LINE_BYTES). When a
-record would be longer than INLINE_BYTES, its series go to one binary side file in `<log>.series/`
+record holds more than INLINE_VALUES values (about 250 KB inline), its series go to one binary side file in `<log>.series/`
 (little-endian float64: the step times, then the data waits, then the losses, NaN for a missing
 loss), named by its SHA-256, and the record keeps their first KEPT_STEPS values inline and a pointer
 in `extra["series"]` ({"file", "sha256", "counts"}). The log's reader puts the whole series back
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-INLINE_BYTES = 256 << 10  # a record longer than this keeps its series in a side file (cap: 1 MiB)
+INLINE_VALUES = 10_000  # a record with more series values keeps them in a side file (~25 bytes each inline)
 KEPT_STEPS = 1_000  # values of each series kept inline (what a reader without the side file sees)
 MAX_SIDE_BYTES = 1 << 30  # a side file is 8 bytes a value: 44 million steps at most
 SERIES = ("step_times_s", "data_wait_s", "losses")
