@@ -238,7 +238,7 @@ def _end_with_caller(parent: int, where: Path) -> None:
     while not _caller_gone(parent, first):
         time.sleep(PARENT_POLL_S)
     shutil.rmtree(where, ignore_errors=True)
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: no process groups (Windows)
         os.killpg(os.getpgid(0), signal.SIGKILL)
     os._exit(1)  # where the group could not be signalled
 
