@@ -215,6 +215,12 @@ def test_a_cached_batch_within_noise_is_never_data_bound_whatever_the_share():
     faster = check_data(base, _trial(3, 0.05, cached=True), None)  # 2x, agreeing with the share
     assert faster.data_bound and not disagree(base.data_wait_share, faster.comparison)
     assert check_data(_trial(1, 0.1, wait=DATA_WAIT_LIMIT), None, None).data_bound  # no twin: the 20% rule
+    from workbench.diagnose.verdict import decide
+
+    threads = {"cores": 8, "main_threads": 8, "workers": 0, "threads_wanted": 8, "oversubscribed": False,
+               "suggest_cpu_threads": None}
+    v = decide(base.knobs, check, threads, device=torch.device("cpu"))
+    assert v.bottleneck != "data" and any("not waiting for data" in e for e in v.evidence)
 
 
 def test_diagnose_runs_the_confirming_rounds_when_share_and_cached_batch_disagree(monkeypatch):

@@ -69,6 +69,9 @@ def data_evidence(data: DataCheck) -> list[str]:
     copy = f", of which the host->device copy {data.copy_share:.0%}" if data.copy_share else ""
     evidence.append(f"data wait is {wait:.0%} of the step{copy} (rule: under {DATA_WAIT_LIMIT:.0%}; data-bound "
                     "needs a cached batch faster beyond noise, confirmed in rounds or agreeing with that rule)")
+    if wait >= DATA_WAIT_LIMIT and data.comparison is not None and not data.data_bound:
+        evidence.append(f"a {wait:.0%} share, yet one cached batch gains nothing beyond noise: the step is not "
+                        "waiting for data")
     if data.loader_headroom is not None:
         evidence.append(f"the loader alone delivers {data.loader_samples_per_s:,.0f} samples/s = "
                         f"{data.loader_headroom:.2f}x what the step can consume")
