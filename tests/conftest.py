@@ -87,6 +87,18 @@ def fake_clock(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _cpu_unless_about_the_device(request, monkeypatch):
+    """Tests run on the CPU on a machine with a GPU too: device="auto" means the CPU here (WORKBENCH_DEVICE,
+    workload.resolve_device; subprocesses a test starts inherit it). A test about the device paths opts out
+    with `@pytest.mark.any_device` (and skips without CUDA, saying why). Notebooks keep "auto": nbval starts
+    their kernels before this fixture, and the browser test's JupyterLab is a module fixture set up before it."""
+    if request.node.get_closest_marker("any_device") is None:
+        monkeypatch.setenv("WORKBENCH_DEVICE", "cpu")
+    else:
+        monkeypatch.delenv("WORKBENCH_DEVICE", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _fixed_warmup(request, monkeypatch):
     """`@pytest.mark.fixed_warmup`: exactly `warmup_steps` warm-up steps (steady.py's old count), for
     tests that count steps or compare losses across trials (a steady warm-up may take more steps

@@ -51,7 +51,7 @@ class FakeBench:
     """
 
     def __init__(self, speed, peak, oom_at: float = float("inf"), defaults: wb.Knobs | None = None,
-                 noise: float = 0.0, conv: bool = False, seed: int = 0, wait=None) -> None:
+                 noise: float = 0.0, conv: bool = False, seed: int = 0, wait=None, copy=None) -> None:
         self.workload = Workload(Net(), data(), loss_fn=nn.CrossEntropyLoss(), device="cpu")
         self.workload.has_conv = conv
         self.device = torch.device("cpu")
@@ -60,6 +60,7 @@ class FakeBench:
         self.speed, self.peak, self.oom_at = speed, peak, oom_at
         self.rng, self.noise, self.clock = random.Random(seed), noise, 0.0
         self.wait = wait or (lambda k: 0.0)  # data-wait share of a trial's window
+        self.copy = copy or (lambda k: None)  # the host->device copy's part of it
 
     def run(self, knobs: wb.Knobs, **kwargs) -> TrialResult:  # cancel, stop_early: a fake trial ignores them
         self.clock += 1.0
@@ -72,7 +73,8 @@ class FakeBench:
             times = tuple(step * (1 + 0.005 * ((i % 3) - 1)) for i in range(10))
             r = TrialResult(knobs=knobs, status="ok", samples_per_s=knobs.batch_size * knobs.accum_steps / step,
                             step_time_s=step, step_times_s=times, samples_per_step=knobs.batch_size * knobs.accum_steps,
-                            peak_memory_bytes=int(peak), data_wait_share=self.wait(knobs))
+                            peak_memory_bytes=int(peak), data_wait_share=self.wait(knobs),
+                            copy_share=self.copy(knobs))
         return self.log.append(r)
 
     @property
@@ -351,6 +353,15 @@ def test_a_data_bound_start_enters_every_worker_count_first(monkeypatch):
     workers = [k for k in raced if k.num_workers]
     assert {(k.num_workers, k.cpu_threads) for k in workers} >= {(1, 1), (2, 1)}
     assert raced.index(workers[0]) == 1 and res.best_knobs.num_workers == 1  # the start, then the workers
+
+
+def test_a_start_whose_wait_is_the_copy_does_not_race_workers_first(monkeypatch):
+    """Issue 48: workers-first reads the loader's part of the data wait; a wait that is the host->device
+    copy's own cost is not theirs to fix."""
+    monkeypatch.setattr(tune_mod, "_cores", lambda: 2)
+    bench = FakeBench(speed_model, lambda k: 1000, conv=True, wait=lambda k: 0.6, copy=lambda k: 0.5)
+    res = tune(bench, n_trials=6, stages=("data", "precision", "kernels"), confirm=False, explain=False)
+    assert not res.steps["decision"].str.startswith("entered first").any()
 
 
 def test_an_unsteady_start_whose_repeat_the_budget_stops_keeps_the_start(fake_clock, monkeypatch):

@@ -2,7 +2,8 @@
 
 Timing rules: the measured window is bracketed by device syncs; per-step times
 come from the host clock on CPU and from CUDA events on GPU (the host clock only sees kernel
-launches there); data-wait is the host time blocked getting the next batch onto the device.
+launches there); data wait is the host time in the loader plus the host->device copy's own cost
+(CopyClock: device time on CUDA, so the queue a pageable copy waits behind counts as compute).
 """
 
 from __future__ import annotations
@@ -38,18 +39,26 @@ def sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+def record_event(device: torch.device) -> Any:
+    """A timing CUDA event recorded on `device`'s current stream (cuda:1 is timed on cuda:1's stream,
+    whichever device is current); it completes when the work queued before it on that stream has run."""
+    with torch.cuda.device(device):  # the event belongs to the trial's device, not the current one
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(torch.cuda.current_stream(device))
+    return ev
+
+
 class StepClock:
-    """Per-step durations: CUDA events on CUDA (read once at the end), perf_counter elsewhere."""
+    """Per-step durations: CUDA events on the trial's device (read once at the end), perf_counter elsewhere."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self.device = device
         self._marks: list[Any] = []
 
     def mark(self) -> None:
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self._marks.append(ev)
+            self._marks.append(record_event(self.device))
         else:
             self._marks.append(time.perf_counter())
 
@@ -61,6 +70,71 @@ class StepClock:
             self._marks[-1].synchronize()
             return [a.elapsed_time(b) / 1e3 for a, b in zip(self._marks, self._marks[1:])]
         return [b - a for a, b in zip(self._marks, self._marks[1:])]
+
+
+class CopyClock:
+    """The host->device copy's own cost, per optimizer step of an armed (measured) window.
+
+    On CUDA: an event on the copy's stream before and after each copy; the time between them is
+    the copy's device time. A pageable copy blocks the host until every kernel queued before it has
+    run (the previous step's backward); that drain lies before the first event completes, so it is
+    not counted here: it is compute. The events are read once, at the end (no sync per step).
+    Elsewhere the host clock times the move: a CPU 'copy' (channels_last, a dtype change) has no queue.
+    `event` (a stand-in for tests) makes events without CUDA: `event()` has record(), elapsed_time(end)
+    in ms and synchronize().
+    """
+
+    def __init__(self, device: torch.device, event: Callable[[], Any] | None = None) -> None:
+        self.device = device
+        self._event = event
+        self.events = event is not None or device.type == "cuda"
+        self.armed = False
+        self._steps: list[list[Any]] = []  # per step: (start, end) event pairs, or host seconds
+        self._open: list[Any] = []
+
+    def arm(self) -> None:
+        """Start recording (the measured window); earlier records are dropped."""
+        self.armed, self._steps, self._open = True, [], []
+
+    def disarm(self) -> None:
+        self.armed = False
+
+    def _mark(self) -> Any:
+        if self._event is not None:
+            ev = self._event()
+            ev.record()
+            return ev
+        return record_event(self.device)
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        """Time the copy inside the block (nothing is recorded unless armed)."""
+        if not self.armed:
+            yield
+            return
+        if self.events:
+            start = self._mark()
+            yield
+            self._open.append((start, self._mark()))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self._open.append(time.perf_counter() - t0)
+
+    def end_step(self) -> None:
+        """Close one optimizer step (its micro-batches' copies add up)."""
+        if self.armed:
+            self._steps.append(self._open)
+            self._open = []
+
+    def per_step_s(self) -> list[float]:
+        """Copy seconds per closed step; with events this waits for the last one (once)."""
+        if not self.events:
+            return [sum(step) for step in self._steps]
+        last = next((pairs[-1][1] for pairs in reversed(self._steps) if pairs), None)
+        if last is not None:
+            last.synchronize()
+        return [sum(a.elapsed_time(b) for a, b in pairs) / 1e3 for pairs in self._steps]
 
 
 class CpuLoad:
@@ -302,8 +376,9 @@ class TrialResult:
     step_time_s: float | None = None  # median optimizer-step time (derived from step_times_s)
     step_time_iqr_s: float | None = None  # interquartile range of step times (derived from step_times_s)
     step_times_s: tuple[float, ...] = ()  # raw per-step times, measured window only (the stored truth)
-    data_wait_s: tuple[float, ...] = ()  # raw per-step host time blocked on the next batch(es)
-    data_wait_share: float | None = None  # sum(data wait) / window wall time
+    data_wait_s: tuple[float, ...] = ()  # raw per-step data wait: host time in the loader + the copy's own cost
+    data_wait_share: float | None = None  # sum(data wait) / window wall time (the copy included)
+    copy_share: float | None = None  # the host->device copy's own cost / window wall time (part of data_wait_share)
     peak_memory_bytes: int | None = None  # peak tensor memory on the device during a step
     model_state_bytes: int | None = None  # params + grads + optimizer state per process (largest rank's)
     startup_s: float | None = None  # loader start until the first batch is on the device

@@ -79,7 +79,7 @@ class RawTrial:
     warmup_wall_s: float
     probe_s: float  # the profiled warm-up step (CPU memory probe), 0 if none
     step_times_s: list[float]  # measured window, per optimizer step
-    waits_s: list[float]  # host time blocked on data, per step
+    waits_s: list[float]  # data wait per step: host seconds in the loader + the device copies' own cost
     losses: list[float]  # per step, mean over its micro-batches
     samples: int  # samples consumed in the window
     wall_s: float  # window wall time, bracketed by device syncs
@@ -94,6 +94,7 @@ class RawTrial:
     warmup_note: str | None = None  # WarmupRule.note(): set when warm-up did not reach steady state
     loader_limit: float | None = None  # samples/s the workers can deliver at most (LoaderMeter), None without
     tokens: dict[str, Any] | None = None  # token batches: the window's tokens, slots, tokens/s (tokens.window_figures)
+    copies_s: list[float] = field(default_factory=list)  # per step: the host->device copies' own cost (in waits_s)
 
 
 # ---- the phases: one runner for the single-process trial and for each rank ----------------------
@@ -236,6 +237,9 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
     meter = getattr(source, "meter", None)
     made = meter.read() if meter is not None else None
     counted = source.tokens.snapshot() if hasattr(source, "tokens") else None
+    copies = getattr(source, "copies", None)  # the copies' own cost: CUDA events, read after the window
+    if copies is not None:
+        copies.arm()
     t_start = last = time.perf_counter()
     clock.mark()
     measured = steps
@@ -256,6 +260,10 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
             last = now
     sync(device)
     wall = time.perf_counter() - t_start
+    copy_s = copies.per_step_s() if copies is not None else [0.0] * len(waits)
+    if copies is not None:
+        copies.disarm()
+    waits = [w + c for w, c in zip(waits, copy_s)]  # data wait = the loader + the copy's own cost
     faults = kernel.since()  # before foreign_cores: psutil's reads fault too, and belong outside
     foreign = load.foreign_cores()
     peak = (torch.cuda.max_memory_allocated(device)
@@ -268,7 +276,7 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
                     losses=losses.values(divide_by=step.knobs.accum_steps),  # the one device->host read
                     samples=samples, wall_s=wall, epochs=source.epochs - epochs, foreign_cores=foreign, peak_bytes=peak,
                     page_faults=faults[0] if faults else None, kernel_share=faults[1] if faults else None,
-                    loader_limit=limit, tokens=tokens)
+                    loader_limit=limit, tokens=tokens, copies_s=copy_s)
 
 
 def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
@@ -330,6 +338,7 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         step_times_s=tuple(raw.step_times_s),
         data_wait_s=tuple(raw.waits_s),
         data_wait_share=min(1.0, sum(raw.waits_s) / raw.wall_s),
+        copy_share=min(1.0, sum(raw.copies_s) / raw.wall_s) if raw.copies_s else None,
         peak_memory_bytes=raw.peak_bytes,
         model_state_bytes=raw.state_bytes,
         startup_s=raw.startup_s,

@@ -38,6 +38,7 @@ from .knobs import (
     wrap_model,
 )
 from .loadmeter import LoaderMeter
+from .measure import CopyClock
 from .tokens import Count, TokenMeter, count, token_window
 from .workload import LoaderSpec, Workload, batch_size_of, move_to
 
@@ -128,6 +129,8 @@ class BatchSource:
                                    sampler=sampler, meter=self.meter, workload=workload, window_steps=window_steps)
         self.tokens = TokenMeter()  # token batches: tokens, slots and sequences of every batch delivered
         self.last: Count | None = None  # the figures of the batch next() returned last
+        self.wait_s = 0.0  # host seconds the last next() spent in the loader (the device copy apart)
+        self.copies = CopyClock(self.device)  # each device copy's own cost, in an armed (measured) window
         self.iterator: Iterator | None = None
         self.epochs = 0
         self.notes: list[str] = []  # fallbacks taken (see compat)
@@ -146,6 +149,7 @@ class BatchSource:
     def next(self) -> Any:
         """The next batch, moved to the device (channels_last applied to 4-D float tensors); its token
         figures (read on the host before the move) go into `self.tokens` and `self.last`."""
+        self.wait_s = 0.0
         if self._pending:
             batch, self.last = self._pending.pop()
             self.tokens.add(self.last)
@@ -154,6 +158,7 @@ class BatchSource:
             self.tokens.add(self.last)
             return self._cached
         self.stage.name = "data"
+        t0 = time.perf_counter()
         if self.iterator is None:
             self._start()
         try:
@@ -168,9 +173,11 @@ class BatchSource:
                                  "than one batch with drop_last") from None
         self.last = count(batch)
         self.tokens.add(self.last)
-        # With non_blocking copies this returns before the copy has landed: data-wait measured
-        # around next() is host time blocked on the loader, not the H2D copy itself.
-        batch = move_to(batch, self.device, **self.move)
+        self.wait_s = time.perf_counter() - t0  # the loader: next() on the iterator (a restart included)
+        # The copy is timed apart (CopyClock): on CUDA a pageable copy blocks the host until every
+        # kernel queued before it ran (sync point); that drain is compute, only the copy's device time is data.
+        with self.copies.timed():
+            batch = move_to(batch, self.device, **self.move)
         if self.knobs.data == "cached":
             self._cached = batch  # the short-circuit test: one batch, already on the device
         return batch
@@ -222,7 +229,8 @@ class LossBuffer:
 
 @dataclass
 class StepOutput:
-    """What one optimizer step reports: its samples and host time blocked on data (seconds)."""
+    """What one optimizer step reports: its samples and the host seconds spent in the loader (the device
+    copies' own cost is read at the end of the window, source.copies)."""
 
     samples: int
     wait_s: float
@@ -316,9 +324,9 @@ class TrainStep:
             tw = time.perf_counter()
             with self._label("data"):
                 batch = source.next()
-            # host seconds in next(): the loader wait plus a blocking H2D copy; a non_blocking copy
-            # (pinned memory) is queued here and lands during compute, so it is not included
-            wait += time.perf_counter() - tw
+            # the loader's host seconds (BatchSource.wait_s: the copy is timed apart, by source.copies);
+            # a source without that figure: the host seconds in next()
+            wait += getattr(source, "wait_s", time.perf_counter() - tw)
             told = getattr(source, "last", None)  # a packed row holds several samples
             samples += told.sequences if told is not None else batch_size_of(batch)
             skip_sync = self.no_sync is not None and micro < k - 1
@@ -326,6 +334,9 @@ class TrainStep:
                 loss = self.forward_backward(batch)
             if losses is not None:
                 losses.add(index, loss)
+        copies = getattr(source, "copies", None)
+        if copies is not None:
+            copies.end_step()
         self.optimizer_step()
         return StepOutput(samples=samples, wait_s=wait)
 

@@ -38,6 +38,68 @@ STEP_LABEL = "ProfilerStep#"  # torch.profiler's name for the range around step 
 MEMORY_HISTORY_ENTRIES = 100_000  # allocation events kept by the CUDA memory recorder
 
 
+KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")  # device work in a Chrome trace (duration on the GPU)
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")  # host calls that queue it (cudaLaunchKernel, cuLaunchKernel, ...)
+
+
+def phase_ranges(events: list[dict[str, Any]], cat: str = "user_annotation") -> dict[str, list[tuple[float, float]]]:
+    """{phase: [(start, end) us]} of the step's record_function ranges (PHASES) in category `cat`."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        if e.get("cat") == cat and e.get("name") in PHASES:
+            out.setdefault(e["name"], []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    return out
+
+
+def _within(ts: float, ranges: dict[str, list[tuple[float, float]]]) -> str | None:
+    return next((name for name, spans in ranges.items() if any(lo <= ts < hi for lo, hi in spans)), None)
+
+
+def kernel_phases(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str | None]]:
+    """Each device event (kernel, memcpy, memset) with the phase that queued it: the host range holding
+    its launch call (matched by the trace's `correlation`), whichever thread launched it (autograd's
+    backward kernels come from its own thread); a kernel without a matched launch: the device-side range
+    (gpu_user_annotation) it ran in; else None."""
+    host = phase_ranges(events)
+    device = phase_ranges(events, "gpu_user_annotation")
+    launches = {e["args"]["correlation"]: float(e["ts"]) for e in events
+                if e.get("cat") in LAUNCH_CATS and "correlation" in (e.get("args") or {})}
+    out = []
+    for e in events:
+        if e.get("cat") not in KERNEL_CATS:
+            continue
+        at = launches.get((e.get("args") or {}).get("correlation"))
+        out.append((e, _within(at, host) if at is not None else _within(float(e["ts"]), device)))
+    return out
+
+
+def stage_ms(events: list[dict[str, Any]], steps: int) -> dict[str, float]:
+    """Milliseconds per step of each stage (PHASES, each once) in a trace's steps: device time where a
+    device ran the stage (the kernels its range queued, kernel_phases), host time of its range otherwise
+    (the CPU; and `data`, whose loader runs on the host and whose blocking copy waits there)."""
+    host = phase_ranges(events)
+    device: dict[str, float] = {}
+    for e, phase in kernel_phases(events):
+        if phase is not None:
+            device[phase] = device.get(phase, 0.0) + float(e["dur"])
+    out = {}
+    for name in PHASES:
+        us = device[name] if name != "data" and device.get(name) else sum(hi - lo for lo, hi in host.get(name, []))
+        out[name] = us / 1e3 / max(1, steps)
+    return out
+
+
+def step_events(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the ProfilerStep ranges, every complete event inside one) of a trace this module wrote."""
+    import json
+
+    doc = json.loads(Path(path).read_text())
+    events = [e for e in doc.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    steps = [e for e in events if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(STEP_LABEL)]
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in steps]
+    return steps, [e for e in events if any(lo <= float(e["ts"]) < hi for lo, hi in spans)]
+
+
 @dataclass(frozen=True)
 class TraceFiles:
     """What one capture wrote. `averages` is the profiler's key_averages() over the traced steps."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +22,18 @@ StepFn = Callable[[nn.Module, Any], torch.Tensor]
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 
 
+DEVICE_ENV = "WORKBENCH_DEVICE"  # what device="auto" means in this process (e.g. cpu for a test suite)
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
-    """'auto' picks cuda, then mps, then cpu; anything else must be a device torch knows."""
+    """'auto' picks cuda, then mps, then cpu, unless WORKBENCH_DEVICE names the device 'auto' means
+    (tests/conftest.py sets it to cpu: tests not about the device run on the CPU of a GPU machine too);
+    anything else must be a device torch knows."""
+    if device == "auto" and os.environ.get(DEVICE_ENV, "auto") not in ("", "auto"):
+        try:
+            return resolve_device(os.environ[DEVICE_ENV])
+        except ValueError as e:
+            raise ValueError(f"{DEVICE_ENV}={os.environ[DEVICE_ENV]!r} (what device='auto' means): {e}") from None
     if isinstance(device, torch.device):
         dev = device
     elif device == "auto":

@@ -74,13 +74,24 @@ class DataCheck:
         return self.comparison.speedup if self.comparison else None
 
     @property
+    def copy_share(self) -> float | None:
+        """The host->device copy's own share of the window (part of data_wait_share)."""
+        return self.baseline.copy_share
+
+    @property
     def data_bound(self) -> bool:
-        """Data wait at or above the 20% rule, or a cached-batch speedup beyond run-to-run noise
-        confirmed in alternating rounds (one unconfirmed pair of trials is not evidence)."""
-        c = self.comparison
-        by_cache = bool(c and c.rounds >= 1 and c.beyond_noise and c.speedup >= DATA_BOUND_SPEEDUP)
+        """What one cached batch gains decides when it ran. After alternating rounds: data-bound when it
+        runs DATA_BOUND_SPEEDUP faster beyond run-to-run noise. From one pair of trials (no rounds): when
+        it is DATA_BOUND_SPEEDUP faster and the data wait agrees (at or above the 20% rule). A cached batch
+        within noise of the real loader is never data-bound, whatever the share reads: the step gains
+        nothing without its data. Without the twin: the 20% rule alone."""
         by_wait = (self.data_wait_share or 0.0) >= DATA_WAIT_LIMIT
-        return by_cache or by_wait
+        c = self.comparison
+        if c is None:
+            return by_wait
+        if c.rounds >= 1:
+            return c.beyond_noise and c.speedup >= DATA_BOUND_SPEEDUP
+        return by_wait and c.speedup >= DATA_BOUND_SPEEDUP
 
     @property
     def loader_headroom(self) -> float | None:
@@ -102,9 +113,19 @@ class DataCheck:
             ("loader alone (no model)", self.loader_samples_per_s, "samples/s",
              "how fast the pipeline can deliver at most"),
             ("data-wait share", self.data_wait_share, "fraction",
-             f"rule: under {DATA_WAIT_LIMIT:.0%} of the step"),
+             f"rule: under {DATA_WAIT_LIMIT:.0%} of the step; loader + the copy's own cost"),
+            ("of which the host->device copy", self.copy_share, "fraction",
+             "device time of the copy (CUDA events); the queue it waits behind is compute"),
         ]
         return pd.DataFrame(rows, columns=["figure", "value", "unit", "note"])
+
+
+def disagree(share: float | None, pair: Comparison | None) -> bool:
+    """Whether the data-wait share and one cached-batch comparison point different ways (see DataCheck)."""
+    if pair is None:
+        return False
+    by_wait = (share or 0.0) >= DATA_WAIT_LIMIT
+    return by_wait != (pair.speedup >= DATA_BOUND_SPEEDUP)
 
 
 def check_data(baseline: TrialResult, cached: TrialResult | None, rate: dict[str, float] | None,

@@ -29,14 +29,13 @@ from typing import Any
 import pandas as pd
 
 from ..core.measure import TrialResult
-from ..core.trace import PHASES, STEP_LABEL
+from ..core.trace import KERNEL_CATS, STEP_LABEL, kernel_phases, phase_ranges, stage_ms
 from ..results.protocol import Bench
 from ..results.stats import Comparison
 
 PHASE_ROWS = ("data wait", "forward", "backward", "optimizer", "other")
 _PHASE_OF = {"data": "data wait", "forward": "forward", "backward": "backward", "optimizer": "optimizer"}
 OP_CATS = ("cpu_op",)  # host ops (self time)
-KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")  # device work (duration on the GPU)
 RANGE_CATS = ("user_annotation", "python_function")  # nest around ops on the host
 AGREE = 0.25  # traced vs measured difference: within this share they "agree"
 PHASE_SAME_MS = 0.05  # a phase delta under this share of the traced step is "unchanged"
@@ -76,27 +75,14 @@ def read_trace(path: str | Path, *, median: bool = True) -> TraceSummary:
     total = n
     n = len(spans)
     inside = [e for e in events if any(lo <= float(e["ts"]) < hi for lo, hi in spans)]
-    host = _ranges(inside, "user_annotation")
-    device = _ranges(inside, "gpu_user_annotation")
     kernels = [e for e in inside if e.get("cat") in KERNEL_CATS]
     step_ms = sum(hi - lo for lo, hi in spans) / 1e3 / n
-    phases = {}
-    for name, row in _PHASE_OF.items():
-        # on a GPU the host ranges end when the launches do: the device-side ranges say when work ran
-        source = device if (kernels and name != "data" and device.get(name)) else host
-        phases[row] = sum(hi - lo for lo, hi in source.get(name, [])) / 1e3 / n
+    # on a GPU the host ranges end when the launches do: the kernels each range queued say what ran
+    # (core/trace.stage_ms, the split diagnose's profile shows too)
+    phases = {_PHASE_OF[name]: ms for name, ms in stage_ms(inside, n).items()}
     phases["other"] = step_ms - sum(phases.values())
-    rows = _op_rows(inside, host, device, n)
+    rows = _op_rows(inside, phase_ranges(inside), n)
     return TraceSummary(str(path), total, step_ms, phases, rows, device=bool(kernels), used=used)
-
-
-def _ranges(events: list[dict[str, Any]], cat: str) -> dict[str, list[tuple[float, float]]]:
-    """{phase name: [(start, end) us]} of the workbench's record_function ranges in category `cat`."""
-    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for e in events:
-        if e.get("cat") == cat and e.get("name") in PHASES:
-            out[e["name"]].append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
-    return out
 
 
 def _phase_at(ts: float, ranges: dict[str, list[tuple[float, float]]]) -> str:
@@ -127,9 +113,11 @@ def _self_times(events: list[dict[str, Any]]) -> dict[int, float]:
     return out
 
 
-def _op_rows(events: list[dict[str, Any]], host: dict, device: dict, n: int) -> pd.DataFrame:
-    """Per (op, kind, phase): calls and ms per step (host ops by self time, kernels by duration)."""
+def _op_rows(events: list[dict[str, Any]], host: dict, n: int) -> pd.DataFrame:
+    """Per (op, kind, phase): calls and ms per step (host ops by self time, kernels by duration, in the
+    phase that queued them)."""
     self_us = _self_times(events)
+    queued_in = {id(e): phase for e, phase in kernel_phases(events)}
     acc: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for e in events:
         cat = e.get("cat")
@@ -137,7 +125,8 @@ def _op_rows(events: list[dict[str, Any]], host: dict, device: dict, n: int) -> 
             key = (str(e["name"]), "op", _phase_at(float(e["ts"]), host))
             us = max(0.0, self_us.get(id(e), 0.0))
         elif cat in KERNEL_CATS:
-            key = (str(e["name"]), "kernel", _phase_at(float(e["ts"]), device or host))
+            phase = queued_in.get(id(e))
+            key = (str(e["name"]), "kernel", _PHASE_OF[phase] if phase else "other")
             us = float(e["dur"])
         else:
             continue

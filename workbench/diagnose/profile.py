@@ -1,7 +1,8 @@
 """Which op? torch.profiler over a few eager steps, with record_function ranges per stage.
 
-Two tables: the stages (data / forward / backward / optimizer, wall time per step) and the top
-ops by self time on the device (self CPU time when the device is the CPU). Often the culprit is
+Two tables: the stages (data / forward / backward / optimizer, ms per step: the kernels each range
+queued on a GPU, host time on the CPU and for data; the split `explain` uses) and the top ops by
+self time on the device (self CPU time when the device is the CPU). Often the culprit is
 a `.to(device)` copy, a slow collate or `__getitem__`, not the convolutions.
 """
 
@@ -38,7 +39,6 @@ def profile_step(workload: Workload, knobs: Knobs, *, steps: int = 3, warmup: in
     events = files.averages
     on_device = device.type == "cuda"
     rows = []
-    stage_rows = []
     for e in events:
         self_dev = getattr(e, "self_device_time_total", 0.0) if on_device else 0.0
         row = {
@@ -51,9 +51,7 @@ def profile_step(workload: Workload, knobs: Knobs, *, steps: int = 3, warmup: in
             row["self_device_ms"] = self_dev / 1e3 / steps
         if e.key.startswith(tracing.STEP_LABEL[:-1]):
             continue  # the whole step: the sum of the rows below
-        if e.key in tracing.PHASES:  # the step's record_function ranges
-            stage_rows.append({"stage": e.key, "ms_per_step": e.cpu_time_total / 1e3 / steps})
-        else:
+        if e.key not in tracing.PHASES:  # the step's record_function ranges are the stages, below
             rows.append(row)
     sort_key = "self_device_ms" if on_device else "self_cpu_ms"
     ops = pd.DataFrame(rows)
@@ -61,10 +59,17 @@ def profile_step(workload: Workload, knobs: Knobs, *, steps: int = 3, warmup: in
         ops = ops.sort_values(sort_key, ascending=False).head(top).reset_index(drop=True)
         total = sum(r[sort_key] for r in rows) or 1.0
         ops["share"] = ops[sort_key] / total
-    stages = pd.DataFrame(stage_rows, columns=["stage", "ms_per_step"])
+    return stage_frame(files.path), ops
+
+
+def stage_frame(trace_path: str | os.PathLike) -> pd.DataFrame:
+    """stage | ms_per_step | share: each stage once, in PHASES order, from the trace's steps
+    (core/trace.stage_ms: device time where a device ran the stage, host time otherwise; the split
+    `explain` reads too). Shares are of the stages' sum."""
+    spans, inside = tracing.step_events(trace_path)
+    split = tracing.stage_ms(inside, len(spans))
+    stages = pd.DataFrame([{"stage": k, "ms_per_step": v} for k, v in split.items() if v > 0],
+                          columns=["stage", "ms_per_step"])
     if not stages.empty:
-        stages["stage"] = pd.Categorical(stages["stage"], tracing.PHASES, ordered=True)
-        stages = stages.sort_values("stage").reset_index(drop=True)
-        stages["stage"] = stages["stage"].astype(str)
         stages["share"] = stages["ms_per_step"] / stages["ms_per_step"].sum()
-    return stages, ops
+    return stages

@@ -24,10 +24,9 @@ from ..results.protocol import Bench
 from .analysis import ANALYSES, ANALYSIS_PRIOR, Analysis, Context, discover
 from .compile import explain_compile
 from .data import (
-    DATA_BOUND_SPEEDUP,
-    DATA_WAIT_LIMIT,
     DataCheck,
     check_data,
+    disagree,
     loader_rate,
     short_circuit_knobs,
 )
@@ -281,12 +280,13 @@ def _profiled(bench: Bench, knobs: Knobs, attempt: Any, steps: int) -> tuple[Any
 
 
 def _confirm_data(bench: Bench, base: TrialResult, cached: TrialResult | None, budget: Budget) -> Any:
-    """Little data wait, yet the cached batch looks faster: one pair of trials is no evidence
-    (identical trials differ by up to 20%), so confirm in alternating rounds, within the seconds left
-    (a part of `budget`: the rounds' trials land in diagnose's account)."""
-    if cached is None or not cached.ok or (base.data_wait_share or 0) >= DATA_WAIT_LIMIT:
+    """The data-wait share and one pair of trials (real loader, one cached batch) disagree: little wait
+    yet the cached batch looks faster, or a large wait yet it is not faster. One pair is no evidence
+    (identical trials differ by up to 20%), so alternating rounds decide, within the seconds left (a part
+    of `budget`: the rounds' trials land in diagnose's account). When they agree, no rounds."""
+    if cached is None or not cached.ok:
         return None
-    if bench.compare(base, cached).speedup < DATA_BOUND_SPEEDUP:
+    if not disagree(base.data_wait_share, bench.compare(base, cached)):
         return None
     if not budget.fits(0.0):
         budget.notes.append("the data-bound check was not confirmed in extra rounds: no seconds left")

@@ -19,6 +19,7 @@ SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", 
             "cudaMemcpy", "aten::nonzero")
 SYNC_SHARE = 0.10  # sync-type ops above this share of device/CPU self time => sync-bound
 MEMORY_FULL = 0.85  # peak above this share of device memory => memory is the constraint
+COPY_MOST = 0.5  # the copy's share of the data wait from which pinned memory, not workers, is the fix
 ALLOCATOR_SHARE = 0.10  # page faults (kernel time) above this share of the CPU time => the allocator is named
 
 
@@ -65,8 +66,12 @@ def data_evidence(data: DataCheck) -> list[str]:
         c = data.comparison
         how = f"{c.verdict}, {c.rounds} alternating rounds" if c.rounds else f"{c.verdict}, one pair of trials"
         evidence.append(f"one cached batch runs at {c.speedup:.2f}x the real loader ({how})")
-    evidence.append(f"data wait is {wait:.0%} of the step (rule: under {DATA_WAIT_LIMIT:.0%}; data-bound needs "
-                    "that or a cached-batch speedup confirmed in rounds)")
+    copy = f", of which the host->device copy {data.copy_share:.0%}" if data.copy_share else ""
+    evidence.append(f"data wait is {wait:.0%} of the step{copy} (rule: under {DATA_WAIT_LIMIT:.0%}; data-bound "
+                    "needs a cached batch faster beyond noise, confirmed in rounds or agreeing with that rule)")
+    if wait >= DATA_WAIT_LIMIT and data.comparison is not None and not data.data_bound:
+        evidence.append(f"a {wait:.0%} share, yet one cached batch gains nothing beyond noise: the step is not "
+                        "waiting for data")
     if data.loader_headroom is not None:
         evidence.append(f"the loader alone delivers {data.loader_samples_per_s:,.0f} samples/s = "
                         f"{data.loader_headroom:.2f}x what the step can consume")
@@ -90,6 +95,10 @@ def _data_fix(knobs: Knobs, threads: dict[str, Any], base: TrialResult, device: 
               cores: int) -> tuple[dict[str, Any], str]:
     """The next loader change for a data-bound step, and why (workers, then cores, then re-forks)."""
     workers = knobs.num_workers
+    copy = base.copy_share or 0.0
+    if device.type == "cuda" and not knobs.pin_memory and copy >= COPY_MOST * (base.data_wait_share or 0.0) > 0:
+        return {"pin_memory": True}, (f"the host->device copy is {copy:.0%} of the step: from pinned memory it is "
+                                      "faster and overlaps compute (non_blocking); workers would not speed it up")
     if workers == 0:
         w = max(1, cores // 2)
         change: dict[str, Any] = {"num_workers": w, "persistent_workers": True}

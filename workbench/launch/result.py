@@ -50,6 +50,7 @@ def assemble(reports: dict[int, dict[str, Any]], knobs: Knobs, *, env: dict[str,
         probe_s=max(r.probe_s for r in raws),
         step_times_s=_elementwise([r.step_times_s for r in raws], max),
         waits_s=_elementwise([r.waits_s for r in raws], max),
+        copies_s=_elementwise([r.copies_s for r in raws], max),
         losses=_elementwise([r.losses for r in raws], lambda v: sum(v) / len(v)),  # what DDP trains on
         samples=sum(r.samples for r in raws),
         wall_s=max(r.wall_s for r in raws),

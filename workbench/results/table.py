@@ -64,6 +64,7 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
             "speedup": None, "verdict": "", "steady": r.steady, "window": _window(r),
             "step_time_ms": _ms(r.step_time_s),
             "step_time_iqr_ms": _ms(r.step_time_iqr_s), "data_wait_share": r.data_wait_share,
+            "copy_share": r.copy_share,  # the host->device copy's part of data_wait_share
             "peak_memory_mb": r.peak_memory_bytes / 1e6 if r.peak_memory_bytes is not None else None,
             "model_state_mb": r.model_state_bytes / 1e6 if r.model_state_bytes is not None else None,
             "startup_s": r.startup_s, "compile_s": r.compile_s,
