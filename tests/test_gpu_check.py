@@ -153,3 +153,13 @@ def test_cpu_dry_run_of_the_fsdp2_check_under_torchrun(tmp_path):
     row = gck.run_one(gck.Check("fsdp2", "", gck.check_fsdp2, 1), gck.Context("cpu", tmp_path))
     assert row.result == gck.PASS, (row.measured, row.detail.get("traceback"))
     assert "model state 0.5" in row.measured and "losses within" in row.measured
+
+
+def test_cpu_dry_run_of_the_shape_and_demo_size_checks(tmp_path):
+    """The code of the variable-length bf16 check and the demos-at-the-device's-size check, at CPU sizes
+    (what they verify about a GPU needs one)."""
+    ctx = gck.Context("cpu", tmp_path)
+    for check in (gck.check_shapes_bf16, gck.check_demo_lessons):
+        row = gck.run_one(gck.Check(check.__name__, "", check, 1), ctx)
+        assert row.result == gck.PASS, (row.measured, row.detail.get("traceback"))
+    assert "shapes x" in gck.run_one(gck.Check("s", "", gck.check_shapes_bf16, 1), ctx).measured
