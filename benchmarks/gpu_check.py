@@ -492,8 +492,8 @@ def check_shapes_bf16(ctx: Context) -> tuple[str, bool, dict]:
     loader = torch.utils.data.DataLoader(SkewedTokens(ctx.size(2048, 128), top, vocab), batch_size=ctx.size(16, 4),
                                          collate_fn=pad_longest)
     bench = wb.Workbench(model, loader, step_fn=step, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4),
-                         device=ctx.device, log=None, name="shapes", steps=STEPS, warmup_steps=WARMUP)
-    amp = "bf16" if not ctx.cuda or torch.cuda.is_bf16_supported() else "fp16"
+                         device=ctx.device, log=None, name="shapes", steps=ctx.size(STEPS, 8), warmup_steps=WARMUP)
+    amp = "off" if ctx.small else "bf16" if not ctx.cuda or torch.cuda.is_bf16_supported() else "fp16"  # dry run: fp32
     with steady_warmup():
         first, again = bench.run(amp=amp), bench.run(amp=amp)
     if not (_ok(first) and _ok(again)):
@@ -520,7 +520,7 @@ def check_demo_lessons(ctx: Context) -> tuple[str, bool, dict]:
     torch = ctx.torch
     bf16 = not ctx.cuda or torch.cuda.is_bf16_supported()
     amp = "bf16" if bf16 else "fp16"
-    conv, lm = ctx.demo("cnn"), ctx.demo("transformer")
+    conv, lm = ctx.demo("cnn", steps=ctx.size(STEPS, 4)), ctx.demo("transformer", steps=ctx.size(STEPS, 4))
     sized = {name: size_for(name, "tiny" if ctx.small else "default", ctx.device) for name in ("cnn", "transformer")}
     picked = (conv.defaults.batch_size == cnn.SIZES[sized["cnn"]]["batch_size"]
               and lm.defaults.batch_size == transformer.SIZES[sized["transformer"]]["batch_size"])
