@@ -716,9 +716,9 @@ CHECKS: list[Check] = [  # estimates: rough guesses of cold seconds on one GPU (
     Check("bf16 and channels_last (cnn)", "ok; first losses within 5% of fp32; speedups reported",
           check_bf16_channels_last, 15, ANY),
     Check("variable-length tokens under bf16: shapes", "two trials of the same knobs within 15% tokens/s; shapes and "
-          "their first calls reported; no window meets a new shape", check_shapes_bf16, 40, ANY),
+          "their first calls reported; no window meets a new shape", check_shapes_bf16, 30, ANY),
     Check("demos at the device's size (cnn, transformer)", "the CUDA sizes picked; cnn bf16 >= 1.2x fp32, "
-          "+channels_last >= 1.05x bf16; transformer bf16 >= 1.5x fp32", check_demo_lessons, 40, ANY),
+          "+channels_last >= 1.05x bf16; transformer bf16 >= 1.5x fp32", check_demo_lessons, 30, ANY),
     Check("matmul_precision='high' (TF32)", "ok; >= 1.2x on fp32 matmuls; losses within 1%; precision restored",
           check_tf32, 10),
     Check("cudnn_benchmark knob", "ok; speedup reported; torch.backends.cudnn.benchmark restored",

@@ -143,3 +143,12 @@ def test_the_default_size_is_sized_for_the_device():
     assert min(conv["widths"]) >= 64 and conv["px"] >= 128 and conv["depth"] == 2
     model = cnn.SmallResNet(conv["widths"], depth=conv["depth"])  # ResNet-18's stages: 2 blocks each
     assert len(model.blocks) == 6 and len(cnn.SmallResNet((8, 8, 16, 16)).blocks) == 3
+
+
+def test_a_demo_without_a_cuda_size_builds_its_default_and_its_script_says_so():
+    """size="cuda" of a demo whose lesson holds at its default size (jpeg: data-bound anywhere) builds the
+    default, and the exported script's source names the size built. (The CUDA sizes themselves are too
+    big to probe on a 2-core CPU: gpu_check.py runs them.)"""
+    assert demo("jpeg", size="cuda", log=None, device="cpu").step_shape.factory == "demo:jpeg:default"
+    with pytest.raises(ValueError, match="tiny, default"):
+        demo("jpeg", size="gpu", log=None, device="cpu")
