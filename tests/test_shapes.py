@@ -235,3 +235,23 @@ def test_tune_enters_pad_to_multiple_of_first_when_first_calls_are_costly():
     assert dict(stage_axes(bench, "data", k))["pad"][0] == {"pad_to_multiple_of": 64}
     ctx = SimpleNamespace(bench=bench, rows=[])
     assert _lead(ctx, dear) == ("pad",) and "9 input shapes cost ≈180 ms" in ctx.rows[0]["decision"]
+
+
+def test_interleaved_sides_warm_one_pass_over_prepared_batches_whose_shapes_vary(monkeypatch):
+    from types import SimpleNamespace
+
+    from workbench.deciding import interleave
+
+    turns: list[tuple[str, int]] = []
+    monkeypatch.setattr(interleave, "_checked", lambda side, run, pairs: run())
+    monkeypatch.setattr(interleave, "_turn", lambda side, steps, lead_in: turns.append((side.name, steps)) or 1.0)
+    monkeypatch.setattr(interleave, "WARMUP_S", 0.0)
+
+    def side(name, widths, accum=1):
+        batches = [{"input_ids": torch.zeros(8, w, dtype=torch.long)} for w in widths]
+        return SimpleNamespace(name=name, knobs=wb.Knobs(accum_steps=accum), replay=interleave.Replay(batches))
+
+    interleave._warm([side("varied", [3, 5, 7, 9, 11, 13, 15, 17]), side("fixed", [4] * 8),
+                      side("accum", [3, 5, 7, 9, 11, 13, 15, 17], accum=2)], warmup_steps=3)
+    first = {name: steps for name, steps in turns[:3]}
+    assert first == {"varied": 8, "fixed": 3, "accum": 4}  # one pass when shapes vary; as before when not
