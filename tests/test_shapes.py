@@ -255,3 +255,20 @@ def test_interleaved_sides_warm_one_pass_over_prepared_batches_whose_shapes_vary
                       side("accum", [3, 5, 7, 9, 11, 13, 15, 17], accum=2)], warmup_steps=3)
     first = {name: steps for name, steps in turns[:3]}
     assert first == {"varied": 8, "fixed": 3, "accum": 4}  # one pass when shapes vary; as before when not
+
+
+def test_the_shape_columns_go_through_the_log_and_bad_values_are_refused():
+    import json
+
+    from workbench.core.measure import TrialResult
+    from workbench.results.records import BadRecord, parse_record
+
+    r = TrialResult(knobs=wb.Knobs(), status="ok", samples_per_s=10.0, step_times_s=(0.1,), trial_id=1, shapes=7,
+                    shape_warmup_s=0.28)
+    kind, back = parse_record(json.dumps(r.to_record()))
+    assert kind == "trial" and (back.shapes, back.shape_warmup_s) == (7, 0.28)
+    old = {k: v for k, v in r.to_record().items() if k not in ("shapes", "shape_warmup_s")}  # a log from before
+    assert parse_record(json.dumps(old))[1].shapes is None
+    for bad in ({"shapes": -1}, {"shapes": 2.5}, {"shape_warmup_s": "slow"}):
+        with pytest.raises(BadRecord, match="shape"):
+            parse_record(json.dumps({**r.to_record(), **bad}))
