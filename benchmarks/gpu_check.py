@@ -557,6 +557,134 @@ def _forward_errors(ctx: Context, model: Any, x: Any) -> tuple[float, float]:
     return errors[0], errors[1]
 
 
+# ---- new input shapes and the demos' CUDA sizes (issue 48, items 2 and 4) ------------------------
+@contextlib.contextmanager
+def steady_warmup() -> Iterator[None]:
+    """The steady-state warm-up rule inside a check (run_one sets WORKBENCH_FIXED_WARMUP=1 for the others):
+    the shape rule is part of it."""
+    before = os.environ.pop("WORKBENCH_FIXED_WARMUP", None)
+    try:
+        yield
+    finally:
+        if before is not None:
+            os.environ["WORKBENCH_FIXED_WARMUP"] = before
+
+
+class SkewedTokens:
+    """Token dicts of Pareto lengths (most short, a few up to `top`): many distinct padded shapes."""
+
+    def __init__(self, n: int, top: int, vocab: int) -> None:
+        import random
+
+        import torch
+
+        rng = random.Random(0)
+        g = torch.Generator().manual_seed(0)
+        self.items = [torch.randint(1, vocab, (min(top, max(4, int(top / 16 * rng.paretovariate(1.2)))),), generator=g)
+                      for _ in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": self.items[i], "labels": self.items[i]}
+
+
+def pad_longest(features: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pad a batch to its longest sample (a tokenizer's padding='longest'): one shape per length."""
+    import torch
+
+    width = max(len(f["input_ids"]) for f in features)
+    ids = torch.zeros(len(features), width, dtype=torch.long)
+    labels = torch.full((len(features), width), -100)
+    mask = torch.zeros(len(features), width, dtype=torch.long)
+    for row, f in enumerate(features):
+        n = len(f["input_ids"])
+        ids[row, :n], labels[row, :n], mask[row, :n] = f["input_ids"], f["labels"], 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def token_model(ctx: Context, top: int, vocab: int) -> tuple[Any, Any, str]:
+    """(model, step_fn, what it is): a GPT-2 from a config when transformers is installed, else the demos'
+    decoder; `top` positions."""
+    try:
+        import transformers
+    except ImportError:
+        transformers = None
+    ctx.torch.manual_seed(0)
+    width, layers = ctx.size(512, 32), ctx.size(6, 2)
+    if transformers is not None:
+        cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=top, n_embd=width, n_layer=layers, n_head=8 if
+                                      width >= 256 else 2, bos_token_id=None, eos_token_id=None)
+        return transformers.GPT2LMHeadModel(cfg), None, f"GPT-2 d={width} x{layers} (transformers)"
+    from workbench.demos.transformer import TinyGPT
+
+    def step(model: Any, batch: dict[str, Any]) -> Any:
+        logits = model(batch["input_ids"])
+        return ctx.torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+
+    return TinyGPT(vocab, top, width, 8 if width >= 256 else 2, layers), step, f"decoder d={width} x{layers}"
+
+
+def check_shapes_bf16(ctx: Context) -> tuple[str, bool, dict]:
+    """Variable-length token batches under bf16: warm-up meets every shape, so two trials of the same knobs
+    agree (within 15%) though the first paid the process's plans and the second did not; shapes reported."""
+    torch, wb = ctx.torch, ctx.wb
+    top, vocab = ctx.size(512, 64), 1000
+    model, step, what = token_model(ctx, top, vocab)
+    loader = torch.utils.data.DataLoader(SkewedTokens(ctx.size(2048, 128), top, vocab), batch_size=ctx.size(16, 4),
+                                         collate_fn=pad_longest)
+    bench = wb.Workbench(model, loader, step_fn=step, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4),
+                         device=ctx.device, log=None, name="shapes", steps=ctx.size(STEPS, 8), warmup_steps=WARMUP)
+    amp = "off" if ctx.small else "bf16" if not ctx.cuda or torch.cuda.is_bf16_supported() else "fp16"  # dry run: fp32
+    with steady_warmup():
+        first, again = bench.run(amp=amp), bench.run(amp=amp)
+    if not (_ok(first) and _ok(again)):
+        return f"first {_status(first)}; again {_status(again)}", False, {}
+    ratio = again.tokens_per_s / first.tokens_per_s
+    info, info2 = first.extra.get("shapes") or {}, again.extra.get("shapes") or {}
+    per = info.get("per_shape_s")
+    close = abs(ratio - 1) <= 0.15 or not ctx.cuda  # the dry run checks the code, not a 2-core CPU's noise
+    good = (close and (first.shapes or 0) >= 2 and first.shape_warmup_s is not None
+            and info.get("in_window") == 0 and info2.get("in_window") == 0)
+    cost = f"{first.shapes} shapes x {per * 1e3:,.0f} ms" if per is not None else f"{first.shapes} shapes, cost n/a"
+    return (f"{what}, {amp}: again/first {ratio:.2f}x tokens/s ({first.tokens_per_s:,.0f} vs "
+            f"{again.tokens_per_s:,.0f}); {cost} in warm-up (again: {again.shape_warmup_s or 0:.2f} s); "
+            f"window met new shapes: {info.get('in_window')}/{info2.get('in_window')}; warm-up "
+            f"{first.extra.get('warmup_rule', {}).get('steps')} steps"), good, \
+        {"shapes": info, "again": info2, "tokens_per_s": [first.tokens_per_s, again.tokens_per_s]}
+
+
+def check_demo_lessons(ctx: Context) -> tuple[str, bool, dict]:
+    """The demos at the size `wb.demo` picks here (demos.size_for): on CUDA, bf16 and channels_last pay on the
+    convnet and bf16 on the transformer (one trial each: ratios with a margin, reported)."""
+    from workbench.demos import cnn, size_for, transformer
+
+    torch = ctx.torch
+    bf16 = not ctx.cuda or torch.cuda.is_bf16_supported()
+    amp = "bf16" if bf16 else "fp16"
+    conv, lm = ctx.demo("cnn", steps=ctx.size(STEPS, 4)), ctx.demo("transformer", steps=ctx.size(STEPS, 4))
+    sized = {name: size_for(name, "tiny" if ctx.small else "default", ctx.device) for name in ("cnn", "transformer")}
+    picked = (conv.defaults.batch_size == cnn.SIZES[sized["cnn"]]["batch_size"]
+              and lm.defaults.batch_size == transformer.SIZES[sized["transformer"]]["batch_size"])
+    res = {"cnn fp32": conv.run(), f"cnn {amp}": conv.run(amp=amp),
+           f"cnn {amp}+channels_last": conv.run(amp=amp, channels_last=True),
+           "transformer fp32": lm.run(), f"transformer {amp}": lm.run(amp=amp)}
+    bad = [f"{k} {_status(r)}" for k, r in res.items() if not _ok(r)]
+    if bad:
+        return "; ".join(bad), False, {}
+    rate = {k: r.samples_per_s for k, r in res.items()}
+    gains = {f"cnn {amp}/fp32": rate[f"cnn {amp}"] / rate["cnn fp32"],
+             f"cnn +channels_last/{amp}": rate[f"cnn {amp}+channels_last"] / rate[f"cnn {amp}"],
+             f"transformer {amp}/fp32": rate[f"transformer {amp}"] / rate["transformer fp32"]}
+    need = {f"cnn {amp}/fp32": 1.2, f"cnn +channels_last/{amp}": 1.05, f"transformer {amp}/fp32": 1.5}
+    held = {k: v >= need[k] for k, v in gains.items()}
+    good = picked and (all(held.values()) if ctx.cuda else True)  # the lessons are a GPU's; the dry run runs the code
+    figures = ", ".join(f"{k} {v:.2f}x (>= {need[k]})" for k, v in gains.items())
+    return (f"sizes {sized['cnn']}/{sized['transformer']} picked: {picked}; {figures}"), good, \
+        {"samples_per_s": rate, "gains": gains, "held": held}
+
+
 def check_tf32(ctx: Context) -> tuple[str, bool, dict]:
     torch = ctx.torch
     if torch.cuda.get_device_capability(ctx.device) < (8, 0):
@@ -742,6 +870,10 @@ CHECKS: list[Check] = [  # estimates: rough guesses of cold seconds on one GPU (
           "diagnose says compute", check_lm_data_wait, 45, ANY),
     Check("profile stages in device time (the LM)", f"each stage once; data + the kernels of forward, backward, "
           f"optimizer = {STAGES_LOW:.2f}-{STAGES_HIGH:.2f} of the traced step", check_device_stages, 5, ANY),
+    Check("variable-length tokens under bf16: shapes", "two trials of the same knobs within 15% tokens/s; shapes and "
+          "their first calls reported; no window meets a new shape", check_shapes_bf16, 30, ANY),
+    Check("demos at the device's size (cnn, transformer)", "the CUDA sizes picked; cnn bf16 >= 1.2x fp32, "
+          "+channels_last >= 1.05x bf16; transformer bf16 >= 1.5x fp32", check_demo_lessons, 30, ANY),
     Check("matmul_precision='high' (TF32)", "ok; >= 1.2x on fp32 matmuls; one forward within 1e-2 of float64 and "
           ">= 10x fp32's error; losses falling; precision restored", check_tf32, 12),
     Check("cudnn_benchmark knob", "ok; speedup reported; torch.backends.cudnn.benchmark restored",

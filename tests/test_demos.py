@@ -123,3 +123,32 @@ def test_default_demo_loss_falls_within_one_trial(name):
     assert r.status == "ok", r.message
     assert len(r.losses) == 30
     assert statistics.mean(r.losses[-5:]) < statistics.mean(r.losses[:5]), r.losses
+
+
+def test_the_default_size_is_sized_for_the_device():
+    """A pure function of the device's type: CUDA gets the sizes where the lessons hold, the CPU sizes stay."""
+    from workbench.demos import cnn, size_for, transformer
+
+    for name in NAMES:
+        assert size_for(name, "default", "cpu") == "default" and size_for(name, "tiny", "cuda") == "tiny"
+        assert size_for(name, "default", "mps") == "default"
+    assert size_for("cnn", "default", "cuda") == "cuda" == size_for("transformer", "default", torch.device("cuda", 1))
+    assert size_for("jpeg", "default", "cuda") == "default" == size_for("mlp-memory", "default", "cuda:0")
+    assert cnn.SIZES["default"] == dict(samples=512, px=64, batch_size=32, widths=(16, 16, 32, 64))  # the CPU sizes, exactly
+    assert transformer.SIZES["default"] == dict(sequences=1024, seq_len=32, vocab=64, dim=96, heads=4, depth=3,
+                                                batch_size=32)
+    big = transformer.SIZES["cuda"]
+    assert big["dim"] >= 512 and big["seq_len"] >= 256 and big["dim"] % big["heads"] == 0
+    conv = cnn.SIZES["cuda"]
+    assert min(conv["widths"]) >= 64 and conv["px"] >= 128 and conv["depth"] == 2
+    model = cnn.SmallResNet(conv["widths"], depth=conv["depth"])  # ResNet-18's stages: 2 blocks each
+    assert len(model.blocks) == 6 and len(cnn.SmallResNet((8, 8, 16, 16)).blocks) == 3
+
+
+def test_a_demo_without_a_cuda_size_builds_its_default_and_its_script_says_so():
+    """size="cuda" of a demo whose lesson holds at its default size (jpeg: data-bound anywhere) builds the
+    default, and the exported script's source names the size built. (The CUDA sizes themselves are too
+    big to probe on a 2-core CPU: gpu_check.py runs them.)"""
+    assert demo("jpeg", size="cuda", log=None, device="cpu").step_shape.factory == "demo:jpeg:default"
+    with pytest.raises(ValueError, match="tiny, default"):
+        demo("jpeg", size="gpu", log=None, device="cpu")

@@ -210,3 +210,20 @@ def test_cpu_dry_run_of_the_lm_data_wait_and_stage_checks(tmp_path, monkeypatch)
     assert lm.measured.startswith("data wait ") and "diagnose: " in lm.measured and 0 <= lm.detail["data_wait_share"] <= 1
     stages = gck.run_one(gck.Check("stages", "", gck.check_device_stages, 1), ctx)
     assert stages.result == gck.PASS, (stages.measured, stages.detail.get("traceback"))
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_of_the_shape_and_demo_size_checks(tmp_path):
+    """The code of the variable-length bf16 check and the demos-at-the-device's-size check, at CPU sizes
+    (what they verify about a GPU needs one)."""
+    ctx = gck.Context("cpu", tmp_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a shared 2-core machine: one intra-op thread (behaviour, not speed)
+    try:
+        rows = [gck.run_one(gck.Check(check.__name__, "", check, 1), ctx)
+                for check in (gck.check_shapes_bf16, gck.check_demo_lessons)]
+    finally:
+        torch.set_num_threads(threads)
+    for row in rows:
+        assert row.result == gck.PASS, (row.measured, row.detail.get("traceback"))
+    assert "shapes x" in rows[0].measured and "sizes tiny/tiny picked: True" in rows[1].measured

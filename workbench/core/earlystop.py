@@ -19,7 +19,9 @@ no more often than the baseline's do, at most p0), the chance that the rule stop
 the window is at most ALPHA = 1% (Bonferroni over the looks). A trial that might be faster is
 therefore stopped with probability <= 1%, and only when at least half of its measured steps (its
 median) took FACTOR x the baseline's time per sample. With a 30-step window the earliest stop is
-after 5 steps, all above c (0.2^5 = 3.2e-4 <= 1% / 25 looks). On CUDA the steps are timed on the host
+after 5 steps, all above c (0.2^5 = 3.2e-4 <= 1% / 25 looks). A step that met an input shape for the
+first time (shapes.py: its plans, autotune or recompile are a one-time cost, not speed) is never judged:
+it counts as a step of the window, not as evidence. On CUDA the steps are timed on the host
 (`perf_counter` at each step boundary), which runs ahead of the device: it can only under-state a
 slow trial, never make a fast one look slow for long.
 """
@@ -72,6 +74,7 @@ class StopRule:
         self.above = 0
         self.at_least = 0  # steps at or above the threshold (the median's gate)
         self.stopped_at: int | None = None
+        self.unjudged = 0  # window steps that met an input shape first: counted, never judged
 
     @classmethod
     def against(cls, step_times_s: Sequence[float], samples_per_step: int | None, *, steps: int,
@@ -82,14 +85,18 @@ class StopRule:
             return None
         return cls([t / samples_per_step for t in step_times_s], steps=steps, baseline_id=baseline_id)
 
-    def observe(self, seconds: float, samples: int) -> bool:
-        """Take one measured step (its seconds and samples); True when the trial should stop now."""
+    def observe(self, seconds: float, samples: int, first_seen: bool = False) -> bool:
+        """Take one measured step (its seconds and samples); True when the trial should stop now.
+        `first_seen`: the step met an input shape for the first time; it is not judged."""
+        if first_seen:
+            self.unjudged += 1
+            return False
         per = seconds / max(1, samples)
         self.times.append(per)
         self.above += per > self.threshold
         self.at_least += per >= self.threshold
         n = len(self.times)
-        if n < self.min_steps or n >= self.steps or self.stopped_at is not None:
+        if n < self.min_steps or n + self.unjudged >= self.steps or self.stopped_at is not None:
             return False
         if 2 * self.at_least < n:  # fewer than half the steps at the threshold: the median is below it
             return False  # (the measured loop's usual case: O(1), no binomial sum or median per step)
@@ -100,7 +107,7 @@ class StopRule:
 
     def reset(self) -> None:
         """Forget the steps seen: the trial measures a new window (steady.py's re-measure)."""
-        self.times, self.above, self.at_least, self.stopped_at = [], 0, 0, None
+        self.times, self.above, self.at_least, self.stopped_at, self.unjudged = [], 0, 0, None, 0
 
     @property
     def slowdown(self) -> float:

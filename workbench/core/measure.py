@@ -387,6 +387,8 @@ class TrialResult:
     losses: tuple[float, ...] = ()  # per measured step (mean over its micro-batches)
     tokens_per_s: float | None = None  # token batches: trained tokens in the window / its wall time
     padding_share: float | None = None  # token batches: share of the window's input_ids slots that were padding
+    shapes: int | None = None  # distinct input shapes the trial's batches had (warm-up and window)
+    shape_warmup_s: float | None = None  # their first calls' one-time cost (plans, autotune, recompiles), apart from the window
     notes: tuple[str, ...] = ()  # no-op knobs, warnings, noise flags
     env: dict[str, Any] = field(default_factory=dict)
     trial_id: int | None = None

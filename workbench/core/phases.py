@@ -38,6 +38,7 @@ from .measure import (
     sync,
 )
 from .progress import TrialProgress
+from .shapes import ShapeWatch, shape_costs
 from .steady import WarmupRule, cycle_steps, is_steady
 from .step import BatchSource, LossBuffer, Stage, TrainStep
 from .system import KEEP_MMAP_BYTES, MALLOC_ENV, keeps_freed_memory
@@ -51,6 +52,8 @@ MAX_REMEASURE = 2  # windows measured again, at most, when one read more than it
 LOADER_NOTE = "not steady: faster than the loader"  # a window that drained a buffer: measured again
 WINDOW_CHECK_STEPS = 8  # shorter windows are not tested for a trend (halves of 3 steps say little)
 LOADER_OVER = 1.05  # a window above this share of the workers' limit drained a buffer
+SHAPES_NOTE = "not steady: first calls on new input shapes"  # a window that met shapes first: measured again
+SHAPES_SHARE = 0.10  # first calls on new shapes above this share of the window: the window is not steady
 
 
 KERNEL_SHARE = 0.05  # kernel share of CPU time above this gets a "page faults" note (quiet steps: < 1%)
@@ -95,6 +98,9 @@ class RawTrial:
     loader_limit: float | None = None  # samples/s the workers can deliver at most (LoaderMeter), None without
     tokens: dict[str, Any] | None = None  # token batches: the window's tokens, slots, tokens/s (tokens.window_figures)
     copies_s: list[float] = field(default_factory=list)  # per step: the host->device copies' own cost (in waits_s)
+    # input shapes (shapes.py): "warm" [(s, shape ids, first seen)] of warm-up steps timed apart from start-up,
+    # "window" [shape ids] and "window_new" [first seen] per measured step, "distinct", "pass_batches"
+    shapes: dict[str, Any] = field(default_factory=dict)
 
 
 # ---- the phases: one runner for the single-process trial and for each rank ----------------------
@@ -107,14 +113,16 @@ def run_phases(step: TrainStep, source: BatchSource, stage: Stage, progress: Tri
     `agree(done)` makes ranks end warm-up together (each rank's answer in, everyone's out).
     `stop` (earlystop.StopRule) may end the window early: `raw.steps` is then the steps measured."""
     total = warmup_steps + steps
+    shapes = ShapeWatch(source)  # the steps read through it: each batch's input shape is recorded
     rule = WarmupRule.for_loader(source.loader, warmup_steps, accum_steps=step.knobs.accum_steps,
-                                 cached=step.knobs.data == "cached")
+                                 cached=step.knobs.data == "cached", sample_batches=shapes.sample_batches)
     told = traits(step.knobs)  # what the knobs' hooks say the phases must know (compile, workers)
     with CompileWatch(enabled=told["compiles"]) as watch:
         progress.set("starting workers" if told["workers"] else "loading data", 0, total)
         startup_s = first_batch(source)
-        warm = warm_up(step, source, rule, stage, progress, total, cancel, measure_memory=measure_memory,
+        warm = warm_up(step, shapes, rule, stage, progress, total, cancel, measure_memory=measure_memory,
                        agree=agree)
+        source = shapes
         if before_window is not None:
             before_window()
         raw = measure_window(step, source, warmup_steps, steps, stage, progress, cancel,
@@ -124,6 +132,9 @@ def run_phases(step: TrainStep, source: BatchSource, stage: Stage, progress: Tri
             if stop is not None and stop.stopped_at is not None:  # stopped early: clearly slower, nothing to redo
                 break
             problems = [p for p in window_problems(raw, step.knobs) if p.startswith(LOADER_NOTE)]
+            if rule.sample_batches and any(raw.shapes.get("window_new", ())):  # the repeated sample: once is enough
+                problems.append(f"{SHAPES_NOTE}: {sum(raw.shapes['window_new'])} in the window")
+                warm[4].extend(zip(raw.step_times_s, raw.shapes["window"], raw.shapes["window_new"]))
             if (agree(not problems) if agree is not None else not problems):
                 break
             redone.append(problems[0] if problems else "another rank's window was not steady")
@@ -141,6 +152,7 @@ def run_phases(step: TrainStep, source: BatchSource, stage: Stage, progress: Tri
     raw.warmup_steps = rule.steps + steps * len(redone)
     raw.warmup_rule = {**rule.outcome(), "remeasured": redone} if redone else rule.outcome()
     raw.warmup_note = rule.note()
+    raw.shapes = {**raw.shapes, "warm": warm[4], "distinct": shapes.distinct, "pass_batches": shapes.sample_batches}
     return raw
 
 
@@ -177,12 +189,15 @@ def first_batch(source: BatchSource) -> float:
 
 def warm_up(step: TrainStep, source: BatchSource, rule: WarmupRule, stage: Stage, progress: TrialProgress,
             total: int, cancel: threading.Event | None, *, measure_memory: bool,
-            agree: Callable[[bool], bool] | None = None) -> tuple[list[float], float, float, int | None]:
-    """Unmeasured steps (compile, allocator growth, worker pipelines fill) until `rule` says steady.
+            agree: Callable[[bool], bool] | None = None) -> tuple[list[float], float, float, int | None, list[Any]]:
+    """Unmeasured steps (compile, allocator growth, worker pipelines fill, first calls on new input
+    shapes) until `rule` says steady.
 
-    Returns (per-step seconds, wall seconds, probe seconds, peak bytes): on CPU one warm-up step
-    runs under the profiler's memory events to find the step's peak tensor memory: the second
+    Returns (per-step seconds, wall seconds, probe seconds, peak bytes, shape steps): on CPU one warm-up
+    step runs under the profiler's memory events to find the step's peak tensor memory: the second
     (early, so the buffer it lets fill is drained before the window), or the last of a fixed count.
+    `source` is a shapes.ShapeWatch: shape steps are (seconds, shape ids, shapes first seen) of the
+    steps timed apart from start-up (not the first step, not the probe), for shapes.shape_costs.
     """
     device = step.device
     compiles = traits(step.knobs)["compiles"]
@@ -192,6 +207,7 @@ def warm_up(step: TrainStep, source: BatchSource, rule: WarmupRule, stage: Stage
     peak_bytes = None
     probe_s = 0.0
     times: list[float] = []
+    shape_steps: list[Any] = []
     t_warm = time.perf_counter()
     i = 0
     while not (agree(rule.done()) if agree is not None else rule.done()):
@@ -199,21 +215,27 @@ def warm_up(step: TrainStep, source: BatchSource, rule: WarmupRule, stage: Stage
         phase = "compiling" if compiles and i == 0 else "warming up"
         progress.set(phase if i < n else "warming up to steady state", min(i, n), total)
         epochs = source.epochs
+        read = source.read
         tw = time.perf_counter()
         if probe and i == probe_at:
             params = list(step.model.parameters())
             before = live_tensor_bytes(params, [p.grad for p in params], step.optimizer.state, source.cached)
             peak_bytes = before + profile_peak_bytes(lambda: step(source), device)
             probe_s = time.perf_counter() - tw
-            rule.observe(probe_s, 0.0, "memory probe")
+            key, new = source.since(read)
+            rule.observe(probe_s, 0.0, "memory probe", shapes=source.distinct, batches=source.read, new_shapes=new)
         else:
             out = step(source)
             sync(device)
             times.append(time.perf_counter() - tw)
-            rule.observe(times[-1], out.wait_s, "epoch start" if source.epochs != epochs else None)
+            key, new = source.since(read)
+            if i > 0:
+                shape_steps.append((times[-1], key, new))
+            rule.observe(times[-1], out.wait_s, "epoch start" if source.epochs != epochs else None,
+                         shapes=source.distinct, batches=source.read, new_shapes=new)
         check_cancel(cancel)
         i += 1
-    return times, time.perf_counter() - t_warm, probe_s, peak_bytes
+    return times, time.perf_counter() - t_warm, probe_s, peak_bytes, shape_steps
 
 
 def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, steps: int, stage: Stage,
@@ -240,20 +262,27 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
     copies = getattr(source, "copies", None)  # the copies' own cost: CUDA events, read after the window
     if copies is not None:
         copies.arm()
+    watched = isinstance(source, ShapeWatch)
+    keys: list[Any] = []
+    fresh: list[int] = []  # per step: input shapes it met first (their one-time cost is in its time)
     t_start = last = time.perf_counter()
     clock.mark()
     measured = steps
     for i in range(steps):
         stage.phase, stage.step = "measured", i + 1
+        read = source.read if watched else 0
         out = step(source, losses, i)
         clock.mark()  # CUDA: an event after the optimizer step; CPU: perf_counter
+        key, new = source.since(read) if watched else ((), 0)
+        keys.append(key)
+        fresh.append(new)
         samples += out.samples
         waits.append(out.wait_s)
         progress.set("measuring", warmup_steps + i + 1, total)
         check_cancel(cancel)
         if stop is not None:  # host time per step (CUDA: runs ahead of the device, so it under-states)
             now = time.perf_counter()
-            if stop.observe(now - last, out.samples):
+            if stop.observe(now - last, out.samples, first_seen=new > 0):
                 measured = i + 1
                 progress.set("stopping early: clearly slower", warmup_steps + measured, total)
                 break
@@ -276,7 +305,8 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
                     losses=losses.values(divide_by=step.knobs.accum_steps),  # the one device->host read
                     samples=samples, wall_s=wall, epochs=source.epochs - epochs, foreign_cores=foreign, peak_bytes=peak,
                     page_faults=faults[0] if faults else None, kernel_share=faults[1] if faults else None,
-                    loader_limit=limit, tokens=tokens, copies_s=copy_s)
+                    loader_limit=limit, tokens=tokens, copies_s=copy_s,
+                    shapes={"window": keys, "window_new": fresh})
 
 
 def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
@@ -295,6 +325,12 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         which = "an epoch boundary" if raw.epochs == 1 else f"{raw.epochs} epoch boundaries"
         notes.append(f"{which} in the window re-forked the workers (persistent_workers=True avoids it)")
     problems = window_problems(raw, knobs)
+    shapes = shape_figures(raw)
+    first_calls = shapes["in_window"] * shapes["per_shape_s"] if shapes and shapes["per_shape_s"] else 0.0
+    if first_calls > SHAPES_SHARE * raw.wall_s:  # seconds of the window spent in first calls on new shapes
+        problems.append(f"{SHAPES_NOTE}: {shapes['in_window']} of the window's steps met an input shape for the first "
+                        f"time, at ≈{shapes['per_shape_s'] * 1e3:,.0f} ms each (plans, autotune, recompiles): "
+                        f"{first_calls / raw.wall_s:.0%} of the window; pad_to_multiple_of (or bucketing) leaves fewer")
     notes += [raw.warmup_note] if raw.warmup_note else []
     notes += problems
     if raw.warmup_rule.get("remeasured") and problems:
@@ -322,6 +358,8 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
                              "steady": window_steady and not raw.warmup_note}
     if raw.tokens:
         extra["tokens"] = {k: v for k, v in raw.tokens.items() if k not in ("tokens_per_s", "padding_share")}
+    if shapes:
+        extra["shapes"] = shapes
     info = raw.compile_info
     if info:
         extra["compile"] = info
@@ -347,9 +385,25 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         losses=tuple(raw.losses),
         tokens_per_s=raw.tokens["tokens_per_s"] if raw.tokens else None,
         padding_share=raw.tokens["padding_share"] if raw.tokens else None,
+        shapes=shapes["distinct"] if shapes else None,
+        shape_warmup_s=shapes["warmup_s"] if shapes else None,
         extra=extra,
     )
     return fields_, notes
+
+
+def shape_figures(raw: RawTrial) -> dict[str, Any] | None:
+    """The trial's input shapes and their first calls' cost (shapes.shape_costs), None when none was watched."""
+    sh = raw.shapes or {}
+    if not sh.get("distinct"):
+        return None
+    fresh = list(sh.get("window_new") or [0] * len(raw.step_times_s))
+    keys = [tuple(k) for k in sh.get("window") or [()] * len(raw.step_times_s)]
+    window = [(t, k) for t, k, new in zip(raw.step_times_s, keys, fresh) if not new]  # the references: seen shapes
+    warm = [(t, tuple(k), new) for t, k, new in sh.get("warm") or ()]
+    warm += [(t, k, new) for t, k, new in zip(raw.step_times_s, keys, fresh) if new]  # first calls in the window too
+    return shape_costs(warm, window, int(sh["distinct"]), in_window=sum(fresh),
+                       pass_batches=int(sh.get("pass_batches") or 0))
 
 
 def window_problems(raw: RawTrial, knobs: Knobs) -> list[str]:

@@ -17,6 +17,12 @@ A slow step is the first step, the memory probe, an epoch start, or (with a load
 any step that took more than `slow_factor` times the mean of the steps around it (a recompile,
 CUDA graph capture, a pause). Without workers the count is the same in every trial of the same
 knobs unless the trend test fails, so identical trials train identically (same losses).
+
+New input shapes (shapes.py): when the loader repeats a fixed sample of `sample_batches` batches (the
+length-stratified window of token data) and the shapes seen so far vary, warm-up also goes on until
+one full pass over that sample has been read, so every shape the window meets has had its first,
+one-time call (plans, autotune, graph capture, recompile) in warm-up. A fixed-shape workload warms up
+exactly as without this rule; the cap does not cut the pass short (it is at most one window long).
 `WORKBENCH_FIXED_WARMUP=1` in the environment restores the old fixed count (exactly `warmup_steps`).
 This module is pure bookkeeping: no clocks, no torch.
 """
@@ -149,6 +155,7 @@ class WarmupRule:
     buffer_text: str = ""
     epoch_steps: int | None = None
     fixed: bool = False
+    sample_batches: int = 0  # batches in the sample the loader repeats (shapes.sample_batches), 0 when none
     cap_steps: int = CAP_STEPS
     cap_s: float = CAP_S
     tolerance: float = TOLERANCE
@@ -158,9 +165,11 @@ class WarmupRule:
     boundaries: set[int] = field(default_factory=set)  # short epochs' first steps: steady, never "slow"
     ended: str = ""
     reason: str = ""
+    shapes_seen: int = 0  # distinct input shapes read so far (observe's `shapes`)
+    batches_read: int = 0  # batches read so far (observe's `batches`)
 
     def __post_init__(self) -> None:
-        for name in ("min_steps", "buffer_batches", "num_workers"):
+        for name in ("min_steps", "buffer_batches", "num_workers", "sample_batches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
@@ -178,8 +187,9 @@ class WarmupRule:
 
     @classmethod
     def for_loader(cls, loader: Any, min_steps: int, *, accum_steps: int = 1, cached: bool = False,
-                   fixed: bool | None = None) -> WarmupRule:
-        """The rule for a trial reading `loader` (`cached`: one batch reused, nothing buffered)."""
+                   fixed: bool | None = None, sample_batches: int = 0) -> WarmupRule:
+        """The rule for a trial reading `loader` (`cached`: one batch reused, nothing buffered;
+        `sample_batches`: the batches of the fixed sample it repeats, shapes.sample_batches)."""
         if cached:
             buffer, text, workers = 0, "data='cached': one batch reused, no loader", 0
         else:
@@ -191,17 +201,25 @@ class WarmupRule:
             batches = None
         epoch = None if batches is None or cached else max(1, batches // max(1, accum_steps))
         return cls(min_steps=min_steps, buffer_batches=buffer, accum_steps=accum_steps, num_workers=workers,
-                   buffer_text=text, epoch_steps=epoch, fixed=fixed_warmup() if fixed is None else fixed)
+                   buffer_text=text, epoch_steps=epoch, fixed=fixed_warmup() if fixed is None else fixed,
+                   sample_batches=0 if cached else sample_batches)
 
     def needed(self) -> int:
         """Steps after the last slow step before the trend test can end warm-up."""
         return self.buffer_steps + 2 * self.half
 
-    def observe(self, step_s: float, wait_s: float = 0.0, event: str | None = None) -> None:
+    def observe(self, step_s: float, wait_s: float = 0.0, event: str | None = None, *, shapes: int | None = None,
+                batches: int | None = None, new_shapes: int = 0) -> None:
         """Record one warm-up step: its seconds, its host seconds waiting on data, and why it is
-        known to be slow ('memory probe', 'epoch start', ...; the first step always is)."""
+        known to be slow ('memory probe', 'epoch start', ...; the first step always is); `shapes` and
+        `batches`: distinct input shapes and batches read so far, `new_shapes`: how many this step met
+        first (shapes.ShapeWatch). With a repeated sample such a step is slow: its first calls are."""
         if not math.isfinite(step_s) or step_s < 0:
             raise ValueError(f"step_s must be a finite number of seconds >= 0, got {step_s!r}")
+        if shapes is not None:
+            self.shapes_seen = shapes
+        if batches is not None:
+            self.batches_read = batches
         i = len(self.times_s)
         if i == 0:
             event = event or "first step (start-up, compile)"
@@ -210,6 +228,8 @@ class WarmupRule:
             self.boundaries.add(i)  # (workers restarting there make the step long: not a slow step either)
         if event == "memory probe" and not self.buffer_batches:
             event = None  # it refills no buffer; the trend test drops the longest step of each half
+        if not event and new_shapes and self.sample_batches:
+            event = f"first call on {new_shapes} new input shape{'s' if new_shapes > 1 else ''}"
         if event:
             self.events[i] = event
         self.times_s.append(float(step_s))
@@ -254,6 +274,22 @@ class WarmupRule:
             self.reason = (f"{FIXED_ENV} is set: exactly warmup_steps={self.min_steps}" if self.fixed
                            else "warmup_steps=0: no warm-up asked, the window includes start-up")
             return True
+        if not self._settled(n):
+            return False
+        if self.shapes_pending():  # steady (or capped), but some shapes of the repeated sample are unseen
+            self.ended = self.reason = ""
+            return False
+        if self.sample_batches and self.shapes_seen > 1:
+            self.reason += (f"; one pass over the {self.sample_batches} batches the window repeats met every input "
+                            f"shape ({self.shapes_seen}) before the window")
+        return True
+
+    def shapes_pending(self) -> bool:
+        """Whether the shapes read vary and the fixed sample the window repeats has not been read once yet."""
+        return bool(self.sample_batches) and self.shapes_seen > 1 and self.batches_read < self.sample_batches
+
+    def _settled(self, n: int) -> bool:
+        """The steady-state test and the cap (sets `ended` and `reason` when either ends warm-up)."""
         slow, why = self.last_slow()
         since = n - 1 - slow
         if since >= self.needed():
@@ -288,7 +324,7 @@ class WarmupRule:
                 "last_slow_step": slow + 1, "last_slow": why,
                 "slow_steps": {str(i + 1): w for i, w in sorted(self.events.items())},
                 "epoch_steps": self.epoch_steps, "epoch_is_slow": self.epoch_is_slow,
-                "seconds": sum(self.times_s)}
+                "seconds": sum(self.times_s), "shapes": self.shapes_seen, "sample_batches": self.sample_batches}
 
     def note(self) -> str | None:
         """The trial note for a warm-up that did not reach steady state (None when it did)."""

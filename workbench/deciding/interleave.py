@@ -35,6 +35,7 @@ import torch
 
 from ..core.knobs import KNOBS, Knobs, process_env, settings
 from ..core.measure import sync
+from ..core.shapes import signature
 from ..core.step import BatchSource, LossBuffer, Stage, TrainStep, seeded
 from ..core.system import release_free_memory
 from ..core.workload import Workload
@@ -205,11 +206,15 @@ def _checked(side: _Side, run: Callable[[], float], pairs: Callable[[], Comparis
 
 
 def _warm(sides: list[_Side], warmup_steps: int) -> float:
-    """Warm each side for `warmup_steps` steps, then at least 2 more and WARMUP_S seconds; the slower
-    side's seconds per step, timed on those last steps."""
+    """Warm each side for `warmup_steps` steps (at least one pass over its prepared batches when their input
+    shapes vary: each shape's first call is a one-time cost, core/shapes.py), then at least 2 more and
+    WARMUP_S seconds; the slower side's seconds per step, timed on those last steps."""
     per_step = []
     for side in sides:
-        _checked(side, lambda s=side: _turn(s, max(1, warmup_steps), False), lambda: None)
+        batches = side.replay.batches
+        varied = len({signature(b) for b in batches}) > 1
+        steps = max(1, warmup_steps, math.ceil(len(batches) / side.knobs.accum_steps) if varied else 0)
+        _checked(side, lambda s=side, n=steps: _turn(s, n, False), lambda: None)
     for side in sides:
         t0, n = time.perf_counter(), 0
         while n < 2 or time.perf_counter() - t0 < WARMUP_S:

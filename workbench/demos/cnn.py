@@ -21,9 +21,12 @@ DESCRIPTION = ("compute-bound: a small ResNet on cached tensors; try channels_la
 
 CLASSES = 10
 SIZES = {
-    # samples, image side in px, batch size, channel widths of the stem and the three stages
+    # samples, image side in px, batch size, channel widths of the stem and the three stages (, blocks per stage)
     "tiny": dict(samples=64, px=16, batch_size=8, widths=(8, 8, 16, 16)),
     "default": dict(samples=512, px=64, batch_size=32, widths=(16, 16, 32, 64)),
+    # a CUDA device (demos.size_for): ResNet-18's widths and depth at 128 px, so the convolutions (not the
+    # host's launches and copies) fill the step: where bf16 and channels_last pay on tensor cores
+    "cuda": dict(samples=1024, px=128, batch_size=64, widths=(64, 128, 256, 512), depth=2),
 }
 
 
@@ -60,11 +63,14 @@ class ResBlock(nn.Module):
 class SmallResNet(nn.Module):
     """Stem (stride 2) -> residual stages (side px/2, px/4, px/8) -> average pool -> linear."""
 
-    def __init__(self, widths: tuple[int, int, int, int], classes: int = CLASSES) -> None:
+    def __init__(self, widths: tuple[int, int, int, int], classes: int = CLASSES, depth: int = 1) -> None:
         super().__init__()
         stem, w1, w2, w3 = widths
         self.stem = nn.Sequential(nn.Conv2d(3, stem, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(stem), nn.ReLU())
-        self.blocks = nn.Sequential(ResBlock(stem, w1, 1), ResBlock(w1, w2, 2), ResBlock(w2, w3, 2))
+        blocks = []
+        for cin, cout, stride in ((stem, w1, 1), (w1, w2, 2), (w2, w3, 2)):  # `depth` blocks per stage
+            blocks += [ResBlock(cin, cout, stride)] + [ResBlock(cout, cout, 1) for _ in range(depth - 1)]
+        self.blocks = nn.Sequential(*blocks)
         self.head = nn.Linear(w3, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,5 +82,6 @@ class SmallResNet(nn.Module):
 def build(size: str) -> dict[str, Any]:
     """Generate the cached tensors and the model (both seeded) and return the Workbench's parts."""
     cfg = SIZES[size]
-    return workbench_parts(lambda: SmallResNet(cfg["widths"]), make_images(cfg["samples"], cfg["px"]),
+    return workbench_parts(lambda: SmallResNet(cfg["widths"], depth=cfg.get("depth", 1)),
+                           make_images(cfg["samples"], cfg["px"]),
                            loss_fn=nn.CrossEntropyLoss(), lr=3e-3, batch_size=cfg["batch_size"])

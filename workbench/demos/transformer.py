@@ -24,6 +24,9 @@ SIZES = {
     # sequences, tokens per sequence, vocabulary, model width, heads, blocks, batch size
     "tiny": dict(sequences=64, seq_len=16, vocab=16, dim=32, heads=2, depth=2, batch_size=8),
     "default": dict(sequences=1024, seq_len=32, vocab=64, dim=96, heads=4, depth=3, batch_size=32),
+    # a CUDA device (demos.size_for): a realistic width and context (d=512, 256 tokens, 6 blocks), where
+    # the matmuls fill the step and bf16 pays on tensor cores
+    "cuda": dict(sequences=4096, seq_len=256, vocab=256, dim=512, heads=8, depth=6, batch_size=32),
 }
 
 

@@ -10,7 +10,8 @@ import sys
 from typing import Any
 
 from ..core.stepshape import is_demo_source, is_import_path
-from ..demos import DEMOS, SIZES
+from ..core.workload import resolve_device
+from ..demos import DEMOS, DEVICE_SIZES, SIZES, size_for
 from .bench import Workbench
 
 _BUILT = ("model", "data")  # positional parts a caller cannot replace
@@ -21,11 +22,16 @@ def demo(name: str, *, size: str = "default", **workbench_kwargs: Any) -> Workbe
 
     `loss_fn`, `optimizer`, `step_fn`, `knobs` and `name` may be overridden (e.g. a different
     learning rate); `log`, `participant`, `steps`, `warmup_steps`, `device`, `seed` pass straight through.
+    `size="default"` is sized for the device (demos.size_for: a CUDA device gets the `cnn` and
+    `transformer` demos at sizes where their lessons hold on a GPU); `size="cuda"` asks for that size anywhere.
     """
     if name not in DEMOS:
         raise ValueError(f"unknown demo {name!r}; choose one of: {', '.join(DEMOS)}")
-    if size not in SIZES:
+    if size not in SIZES and size not in DEVICE_SIZES.values():
         raise ValueError(f"unknown demo size {size!r}; choose one of: {', '.join(SIZES)}")
+    size = size_for(name, size, resolve_device(workbench_kwargs.get("device", "auto")))
+    if size not in DEMOS[name].sizes:  # "cuda" asked of a demo without one: its default is already the lesson
+        size = "default"
     fixed = sorted(set(_BUILT) & set(workbench_kwargs))
     if fixed:
         raise TypeError(f"demo {name!r} builds its own {' and '.join(fixed)}; use wb.Workbench(...) for your own")

@@ -66,6 +66,7 @@ def assemble(reports: dict[int, dict[str, Any]], knobs: Knobs, *, env: dict[str,
         kernel_share=max((r.kernel_share for r in raws if r.kernel_share is not None), default=None),
         warmup_rule=first.warmup_rule,  # the ranks ended warm-up together (run_phases' agree)
         warmup_note=next((r.warmup_note for r in raws if r.warmup_note), None),
+        shapes=first.shapes,  # rank 0's input shapes (each rank reads its own shard)
     )
     fields_, more = derive(merged, knobs)
     if fields_["status"] == "nan":  # name the rank whose loss went bad first

@@ -29,8 +29,8 @@ MAX_LINE_BYTES = 1 << 20  # a trial record is a few KB; a longer line is not one
 MAX_DEPTH = 16  # JSON nesting a trial record never needs (it uses 3): deeper lines are refused unparsed
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
 _BRACKETS = re.compile(r"[\[\]{}]")
-_NUMBERS = ("samples_per_s", "data_wait_share", "copy_share", "startup_s", "compile_s")
-_INTS = ("peak_memory_bytes", "model_state_bytes", "samples_per_step")
+_NUMBERS = ("samples_per_s", "data_wait_share", "copy_share", "startup_s", "compile_s", "shape_warmup_s")
+_INTS = ("peak_memory_bytes", "model_state_bytes", "samples_per_step", "shapes")
 _TEXTS = ("message", "started_at", "where", "traceback", "participant")
 
 

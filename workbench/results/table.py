@@ -28,7 +28,7 @@ SUMMARY_COLUMNS = [
     "trial_id", "label", "baseline", "status", "samples_per_s", "tokens_per_s", "padding_share", "speedup", "verdict",
     "steady", "window", "step_time_ms",
     "step_time_iqr_ms", "data_wait_share", "peak_memory_mb", "model_state_mb", "startup_s", "compile_s",
-    "final_loss", "message",
+    "shapes", "shape_warmup_s", "final_loss", "message",
 ]
 # None = torch's default: nullable Int64 columns (every optional int knob in the registry)
 OPTIONAL_INT_KNOBS = tuple(n for n, s in KNOBS.items() if s.kind == "int" and s.optional)
@@ -68,6 +68,7 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
             "peak_memory_mb": r.peak_memory_bytes / 1e6 if r.peak_memory_bytes is not None else None,
             "model_state_mb": r.model_state_bytes / 1e6 if r.model_state_bytes is not None else None,
             "startup_s": r.startup_s, "compile_s": r.compile_s,
+            "shapes": r.shapes, "shape_warmup_s": r.shape_warmup_s,  # input shapes, their first calls' cost
             "final_loss": next((x for x in reversed(r.losses) if math.isfinite(x)), None),
             "message": r.message, "samples_per_s_low": None, "samples_per_s_high": None,
         }
@@ -87,6 +88,8 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     for col in ("speedup", "samples_per_s_low", "samples_per_s_high", "queue_s"):
         df[col] = df[col].astype(float)
+    df["shapes"] = df["shapes"].astype("Int64")  # empty for trials recorded before shapes were counted
+    df["shape_warmup_s"] = df["shape_warmup_s"].astype(float)
     for col in OPTIONAL_INT_KNOBS:
         if col in df:
             df[col] = df[col].astype("Int64")

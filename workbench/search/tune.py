@@ -26,6 +26,7 @@ import torch
 
 from ..core.knobs import Knobs, tunable_knobs
 from ..core.measure import TrialResult
+from ..core.shapes import costly
 from ..core.stepshape import StepShape
 from ..core.system import available_allocators
 from ..deciding.budget import EXPLAIN_PRIOR, Budget, Spend
@@ -100,7 +101,9 @@ def stage_axes(bench: Bench, stage: str, knobs: Knobs, max_batch_size: int | Non
             length = [{"group_by_length": True}]
             if "position_ids" in getattr(bench.workload, "forward_params", ()):
                 length.append({"packing": True})
-            axes += [("length", length), ("pad", [{"pad_to_multiple_of": 8}])]
+            pads = [{"pad_to_multiple_of": 64}, {"pad_to_multiple_of": 8}] if shapes_costly(bench, knobs) \
+                else [{"pad_to_multiple_of": 8}]  # costly first calls: a coarse multiple leaves few shapes
+            axes += [("length", length), ("pad", pads)]
     elif stage == "precision":
         if dev.type == "cuda" and not _bf16_worth_trying(dev):
             axes.append(("amp", [{"amp": "fp16"}]))
@@ -299,15 +302,32 @@ def faulting(bench: Bench, knobs: Knobs) -> float | None:
     return share if share is not None and share > ALLOCATOR_SHARE else None
 
 
+def shapes_costly(bench: Bench, knobs: Knobs) -> bool:
+    """Whether the latest ok trial of `knobs` on token data paid more than shapes.COSTLY_STEPS steady steps per
+    input shape on its first calls (plans, autotune, recompiles): pad_to_multiple_of then enters first."""
+    if not getattr(bench.workload, "token_data", False):
+        return False
+    last = next((r for r in reversed(bench.trials) if r.ok and r.knobs == knobs), None)
+    return last is not None and costly(last.extra.get("shapes"), last.step_time_s)
+
+
 def _lead(ctx: Ctx, start: TrialResult) -> tuple[str, ...]:
     """The axes the start's bottleneck names, entered first, and a row saying why (data-bound: workers;
-    page faults over ALLOCATOR_SHARE of the CPU time: the allocator modes, before the compute knobs; token
-    batches mostly padding: the length knobs)."""
+    page faults over ALLOCATOR_SHARE of the CPU time: the allocator modes, before the compute knobs; input
+    shapes whose first calls cost more than a few steps each: pad_to_multiple_of; token batches mostly
+    padding: the length knobs)."""
     share = faulting(ctx.bench, start.knobs)
     if share is not None:
         return _entered_first(ctx, "process", "every allocator mode", ("allocator",),
                               f"page faults took {share:.0%} of the start's CPU time; each allocator mode runs "
                               "in a fresh process, alternating, before the compute knobs")
+    if shapes_costly(ctx.bench, start.knobs):
+        info = start.extra["shapes"]
+        per = info["per_shape_s"]
+        return _entered_first(ctx, "data", "pad_to_multiple_of", ("pad",),
+                              f"each of the start's {info['distinct']} input shapes cost ≈{per * 1e3:,.0f} ms on its "
+                              f"first call ({per / start.step_time_s:,.0f} steps; a real run pays it once per shape in "
+                              "the data): padding to a multiple leaves fewer shapes, before the other knobs")
     padding = start.padding_share or 0.0
     if padding >= PADDED:
         return _entered_first(ctx, "data", "length grouping and packing", ("length",),
