@@ -360,13 +360,9 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         extra["tokens"] = {k: v for k, v in raw.tokens.items() if k not in ("tokens_per_s", "padding_share")}
     if shapes:
         extra["shapes"] = shapes
-    info = raw.compile_info
-    if info:
-        extra["compile"] = info
-        if info.get("graph_breaks"):
-            notes.append(f"torch.compile: {info['graph_breaks']} graph break(s); see bench.diagnose()")
-        if info.get("recompiles"):
-            notes.append(f"torch.compile: {info['recompiles']} recompile(s) (dynamic shapes?)")
+    if raw.compile_info:
+        extra["compile"] = raw.compile_info
+        notes += compile_notes(raw.compile_info)
     fields_ = dict(
         status=status,
         message=message,
@@ -390,6 +386,16 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         extra=extra,
     )
     return fields_, notes
+
+
+def compile_notes(info: dict[str, Any]) -> list[str]:
+    """The trial's notes on torch.compile's graph breaks and recompiles."""
+    notes = []
+    if info.get("graph_breaks"):
+        notes.append(f"torch.compile: {info['graph_breaks']} graph break(s); see bench.diagnose()")
+    if info.get("recompiles"):
+        notes.append(f"torch.compile: {info['recompiles']} recompile(s) (dynamic shapes?)")
+    return notes
 
 
 def shape_figures(raw: RawTrial) -> dict[str, Any] | None:
