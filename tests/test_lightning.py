@@ -334,3 +334,26 @@ print(json.dumps({{"status": bench.run(progress=False).status, "errors": errors}
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["status"] == "ok"
     assert "[lightning]" in got["errors"]["LightningCallback"] and "[hf]" in got["errors"]["TrainerCallback"]
+
+
+@pytest.mark.slow
+def test_the_trainer_callback_lands_a_real_run_row(tmp_path):
+    """The same check with a Hugging Face Trainer: from_trainer, a trial, train() with wb.TrainerCallback."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from test_hf import trainer_of
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bench = wb.Workbench.from_trainer(trainer_of(), log=tmp_path / "runs", steps=4, warmup_steps=1)
+    trial = bench.run(progress=False)
+    assert trial.ok, trial.message
+    callback = wb.TrainerCallback(bench)
+    real = trainer_of(max_steps=30, include_num_input_tokens_seen=True, output_dir=str(tmp_path / "out"))
+    real.add_callback(callback)
+    real.train()
+    row = callback.result
+    assert row.ok and row.extra["source"] == "real run" and row.extra["framework"] == "transformers"
+    assert row.samples_per_step == 16 and row.tokens_per_s and row.knobs.batch_size == trial.knobs.batch_size
+    c = bench.compare(trial, row)
+    assert "is cut into" in c.note and (c.answer == "same" or "Evidence:" in c.note)

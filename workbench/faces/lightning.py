@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..core.knobs import Knobs, user_knob_names
+from ..results.comparison import LENGTH_KNOBS
 
 HINT = 'Lightning support needs lightning: pip install "tuning-workbench[lightning]"'
 PRECISION_AMP = {"32-true": "off", "32": "off", "16-mixed": "fp16", "16": "fp16", "bf16-mixed": "bf16", "bf16": "bf16"}
@@ -394,7 +395,7 @@ def to_lightning(bench: Any, knobs: Knobs) -> LightningKwargs:
     if k.num_workers and k.prefetch_factor is not None:
         out.dataloader["prefetch_factor"] = k.prefetch_factor
     lines, said = snippet(k, device_type=device_type)
-    for name in ("group_by_length", "pad_to_multiple_of", "packing"):
+    for name in LENGTH_KNOBS:
         if getattr(k, name) != Knobs.__dataclass_fields__[name].default:
             left.append(f"{name} (the DataLoader's sampler/collate_fn in your DataModule)")
     if k.data == "cached":
