@@ -18,7 +18,7 @@ trial with the log's between-trial noise (stats.decide, the one-look rule of the
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -182,6 +182,25 @@ class RunMeter:
 
 
 # ---- the referee: a trial against a real run ---------------------------------------------------------
+@dataclass(frozen=True)
+class RunComparison(Comparison):
+    """A Comparison where a side is a real run: its evidence counts the run's windows, and an undecided
+    answer says what would settle it (repeats of the trial, a longer run), not more rounds."""
+
+    runs: tuple[bool, bool] = (False, False)  # (A is a real run, B is a real run)
+
+    def _evidence(self) -> str:
+        sides = [f"{len(rates)} window{'s' if len(rates) != 1 else ''} of the real run" if run
+                 else f"{len(rates)} trial{'s' if len(rates) != 1 else ''}"
+                 for rates, run in zip((self.a_rates, self.b_rates), self.runs)]
+        unit = ", compared in tokens/s" if self.rate == "tokens/s" else ""
+        return f"{sides[0]} vs {sides[1]}{unit}"
+
+    def _settle(self) -> str:
+        return ("one trial against one run cannot settle a gap this size at this noise: repeat the trial "
+                "(bench.run(trial.knobs)) so the log learns the noise, or train longer")
+
+
 def windows(real: TrialResult, steps: int) -> list[tuple[float, float]]:
     """(samples/s, tokens/s) of each whole window of `steps` consecutive measured steps of a real run."""
     times = list(real.step_times_s)
@@ -239,8 +258,7 @@ def compare_real(a: TrialResult, b: TrialResult, *, noise: Any, margin: float = 
            "window is one repeat of its side, judged against the other with this log's between-trial noise "
            "(the one-look rule of the results table).")
     c = decide(sides[0], sides[1], noise, a_trials=[a.trial_id], b_trials=[b.trial_id], margin=margin)
+    c = RunComparison(**{f: getattr(c, f) for f in c.__dataclass_fields__}, runs=(real_run(a), real_run(b)))
     c = replace(c, rate=rate, rounds_needed=None)
-    how += (" A longer run (more windows) or repeats of the trial (bench.run(trial.knobs)) narrow the interval."
-            if c.answer == "undecided" else "")
     note = how if c.answer == "same" else f"{how} {gap_evidence(trial, real) if trial is not real else ''}".strip()
     return replace(c, note=note)
