@@ -197,7 +197,8 @@ def train_loader(module: Any, datamodule: Any) -> Any:
     pl = lightning_pl()
     source, base = (datamodule, pl.LightningDataModule) if datamodule is not None else (module, pl.LightningModule)
     what = "the datamodule" if datamodule is not None else "the module (no datamodule given)"
-    if type(source).train_dataloader is base.train_dataloader:
+    made = getattr(source, "train_dataloader", None)
+    if made is None or getattr(made, "__func__", None) is base.train_dataloader:
         raise ValueError(f"{what} has no train_dataloader(): define it to return the DataLoader trainer.fit trains "
                          "on" + ("" if datamodule is not None else ", or pass datamodule="))
     if datamodule is not None:
