@@ -85,7 +85,7 @@ def main(rounds: int = 4, steps: int = 600) -> None:
     module = Net()
     module.train_dataloader = lambda: DataLoader(data, batch_size=64)
     bench = wb.Workbench.from_lightning(module, log=None, steps=10, warmup_steps=2)
-    ratios, spent_per_step, end_s, medians = [], [], [], []
+    ratios, spent_per_step, end_s, medians, hook_us = [], [], [], [], []
     fit(data, 100)  # warm the process (allocator, thread pool)
     for r in range(rounds):
         order = (True, False) if r % 2 == 0 else (False, True)
@@ -97,13 +97,15 @@ def main(rounds: int = 4, steps: int = 600) -> None:
             if with_cb:
                 per_step = (spent.get("on_train_batch_start", 0) + spent.get("on_train_batch_end", 0)) / steps
                 spent_per_step.append(per_step / got[with_cb])
+                hook_us.append(per_step * 1e6)
                 end_s.append(spent.get("on_train_end", 0.0))
         ratios.append(got[True] / got[False])
         medians.append((got[True], got[False]))
         print(f"round {r + 1}: step {got[True] * 1e3:.3f} ms with, {got[False] * 1e3:.3f} ms without "
-              f"({got[True] / got[False] - 1:+.2%}); inside the hooks {spent_per_step[-1]:.3%} of a step")
+              f"({got[True] / got[False] - 1:+.2%}); inside the hooks {hook_us[-1]:.0f} µs per step, "
+              f"{spent_per_step[-1]:.3%} of a step")
     print(f"median over {rounds} rounds: with/without {statistics.median(ratios) - 1:+.2%}; inside the callback's "
-          f"per-step hooks {statistics.median(spent_per_step):.3%} of the step time; end of run (warm-up rule, "
+          f"per-step hooks {statistics.median(hook_us):.0f} µs per step, {statistics.median(spent_per_step):.3%} of the step time; end of run (warm-up rule, "
           f"the row appended) {statistics.median(end_s) * 1e3:.0f} ms once per fit")
 
 

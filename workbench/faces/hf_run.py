@@ -37,7 +37,8 @@ class TrainerCallback(transformers.TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None,
                        **kwargs: Any) -> None:
         blocks = list(self.bench.workload.blocks)
-        start, left = knobs_from_args(args, blocks, "as-given")
+        optim = str(getattr(args.optim, "value", args.optim))
+        start, left = knobs_from_args(args, blocks, "fused" if optim.endswith("_fused") else "as-given")
         notes = ["knobs read from the TrainingArguments; channels_last, cpu_threads, optimizer kernels and your own "
                  "knobs are taken as their defaults", *(f"not a knob: {item}" for item in left)]
         device = next(model.parameters()).device if model is not None else torch.device(args.device)

@@ -88,8 +88,8 @@ class RunMeter:
     def batch_done(self, loss: Any = None) -> None:
         """A micro-batch's step ended (the next batch's wait starts now)."""
         self._ready = time.perf_counter()
-        if isinstance(loss, torch.Tensor):
-            self._loss = loss.detach()
+        if isinstance(loss, torch.Tensor):  # Lightning's outputs hold it detached already: no op then
+            self._loss = loss.detach() if loss.requires_grad else loss
 
     def pause(self) -> None:
         """Validation or a checkpoint runs now: the step it falls in is left out of the measured window."""
