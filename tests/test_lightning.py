@@ -357,3 +357,17 @@ def test_the_trainer_callback_lands_a_real_run_row(tmp_path):
     assert row.samples_per_step == 16 and row.tokens_per_s and row.knobs.batch_size == trial.knobs.batch_size
     c = bench.compare(trial, row)
     assert "is cut into" in c.note and (c.answer == "same" or "Evidence:" in c.note)
+
+
+def test_a_real_run_row_is_never_the_baseline_nor_a_repeat():
+    log = wb.ResultLog(None)
+    log.append(trial_row(50.0, steps=60, tid=1, real=True))  # the run lands first
+    trial = log.append(trial_row(100.0))
+    log.append(trial_row(101.0))
+    noise = log.noise
+    log.append(trial_row(100.0, steps=60, real=True))
+    assert log.baseline.trial_id == trial.trial_id
+    assert log.noise == noise  # a real run of the same knobs is no repeat of the trials
+    frame = log.frame()
+    assert list(frame["source"]) == ["real run", "trial", "trial", "real run"]
+    assert frame["verdict"].iloc[3] == "" and frame["speedup"].iloc[3] == pytest.approx(1.0, rel=0.05)
