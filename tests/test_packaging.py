@@ -62,6 +62,8 @@ def test_core_install_leaves_the_notebook_stack_to_extras():
     assert {_norm(r)[0] for r in extras["tensorboard"]} == {"tensorboard"}
     assert f"{SELF}[notebook,tensorboard,cluster]" in extras["test"]  # notebooks are tests; so are the export and jobs
     assert {_norm(r)[0] for r in extras["cluster"]} == {"submitit", "cloudpickle"}
+    assert {_norm(r)[0] for r in extras["lightning"]} == {"lightning"}  # from_lightning, wb.LightningCallback
+    assert "lightning" in {_norm(r)[0] for r in extras["test"]}  # tests/test_lightning.py, notebook 13
     # make lab installs what the notebooks need; make test adds the test extra (issue 40)
     make = (ROOT / "Makefile").read_text()
     lab = make.split("$(VENV)/.installed:", 1)[1].split("\n\n", 1)[0]

@@ -45,6 +45,24 @@ def gather(folder: str | os.PathLike, **kwargs: Any) -> Any:
     return _gather(folder, **kwargs)
 
 
+CALLBACKS = {"LightningCallback": ("lightning_run", "lightning", 'pip install "tuning-workbench[lightning]"'),
+             "TrainerCallback": ("hf_run", "transformers", 'pip install "tuning-workbench[hf]"')}
+
+
+def __getattr__(name: str) -> Any:
+    """`wb.LightningCallback` and `wb.TrainerCallback`, imported on first use: the core never imports
+    lightning or transformers."""
+    if name not in CALLBACKS:
+        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+    import importlib
+
+    module, package, install = CALLBACKS[name]
+    try:
+        return getattr(importlib.import_module(f".faces.{module}", __name__), name)
+    except ImportError as e:
+        raise ImportError(f"wb.{name} needs {package}: {install}") from e
+
+
 __all__ = [
     "Comparison", "FreshProcess", "Knobs", "ResultLog", "TrialInterrupted", "TrialResult", "Workbench", "compare",
     "demo", "forget_knob", "gather", "keep_freed_memory", "knob", "knob_names", "knob_table", "run_trial",

@@ -30,14 +30,12 @@ from ..deciding.rounds import compare
 from ..launch.cluster import check_executor, local_device, where_note
 from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel_slot, run_trial, submit_trial
 from ..results import Comparison, ResultLog
+from ..results.comparison import real_run
 from ..results.stats import MARGIN, Noise
 from .scaling import Scaling
-from .surface import DEPRECATED, log_path, require_notebook
+from .surface import DEPRECATED, knobs_of, log_path, require_notebook
 
 DEFAULT_LOG_DIR = "workbench-runs"
-
-
-
 LOUD_NOTES = ("amp='fp16' on CPU",)  # notes worth a warning in the caller's cell, not only in `notes`
 
 
@@ -318,14 +316,22 @@ class Workbench:
         fastest); `.left_out` and a warning list what they cannot say (workbench/hf.py)."""
         from .hf import to_training_arguments
 
-        if trial is None:
-            done = [t for t in self.log.trials if t.ok and t.samples_per_s]
-            trial = max(done, key=lambda t: t.samples_per_s) if done else self.defaults
-        knobs = self.log.get(trial).knobs if isinstance(trial, int) and not isinstance(trial, bool) else trial
-        knobs = knobs.knobs if isinstance(knobs, TrialResult) else knobs
-        if not isinstance(knobs, Knobs):
-            raise TypeError(f"to_training_arguments takes a trial id, a TrialResult or Knobs, got {type(trial).__name__}")
-        return to_training_arguments(self, knobs)
+        return to_training_arguments(self, knobs_of(self.log, trial, "to_training_arguments") or self.defaults)
+
+    @classmethod
+    def from_lightning(cls, module: Any, datamodule: Any = None, trainer: Any = None, **kwargs: Any) -> Workbench:
+        """A Workbench on a LightningModule's training_step and configure_optimizers, the datamodule's
+        train_dataloader() and the Trainer's flags as starting knobs; `bench.unmapped` lists the rest."""
+        from .lightning import from_lightning
+
+        return from_lightning(cls, module, datamodule, trainer, **kwargs)
+
+    def to_lightning(self, trial: int | TrialResult | Knobs | None = None) -> dict[str, Any]:
+        """Trainer(**kwargs) keywords for a trial's knobs (default: the fastest), with `.dataloader` (the
+        DataModule's DataLoader arguments), `.code` (what has no Trainer flag) and `.left_out`."""
+        from .lightning import to_lightning
+
+        return to_lightning(self, knobs_of(self.log, trial, "to_lightning") or self.defaults)
 
     @property
     def trials(self) -> list[TrialResult]:
@@ -374,6 +380,9 @@ class Workbench:
         budget = Budget.of(budget_s, "compare", whole_first=False) if rounds or budget_s is not None else None
         ra = a if isinstance(a, TrialResult) else self.log.get(a)
         rb = b if isinstance(b, TrialResult) else self.log.get(b)
+        if real_run(ra) or real_run(rb):  # the user's own run as referee: its windows against the trial (realrun.py)
+            from .realrun import compare_real
+            return compare_real(ra, rb, noise=self.log.noise, margin=margin)
         if interleave is not None:  # the keyword before `method`
             warnings.warn("compare(interleave=...) is deprecated: use method='interleave' or method='trials'",
                           FutureWarning, stacklevel=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from ..results import safe_file_name
 
@@ -50,3 +51,20 @@ def log_path(log: str | os.PathLike | None, name: str, participant: str | None =
     if participant is not None:
         p = p / safe_file_name(participant)
     return p / (safe_file_name(name, what="workbench") + ".jsonl")
+
+
+def knobs_of(log: Any, trial: Any, verb: str) -> Any:
+    """The Knobs of a trial id, a TrialResult or a Knobs value; None takes the fastest ok trial (else None)."""
+    from ..core.knobs import Knobs
+    from ..core.measure import TrialResult
+
+    if trial is None:
+        done = [t for t in log.trials if t.ok and t.samples_per_s]
+        if not done:
+            return None
+        trial = max(done, key=lambda t: t.samples_per_s)
+    knobs = log.get(trial).knobs if isinstance(trial, int) and not isinstance(trial, bool) else trial
+    knobs = knobs.knobs if isinstance(knobs, TrialResult) else knobs
+    if not isinstance(knobs, Knobs):
+        raise TypeError(f"{verb} takes a trial id, a TrialResult or Knobs, got {type(trial).__name__}")
+    return knobs

@@ -51,6 +51,11 @@ def rates(runs: Sequence[TrialResult], rate: str) -> list[float]:
     return [float((r.tokens_per_s if rate == "tokens/s" else r.samples_per_s) or 0.0) for r in runs]
 
 
+def real_run(r: TrialResult) -> bool:
+    """True for a row a callback measured in the user's own training run (source "real run"), not a trial."""
+    return isinstance(r.extra, dict) and r.extra.get("source") == "real run"
+
+
 def usable(r: TrialResult) -> bool:
     """True when a trial can be compared: ok, with a samples/s figure and at least 2 step times."""
     return r.ok and bool(r.samples_per_s) and len(r.step_times_s) >= 2
@@ -88,7 +93,7 @@ class NoiseTracker:
     def add(self, r: TrialResult) -> None:
         """Take in one trial (a trial that cannot be compared carries no evidence and changes nothing)."""
         v = float(r.samples_per_s or 0.0)
-        if not usable(r) or not (v > 0 and math.isfinite(v)):
+        if not usable(r) or real_run(r) or not (v > 0 and math.isfinite(v)):
             return
         x = math.log(v)
         with self.lock:

@@ -30,6 +30,7 @@ import pandas as pd
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult
 from . import series
+from .comparison import real_run
 from .records import MAX_LINE_BYTES, LoggedComparison, bad_lines_text, default_participant, read_records
 from .stats import Comparison, Noise
 from .table import Table
@@ -396,10 +397,10 @@ class ResultLog:
     # ---- baseline ---------------------------------------------------------------------------
     @property
     def baseline(self) -> TrialResult | None:
-        """The explicit baseline, else the first ok trial."""
+        """The explicit baseline, else the first ok trial (a real run's row is never the default baseline)."""
         if self._baseline_id is not None:
             return self.get(self._baseline_id)
-        return next((r for r in self.trials if r.ok), None)
+        return next((r for r in self.trials if r.ok and not real_run(r)), None)
 
     def set_baseline(self, trial_id: int) -> None:
         """Make an ok trial the reference for speedups and verdicts; persisted as a "baseline" line."""

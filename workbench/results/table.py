@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..core.knobs import BLOCK_KNOBS, KNOBS, Knobs
 from ..core.measure import STATUSES, TrialResult
-from .comparison import NoiseTracker, Trials, usable
+from .comparison import NoiseTracker, Trials, real_run, usable
 from .stats import Noise, critical, one_look
 
 # The columns a reader wants first; knobs and details follow.
@@ -63,7 +63,8 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
             "tokens_per_s": r.tokens_per_s, "padding_share": r.padding_share,  # token batches only (else empty)
             "speedup": None, "verdict": "", "steady": r.steady, "window": _window(r),
             "step_time_ms": _ms(r.step_time_s),
-            "step_time_iqr_ms": _ms(r.step_time_iqr_s), "data_wait_share": r.data_wait_share,
+            "step_time_iqr_ms": _ms(r.step_time_iqr_s), "source": "real run" if real_run(r) else "trial",
+            "data_wait_share": r.data_wait_share,
             "copy_share": r.copy_share,  # the host->device copy's part of data_wait_share
             "peak_memory_mb": r.peak_memory_bytes / 1e6 if r.peak_memory_bytes is not None else None,
             "model_state_mb": r.model_state_bytes / 1e6 if r.model_state_bytes is not None else None,
@@ -192,7 +193,7 @@ class Table:
         new = self.trials[start:]
         count = []  # each new trial's place among its knobs' repeats (1 = the first)
         for r in new:  # first every repeat, so a row before the baseline sees the baseline's earlier repeats
-            if usable(r):
+            if usable(r) and not real_run(r):  # a real run is no repeat of a trial: compare(trial, run) judges it
                 self.ids.setdefault(r.knobs, []).append(r.trial_id or 0)
                 self.rates.setdefault(r.knobs, []).append(float(r.samples_per_s or 0.0))
                 self.rate_by_id[r.trial_id or 0] = float(r.samples_per_s or 0.0)
@@ -203,7 +204,9 @@ class Table:
                 label = self.label_of[id(r.knobs)] = r.knobs.label(self.defaults)
             self.labels.append(label)
             speedup, verdict, sides = None, "", None
-            if comparable and usable(r):
+            if comparable and usable(r) and real_run(r):
+                speedup = float(r.samples_per_s or 0.0) / float(base.samples_per_s or 1.0)
+            elif comparable and usable(r):
                 if r.trial_id == base.trial_id:
                     speedup, verdict = 1.0, "baseline"
                 else:

@@ -26,10 +26,13 @@ def rebuild_optimizer(optimizer: Any, value: str, ctx: Context) -> Any:
     flags = {k: v for k, v in IMPL_FLAGS[value].items() if k in accepted}
     groups = [{**group, **flags} for group in optimizer.param_groups]  # keeps per-group lr, betas...
     try:
-        return cls(groups, **flags)
+        rebuilt = cls(groups, **flags)
     except (RuntimeError, ValueError, TypeError) as e:  # e.g. fused kernels missing for this device/dtype
         ctx.notes.append(f"optimizer_impl={value!r}: {cls.__name__} refused it here ({e}); it ran as given")
         return optimizer
+    for hook in getattr(optimizer, "_optimizer_step_post_hooks", {}).values():  # e.g. a scheduler's stepper
+        rebuilt.register_step_post_hook(hook)
+    return rebuilt
 
 
 def optimizer_code(k: Any) -> dict[str, list[str]]:
