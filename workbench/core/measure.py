@@ -418,4 +418,6 @@ def summarize(step_times: Sequence[float]) -> tuple[float, float]:
 
 
 def now_iso() -> str:
+    """A trial's `started_at`: the local time of the machine that runs it, ISO 8601 to the second, no offset
+    (docs/results.md; the table parses it as a naive timestamp, so old and new logs stay comparable)."""
     return _dt.datetime.now().isoformat(timespec="seconds")

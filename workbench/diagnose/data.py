@@ -24,7 +24,7 @@ from ..results.stats import Comparison
 # The seeds' checklist: data loading under 20% of iteration time. A trial waiting for data this share of its
 # window is data-bound: diagnose says so, and tune() then races the worker counts first.
 DATA_WAIT_LIMIT = 0.20
-DATA_BOUND_SPEEDUP = 1.10  # cached batch this much faster (beyond noise, confirmed in rounds) => data-bound
+DATA_BOUND_SPEEDUP = 1.10  # cached batch this much faster (answer "faster", confirmed in rounds) => data-bound
 
 
 def short_circuit_knobs(knobs: Knobs) -> Knobs:
@@ -78,7 +78,7 @@ class DataCheck:
         """Data wait at or above the 20% rule, or a cached-batch speedup beyond run-to-run noise
         confirmed in alternating rounds (one unconfirmed pair of trials is not evidence)."""
         c = self.comparison
-        by_cache = bool(c and c.rounds >= 1 and c.beyond_noise and c.speedup >= DATA_BOUND_SPEEDUP)
+        by_cache = bool(c and c.rounds >= 1 and c.differs and c.speedup >= DATA_BOUND_SPEEDUP)
         by_wait = (self.data_wait_share or 0.0) >= DATA_WAIT_LIMIT
         return by_cache or by_wait
 

@@ -275,8 +275,10 @@ class Workbench:
         self.step_shape = dataclasses.replace(self.step_shape, factory=source)
 
     def _record(self, result: TrialResult) -> TrialResult:
-        """Append a finished trial to the log, stamped with the step it ran (for its `to_code()`)."""
+        """Append a finished trial to the log, stamped with the step it ran (for its `to_code()`) and its
+        label against this workbench's defaults (the card says what the table says)."""
         result.extra.setdefault("step", self.step_shape.to_record())
+        result.extra.setdefault("label", result.knobs.label(self.defaults))  # the table's label: vs the defaults
         with self._append_lock:  # the one writer of the log, whichever thread a trial ended on
             return self.log.append(result)
 
