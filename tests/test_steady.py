@@ -362,7 +362,7 @@ def test_the_tuner_repeats_a_trial_that_was_not_steady():
             return TrialResult(knobs=knobs, status="ok", samples_per_s=100.0 * Stub.calls,
                                extra={"steady": Stub.calls > 1})
 
-    ctx = Ctx(Stub(), limit=10, budget_s=None, memory_cap=None, memory_budget=None)
+    ctx = Ctx(Stub(), limit=10, budget_s=None, memory_cap=None, max_bytes=None)
     r = ctx.run(wb.Knobs())
     assert r.steady is True and r.samples_per_s == 200.0 and ctx.used == 2
     assert ctx.run(wb.Knobs()).steady is True and ctx.used == 3  # a steady trial is not repeated
