@@ -45,7 +45,7 @@ bench: env-test
 	$(BIN)/python benchmarks/bench_overhead.py
 	$(BIN)/python benchmarks/bench_fixed_cost.py
 
-# docs/knobs.md is generated from workbench/knobs.py (tests/test_docs.py fails when it is stale).
+# docs/knobs.md is generated from the knob declarations in workbench/core/knobs/ (tests/test_docs.py fails when it is stale).
 docs: env
 	$(BIN)/python scripts/gen_knobs_doc.py
 

@@ -310,14 +310,14 @@ class Workbench:
     @classmethod
     def from_trainer(cls, trainer: Any, **workbench_kwargs: Any) -> Workbench:
         """A Workbench on a Hugging Face Trainer: its model, train dataset, collator and optimizer, its
-        TrainingArguments as the starting knobs; one warning lists what cannot be mapped (workbench/hf.py)."""
+        TrainingArguments as the starting knobs; one warning lists what cannot be mapped (workbench/faces/hf.py)."""
         from .hf import from_trainer
 
         return from_trainer(cls, trainer, **workbench_kwargs)
 
     def to_training_arguments(self, trial: int | TrialResult | Knobs | None = None) -> dict[str, Any]:
         """Keyword arguments for transformers.TrainingArguments with a trial's knobs (default: the
-        fastest); `.left_out` and a warning list what they cannot say (workbench/hf.py)."""
+        fastest); `.left_out` and a warning list what they cannot say (workbench/faces/hf.py)."""
         from .hf import to_training_arguments
 
         if trial is None:
