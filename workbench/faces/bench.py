@@ -481,7 +481,7 @@ class Workbench:
 
     # ---- notebook layer and analyses (lazy imports: the core never needs widgets or altair) ----
     def panel(self, **kwargs: Any) -> Any:
-        """Knob widgets + progress + live chart + results table in one output (see workbench/panel/).
+        """Knob widgets + progress + live chart + results table in one output (see workbench/faces/panel/).
 
         Outside a notebook it prints how to drive the workbench from code and returns None.
         """

@@ -473,7 +473,7 @@ def decide_sequential(a_rates: Sequence[float], b_rates: Sequence[float], noise:
                       seconds: float | None = None, max_rounds: int | None = None) -> Comparison:
     """B against A from back-to-back pairs, judged at look len(pairs) of at most `looks`.
 
-    The paired sd starts from `noise`'s back-to-back figure (paired_prior). Beyond noise when the
+    The paired sd starts from `noise`'s back-to-back figure (paired_prior). Faster or slower when the
     two-sided interval excludes 1 (and the ratio is MIN_EFFECT away from it); same speed when the
     equivalence interval lies within ±margin (the interval shown is then that one); otherwise
     undecided, with the extra rounds that would likely settle it if the gap and spread stay as measured.
@@ -564,7 +564,7 @@ def decide_interleaved(a_rates: Sequence[float], b_rates: Sequence[float], *, lo
     burst of other work landed on from deciding; BUILD_NOISE widens it by what separates two builds
     of one configuration, which no number of pairs removes. It may be asked after every `look_every` pairs, up to `looks` times: each
     look spends an equal share of the 5% error rate (`interleave_alpha`), so stopping at the first
-    decided look keeps false alarms at or below 5%. Beyond noise when the two-sided interval excludes
+    decided look keeps false alarms at or below 5%. Faster or slower when the two-sided interval excludes
     1 and the ratio is MIN_EFFECT away from it; same speed when the TOST interval lies within ±margin.
     Undecided results say how many more pairs would likely settle it if the gap and spread stay as measured.
     """
