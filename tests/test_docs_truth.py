@@ -73,6 +73,7 @@ NOT_OURS = {
     "slurm_partition", "gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min",  # submitit's parameters
     "TraceAnalysis", "TraceDiff",  # HolisticTraceAnalysis (docs/analysis.md says why it is not used)
     "state_dict",  # torch's
+    "get_length_grouped_indices",  # transformers' (group_by_length's sampler, docs/measurement.md)
     "make_bench",  # a reader's factory in the CLI and torchrun examples (`mypkg.train:make_bench`)
 }
 EXTERNAL_ROOTS = {"torch", "np", "numpy", "pd", "pandas", "alt", "altair", "os", "sys", "transformers", "accelerate",
@@ -94,7 +95,8 @@ def _package_files() -> list[Path]:
 def package_names() -> frozenset[str]:
     """Every name the package has: identifiers it defines or reads (functions, classes, parameters, attributes,
     keywords), its identifier-like string constants (result columns, verdict words, knob values, environment
-    variables; docstrings and messages do not count: prose cannot keep a gone name alive) and the registry's names (your own knobs included once declared)."""
+    variables; prose in docstrings and messages does not count, so it cannot keep a gone name alive) and the
+    knob registry's names (your own knobs included once declared)."""
     names: set[str] = set()
     for file in _package_files():
         tree = ast.parse(file.read_text(encoding="utf-8"))
@@ -111,9 +113,12 @@ def package_names() -> frozenset[str]:
                 names.add(node.arg)
             elif isinstance(node, ast.alias):
                 names.add((node.asname or node.name).split(".")[-1])
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and IDENT.fullmatch(node.value):
-                names |= {node.value, node.value.lower()}  # a column or key; env["slurm_job_id"] from "SLURM_JOB_ID"
-        names.add(file.stem)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if IDENT.fullmatch(node.value):  # a column or key; env["slurm_job_id"] from "SLURM_JOB_ID"
+                    names |= {node.value, node.value.lower()}
+                else:  # code inside a string: generated scripts' calls and labels' `name=` ("ckpt=2")
+                    names |= set(re.findall(r"([A-Za-z_]\w*)(?:\(|=)", node.value))
+        names |= {file.stem, file.parent.name}  # modules and their folders (`faces`, `core`)
     from workbench.core.knobs import KNOBS
 
     names |= set(KNOBS)
