@@ -125,3 +125,17 @@ def test_panel_chart_and_card_use_one_colour_per_status():
         card = trial_html(TrialResult(knobs=wb.Knobs(), status=status, message="m"))
         assert f"border-left:4px solid {colour}" in card
     assert KIND_COLORS[KINDS.index("baseline")] == BASELINE_COLOR
+
+
+def test_the_card_the_budget_notes_and_the_table_label_a_trial_alike(make_bench):
+    """One label rule (issue 50): knobs against the workbench's defaults, on the trial's card, in the budget's
+    notes and in the results table (Knobs() would say `batch_size=8` where the table says `defaults`)."""
+    from workbench.deciding.budget import _label
+
+    bench = make_bench()  # defaults: batch_size=8
+    r = bench.run(progress=False)
+    table = bench.results.set_index("trial_id").loc[r.trial_id, "label"]
+    assert table == "defaults" and f"<code>{table}</code>" in trial_html(r)
+    assert _label(bench.defaults, bench.run) == "defaults"
+    assert _label(bench.knobs(channels_last=True), bench.run) == "channels_last"
+    assert _label(bench.defaults, lambda k: None) == "batch_size=8"  # a bare callable: against Knobs()
