@@ -11,7 +11,7 @@ from workbench.results import ResultLog
 from workbench.results.comparison import judge, noise_of
 
 
-def test_compare_a_large_gap_is_beyond_noise_even_on_the_prior():
+def test_compare_a_large_gap_is_faster_even_on_the_prior():
     c = judge(fake(noisy(0.010, 0.03)), fake(noisy(0.005, 0.03, seed=1), num_workers=1))
     assert c.noise.repeats == 0  # no repeats yet: the conservative prior
     assert c.differs and c.speedup == pytest.approx(2, rel=0.05)
@@ -30,7 +30,7 @@ def test_compare_says_when_the_sides_ran_with_different_malloc_settings():
 
 
 def test_compare_says_when_a_side_was_not_steady():
-    """A "beyond noise" on a figure that drained the loader's buffer says so (issue 30)."""
+    """A "faster" on a figure that drained the loader's buffer says so (issue 30)."""
     a = replace(fake(noisy(0.010, 0.03)), trial_id=1, extra={"steady": True})
     b = replace(fake(noisy(0.005, 0.03, seed=1), num_workers=1), trial_id=2, extra={"steady": False})
     c = judge(a, b)
