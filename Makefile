@@ -1,6 +1,7 @@
 # Two commands on a fresh machine (see README.md):
 #   make lab    create/refresh .venv with what the notebooks need (the notebook extra), then open JupyterLab
-#               on the quickstart notebook
+#               on the quickstart notebook (notebook 11 also needs the hf extra, notebook 07's jobs section the
+#               cluster extra: each says so in its first cell; .venv/bin/pip install -e '.[hf,cluster]' adds both)
 #   make test   add the test extra (pytest, nbval, playwright, hypothesis, ruff, transformers, tensorboard),
 #               then lint + every test + every notebook (in headless Chromium, else nbval)
 # Also: make docs (docs/knobs.md from the knob declarations), make screenshots (docs/panel.png from a real browser run)
@@ -45,7 +46,7 @@ bench: env-test
 	$(BIN)/python benchmarks/bench_overhead.py
 	$(BIN)/python benchmarks/bench_fixed_cost.py
 
-# docs/knobs.md is generated from workbench/knobs.py (tests/test_docs.py fails when it is stale).
+# docs/knobs.md is generated from the knob declarations in workbench/core/knobs/ (tests/test_docs.py fails when it is stale).
 docs: env
 	$(BIN)/python scripts/gen_knobs_doc.py
 

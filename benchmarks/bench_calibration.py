@@ -37,23 +37,23 @@ def one_look(n: int) -> None:
         for seed in range(n // 2):  # the held-out check: 8 identical trials, 7 adjacent pairs, 7 table verdicts
             sim = SimBench(50_000 + seed, pattern)
             t = [sim.run(A) for _ in range(8)]
-            adjacent += sum(compare(x, y, log=sim.log).beyond_noise for x, y in itertools.pairwise(t))
-            first += sum(compare(t[0], y, log=sim.log).beyond_noise for y in t[1:])
+            adjacent += sum(compare(x, y, log=sim.log).differs for x, y in itertools.pairwise(t))
+            first += sum(compare(t[0], y, log=sim.log).differs for y in t[1:])
             pairs += 7
         fa3 = fa2 = p13 = p14 = single = 0
         for seed in range(n):
             s = SimBench(70_000 + seed, pattern)
-            fa3 += compare(s.run(A), s.run(B), rounds=3, run=s.run, log=s.log).beyond_noise
+            fa3 += compare(s.run(A), s.run(B), rounds=3, run=s.run, log=s.log).differs
             s = SimBench(80_000 + seed, pattern)
-            fa2 += compare(s.run(A), s.run(B), rounds=2, run=s.run, log=s.log).beyond_noise
+            fa2 += compare(s.run(A), s.run(B), rounds=2, run=s.run, log=s.log).differs
             s = SimBench(90_000 + seed, pattern, 1.3)
             c = compare(s.run(A), s.run(B), rounds=3, run=s.run, log=s.log)
-            p13 += c.beyond_noise and c.speedup > 1
+            p13 += c.differs and c.speedup > 1
             s = SimBench(95_000 + seed, pattern, 1.4)
             c = compare(s.run(A), s.run(B), rounds=2, run=s.run, log=s.log)
-            p14 += c.beyond_noise and c.speedup > 1
+            p14 += c.differs and c.speedup > 1
             s = SimBench(99_000 + seed, pattern, 1.3)
-            single += compare(s.run(A), s.run(B), log=s.log).beyond_noise
+            single += compare(s.run(A), s.run(B), log=s.log).differs
         print(f"{pattern}: false alarms, 7 adjacent identical pairs per session {rate(adjacent, pairs)}; "
               f"verdict column (vs the first) {rate(first, pairs)}; rounds=3 {rate(fa3, n)}; rounds=2 {rate(fa2, n)} | "
               f"power: 1.3x rounds=3 {rate(p13, n)}; 1.4x rounds=2 {rate(p14, n)}; "

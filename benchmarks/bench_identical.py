@@ -37,8 +37,8 @@ def held_out(bench: wb.Workbench, n: int) -> None:
     for c in pairs:
         print(" ", c)
     df = bench.results
-    print(f"false alarms: adjacent pairs {sum(c.beyond_noise for c in pairs)} of {n - 1}; verdict column "
-          f"{(df['verdict'] == 'beyond noise').sum()} of {n - 1}")
+    print(f"false alarms: adjacent pairs {sum(c.differs for c in pairs)} of {n - 1}; verdict column "
+          f"{df['verdict'].isin(['faster', 'slower']).sum()} of {n - 1}")
     print("noise:", bench.noise)
     print("identical, rounds=2:", bench.compare(trials[0], trials[1], rounds=2))
     base, other = bench.run(cpu_threads=1), bench.run(batch_size=64, channels_last=True, cpu_threads=1)
@@ -51,7 +51,7 @@ def before(bench: wb.Workbench, change: dict, max_rounds: int = 8) -> tuple[str,
     a, b = bench.run(), bench.run(**change)
     sa, sb, done = [a], [b], 0
     c = bench.compare(a, b)
-    while not c.beyond_noise and c.rounds_needed and done < max_rounds:
+    while not c.differs and c.rounds_needed and done < max_rounds:
         n = min(c.rounds_needed, max_rounds - done)
         c = wb.results.compare(sa, sb, rounds=n, run=bench.run, log=bench.log)
         sa, sb = [bench.log.get(i) for i in c.a_trials], [bench.log.get(i) for i in c.b_trials]

@@ -11,10 +11,10 @@ from workbench.results import ResultLog
 from workbench.results.comparison import judge, noise_of
 
 
-def test_compare_a_large_gap_is_beyond_noise_even_on_the_prior():
+def test_compare_a_large_gap_is_faster_even_on_the_prior():
     c = judge(fake(noisy(0.010, 0.03)), fake(noisy(0.005, 0.03, seed=1), num_workers=1))
     assert c.noise.repeats == 0  # no repeats yet: the conservative prior
-    assert c.beyond_noise and c.speedup == pytest.approx(2, rel=0.05)
+    assert c.differs and c.speedup == pytest.approx(2, rel=0.05)
     assert "faster" in str(c) and "95% interval" in str(c) and "1 trial each" in str(c)
 
 
@@ -30,11 +30,11 @@ def test_compare_says_when_the_sides_ran_with_different_malloc_settings():
 
 
 def test_compare_says_when_a_side_was_not_steady():
-    """A "beyond noise" on a figure that drained the loader's buffer says so (issue 30)."""
+    """A "faster" on a figure that drained the loader's buffer says so (issue 30)."""
     a = replace(fake(noisy(0.010, 0.03)), trial_id=1, extra={"steady": True})
     b = replace(fake(noisy(0.005, 0.03, seed=1), num_workers=1), trial_id=2, extra={"steady": False})
     c = judge(a, b)
-    assert c.beyond_noise and "Not steady: #2" in str(c) and "repeat" in str(c)
+    assert c.differs and "Not steady: #2" in str(c) and "repeat" in str(c)
     assert "steady" not in judge(a, replace(b, extra={})).note  # records from before the check: no claim
     log = ResultLog(None)
     log.append(a)
@@ -46,7 +46,7 @@ def test_compare_steady_steps_are_no_evidence_between_trials():
     # 30 very steady steps each and a 25% gap: the old within-run bootstrap called this beyond
     # noise; one pair of trials cannot rule out a 20% run-to-run difference.
     c = judge(fake(noisy(0.010, 0.01)), fake(noisy(0.008, 0.01, seed=1), num_workers=1))
-    assert not c.beyond_noise and "undecided" in str(c) and "no winner" in str(c)
+    assert not c.differs and "undecided" in str(c) and "no winner" in str(c)
     assert c.rounds_needed is not None and "rounds=" in str(c)
 
 
@@ -56,7 +56,7 @@ def test_compare_learns_the_noise_from_repeats_in_the_log():
         log.append(fake(noisy(0.010 * (1 + 0.005 * (i % 3 - 1)), 0.01, seed=i)))
     b = log.append(fake(noisy(0.008, 0.01, seed=9), num_workers=2))
     c = judge(log.trials[0], b, log=log)
-    assert c.noise.repeats == 5 and c.beyond_noise and c.speedup == pytest.approx(1.25, rel=0.03)
+    assert c.noise.repeats == 5 and c.differs and c.speedup == pytest.approx(1.25, rel=0.03)
     assert "from 5 repeats of 1 configuration" in str(log.noise)
 
 
@@ -66,13 +66,13 @@ def test_compare_small_but_consistent_difference_is_still_noise():
     for i in range(8):
         log.append(fake(noisy(0.0100, 0.001, seed=i)))
     b = log.append(fake(noisy(0.0099, 0.001, seed=20), num_workers=1))
-    assert not judge(log.trials[0], b, log=log).beyond_noise
+    assert not judge(log.trials[0], b, log=log).differs
 
 
 def test_compare_uses_samples_per_s():
     # B takes twice as long per step but does four times the samples: B is 2x faster
     c = judge(fake(noisy(0.01, 0.01), batch=10), fake(noisy(0.02, 0.01, seed=1), batch=40, batch_size=40))
-    assert c.beyond_noise and c.speedup == pytest.approx(2, rel=0.05)
+    assert c.differs and c.speedup == pytest.approx(2, rel=0.05)
 
 
 def test_compare_needs_samples():

@@ -49,9 +49,9 @@ FAILED = TrialResult(knobs=wb.Knobs(), status="oom", message="out of memory in t
 OK_CARD = '<div class="wb-trial" style="border-left:4px solid #4c78a8;padding:4px 10px;margin:4px 0"><b>Trial #3</b> <span style="background:#4c78a8;color:white;border-radius:3px;padding:0 6px">ok</span> <code>num_workers=2</code><table style="margin-top:4px"><tr><td style="color:#666;padding-right:1em">throughput</td><td>1,234.5 samples/s ±8%</td></tr><tr><td style="color:#666;padding-right:1em">median step</td><td>12.30 ms</td></tr><tr><td style="color:#666;padding-right:1em">data wait</td><td>4%</td></tr><tr><td style="color:#666;padding-right:1em">peak memory</td><td>12.3 MB</td></tr><tr><td style="color:#666;padding-right:1em">model state</td><td>n/a</td></tr><tr><td style="color:#666;padding-right:1em">final loss</td><td>1.5</td></tr><tr><td style="color:#666;padding-right:1em">trace</td><td>/tmp/t.pt.trace.json</td></tr></table><ul style="margin:2px 0;color:#555"><li>a &lt;note&gt;</li></ul></div>'
 FAILED_CARD = '<div class="wb-trial" style="border-left:4px solid #b22222;padding:4px 10px;margin:4px 0"><b>Trial</b> <span style="background:#b22222;color:white;border-radius:3px;padding:0 6px">oom</span> <code>defaults</code><table style="margin-top:4px"><tr><td style="color:#666;padding-right:1em">peak memory</td><td>n/a</td></tr><tr><td style="color:#666;padding-right:1em">model state</td><td>n/a</td></tr></table><div style="color:#b22222">out of memory in the model&#x27;s forward</div></div>'
 NOISE = estimate_noise([[100.0, 104.0], [200.0, 196.0]])
-BY_TRIALS = Comparison(a=1, b=2, speedup=1.25, low=1.1, high=1.4, beyond_noise=True, a_trials=(1, 3), b_trials=(2, 4),
+BY_TRIALS = Comparison(a=1, b=2, speedup=1.25, low=1.1, high=1.4, differs=True, a_trials=(1, 3), b_trials=(2, 4),
                        a_rates=(100.0, 101.5), b_rates=(125.0, 126.25), noise=NOISE)
-INTERLEAVED = Comparison(a=1, b=2, speedup=1.01, low=0.97, high=1.06, beyond_noise=False,
+INTERLEAVED = Comparison(a=1, b=2, speedup=1.01, low=0.97, high=1.06, differs=False,
                          a_rates=(100.0, 99.0, 101.0), b_rates=(101.0, 100.0), method="interleaved", turns=3,
                          turn_steps=2, seconds=4.0)
 
@@ -139,3 +139,17 @@ def test_text_cells_are_escaped_in_the_panel_table_and_tidy():
         assert "&lt;class &#39;torch.Tensor&#39;&gt;" in out
         assert "&lt;b&gt;bold&lt;/b&gt; &amp; co" in out and "<script>" not in out and "<b>bold" not in out
     assert "10.0" in tidy(results, ["samples_per_s"]).to_html()  # figures keep their format
+
+
+def test_the_card_the_budget_notes_and_the_table_label_a_trial_alike(make_bench):
+    """One label rule (issue 50): knobs against the workbench's defaults, on the trial's card, in the budget's
+    notes and in the results table (Knobs() would say `batch_size=8` where the table says `defaults`)."""
+    from workbench.deciding.budget import _label
+
+    bench = make_bench()  # defaults: batch_size=8
+    r = bench.run(progress=False)
+    table = bench.results.set_index("trial_id").loc[r.trial_id, "label"]
+    assert table == "defaults" and f"<code>{table}</code>" in trial_html(r)
+    assert _label(bench.defaults, bench.run) == "defaults"
+    assert _label(bench.knobs(channels_last=True), bench.run) == "channels_last"
+    assert _label(bench.defaults, lambda k: None) == "batch_size=8"  # a bare callable: against Knobs()

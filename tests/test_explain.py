@@ -1,5 +1,5 @@
 """bench.explain(a, b): two trials' traced steps compared by phase and op, with the evidence rules
-(traced steps only, how much of the measured difference they account for, "within noise" first)."""
+(traced steps only, how much of the measured difference they account for, "same" or "undecided" first)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from workbench.core.measure import TrialResult
 from workbench.diagnose import explain as ex
 from workbench.results.stats import Noise, decide
 
-QUIET = Noise(sigma=0.01, df=50, repeats=46, configs=4)  # a quiet machine: 18% is beyond noise
+QUIET = Noise(sigma=0.01, df=50, repeats=46, configs=4)  # a quiet machine: 18% is decided (faster)
 
 PHASE_ROWS = list(ex.PHASE_ROWS)
 
@@ -121,15 +121,24 @@ def test_sentences_say_the_saving_the_share_and_where(tmp_path):
     assert doc["text"] == e.sentences() and doc["phases"][0]["phase"] == "data wait" and doc["ops"]
 
 
-def test_within_noise_comes_first_and_disagreement_is_quantified(tmp_path):
+def test_undecided_comes_first_and_disagreement_is_quantified(tmp_path):
     a = _result(1, 1.0, _trace(tmp_path, "a", 300))
     b = _result(2, 1.01, _trace(tmp_path, "b", 100))
     same = decide([1000.0], [990.0], a_trials=[1], b_trials=[2])
     e = ex.explain_traces([a], [b], same)
     assert e.verdict == "undecided"  # one pair against the prior noise: not shown faster, slower or the same
     first = e.sentences()[0]
-    assert first.startswith("Within noise")
+    assert first.startswith("Undecided: #2 vs #1") and "cannot tell" in first  # never called "same"
     assert "point the other way" in str(e) and "off by" in str(e)  # traced -0.2 ms vs measured +0.01 ms
+
+
+def test_same_comes_first_and_says_same_not_undecided(tmp_path):
+    a = _result(1, 1.0, _trace(tmp_path, "a", 300))
+    b = _result(2, 1.0, _trace(tmp_path, "b", 300))
+    e = ex.explain_traces([a], [b], decide([5000.0] * 8, [5010.0] * 8, QUIET, a_trials=[1], b_trials=[2]))
+    assert e.verdict == "same"
+    first = e.sentences()[0]
+    assert first.startswith("Same: #2 vs #1") and "within ±5%" in first and "Undecided" not in str(e)
 
 
 def test_verdict_word_prefers_the_comparisons_own_answer():

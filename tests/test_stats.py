@@ -96,7 +96,7 @@ def test_identical_trials_false_alarms_at_most_5_percent(pattern):
     for seed in range(60):
         sim = SimBench(seed, pattern)
         trials = [sim.run(A) for _ in range(8)]
-        alarms += sum(compare(x, y, log=sim.log).beyond_noise for x, y in itertools.pairwise(trials))
+        alarms += sum(compare(x, y, log=sim.log).differs for x, y in itertools.pairwise(trials))
         verdicts += sim.log.frame()["verdict"].isin(["faster", "slower"]).sum()
         pairs += 7
     assert alarms / pairs <= 0.05, f"{alarms}/{pairs} false alarms"
@@ -111,10 +111,10 @@ def test_rounds_false_alarms_and_power(pattern):
     for seed in range(sims):
         same = SimBench(seed, pattern)
         c = compare(same.run(A), same.run(B), rounds=3, run=same.run, log=same.log)
-        alarms += c.beyond_noise
+        alarms += c.differs
         real = SimBench(10_000 + seed, pattern, speedup=1.3)
         c = compare(real.run(A), real.run(B), rounds=3, run=real.run, log=real.log)
-        hits += c.beyond_noise and c.speedup > 1
+        hits += c.differs and c.speedup > 1
         assert c.rounds == 3 and len(c.a_rates) == len(c.b_rates) == 4
     assert alarms / sims <= 0.05, f"{alarms}/{sims} false alarms with rounds=3"
     assert hits / sims >= 0.90, f"power {hits}/{sims} for a real 1.3x effect with rounds=3"
@@ -122,9 +122,9 @@ def test_rounds_false_alarms_and_power(pattern):
 
 def test_rounds_2_separates_identical_from_a_1_4x_effect():
     same, real = SimBench(1, "jitter"), SimBench(2, "jitter", speedup=1.4)
-    assert not compare(same.run(A), same.run(B), rounds=2, run=same.run, log=same.log).beyond_noise
+    assert not compare(same.run(A), same.run(B), rounds=2, run=same.run, log=same.log).differs
     c = compare(real.run(A), real.run(B), rounds=2, run=real.run, log=real.log)
-    assert c.beyond_noise and "faster" in str(c) and "2 alternating rounds" in str(c)
+    assert c.differs and "faster" in str(c) and "2 alternating rounds" in str(c)
 
 
 def test_rounds_alternate_and_land_in_the_log():
@@ -168,10 +168,10 @@ def test_noise_prior_until_repeats_then_learnt():
 
 def test_within_noise_says_how_many_rounds_would_settle_it():
     c = decide([100.0], [112.0], PRIOR, a_trials=[1], b_trials=[2])
-    assert not c.beyond_noise and c.rounds_needed is not None and c.rounds_needed >= 1
+    assert not c.differs and c.rounds_needed is not None and c.rounds_needed >= 1
     assert f"bench.compare(1, 2, rounds={c.rounds_needed})" in str(c)
     tiny = decide([100.0], [101.0], PRIOR, a_trials=[1], b_trials=[2])
-    assert not tiny.beyond_noise and "under 2%" in str(tiny)
+    assert not tiny.differs and "under 2%" in str(tiny)
     assert "undecided" in tiny._repr_html_() and "#2" in tiny._repr_html_()
 
 
@@ -249,7 +249,7 @@ def test_paired_sequential_error_rates_in_pure_numbers():
         for n in range(1, looks + 1):
             c = decide_sequential(np.ones(n), np.exp(d[:n]), looks=looks, margin=0.10)
             if c.answer != "undecided":
-                alarms += c.beyond_noise
+                alarms += c.differs
                 break
         false_same += any(decide_sequential(np.ones(n), np.exp(e[:n]), looks=looks, margin=0.10).answer == "same"
                           for n in range(1, looks + 1))
@@ -409,3 +409,10 @@ def test_a_machine_too_noisy_to_decide_says_so_and_what_to_do():
     quiet = Noise(sigma=0.03, df=20, repeats=10, configs=2, measured=0.03, adjacent=0.02, adjacent_pairs=3)
     assert not quiet.too_noisy and "±6%" in str(quiet)
     assert not Noise(sigma=0.2, df=5, repeats=0, configs=0).too_noisy  # the prior alone is not evidence
+
+
+def test_beyond_noise_is_a_deprecated_alias_of_differs():
+    """The retired word stays readable for old code, with a warning naming what to read instead."""
+    c = decide([100.0] * 3, [150.0] * 3)
+    with pytest.warns(DeprecationWarning, match=r"\.answer"):
+        assert c.beyond_noise is c.differs is True

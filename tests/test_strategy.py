@@ -1,4 +1,4 @@
-"""distributed/strategy.py: FSDP2 trials (strategy="fsdp2") beside DDP, and the fsdp_* knobs.
+"""launch/strategy.py: FSDP2 trials (strategy="fsdp2") beside DDP, and the fsdp_* knobs.
 
 The knob checks, the generated script's pieces and model_state_bytes are fast; the trials fork 2
 gloo ranks (`slow`), reusing test_ranks's tiny MLP, fault switch and orphan check.
@@ -142,3 +142,18 @@ def test_scaling_sets_ddp_and_fsdp2_side_by_side(tmp_path) -> None:
     with pytest.raises(ValueError, match="strategies must list each of"):
         bench.scaling(strategies=("zero3",))
     assert wb.Knobs(**FSDP).strategy == "fsdp2"
+
+
+def test_fsdp2_on_a_torch_without_fully_shard_is_refused_naming_the_fix(monkeypatch):
+    """pyproject accepts torch>=2.4, FSDP2's fully_shard is public from 2.6: an older torch gets a clear refusal
+    before any process starts, naming the upgrade (or DDP)."""
+    import torch.distributed.fsdp as fsdp
+
+    from workbench.core.knobs import check_run, context
+
+    knobs = wb.Knobs(world_size=2, strategy="fsdp2")
+    check_run(knobs, context(knobs))  # this torch has it: no refusal
+    monkeypatch.delattr(fsdp, "fully_shard")
+    with pytest.raises(ValueError, match=r"torch >= 2\.6.*pip install 'torch>=2\.6'.*strategy='ddp'"):
+        check_run(knobs, context(knobs))
+    check_run(wb.Knobs(world_size=2), context(wb.Knobs(world_size=2)))  # DDP needs no fully_shard

@@ -41,7 +41,7 @@ def test_empty_frame_has_the_summary_columns():
 
 
 def test_verdict_column_has_three_answers():
-    """A quiet log: a 25% gap is beyond noise, a 1% gap is the same speed (within ±5%), and the
+    """A quiet log: a 25% gap is faster, a 1% gap is the same speed (within ±5%), and the
     noise says how far apart back-to-back identical trials and trials minutes apart land."""
     log = ResultLog(None)
     for i in range(16):

@@ -163,12 +163,12 @@ def test_tune_budget_in_seconds_and_trial_cap(fake_clock):
 
 def test_tune_batch_stage_keeps_headroom_below_memory():
     bench = FakeBench(lambda k: 1e-3 / (1 + k.batch_size / 16), lambda k: 1000 * k.batch_size, noise=0.01)
-    res = tune(bench, n_trials=30, stages=("batch",), memory_budget=70_000)  # 64 x 1 kB = 64 kB > 90% of 70 kB
+    res = tune(bench, n_trials=30, stages=("batch",), max_bytes=70_000)  # 64 x 1 kB = 64 kB > 90% of 70 kB
     assert res.best_knobs.batch_size == 32, str(res)
     assert all(r.knobs.batch_size <= 32 for r in bench.trials)  # predicted over the headroom: never run
     assert res.steps["decision"].str.contains("headroom").any()
     bench = FakeBench(lambda k: 1e-3 / (1 + k.batch_size / 16), lambda k: 1000 * k.batch_size, noise=0.01)
-    res = tune(bench, n_trials=30, stages=("batch",), memory_budget=70_000, headroom=0.0)
+    res = tune(bench, n_trials=30, stages=("batch",), max_bytes=70_000, headroom=0.0)
     assert res.best_knobs.batch_size == 64
 
 
@@ -330,11 +330,11 @@ def test_the_winners_explanation_is_paid_from_the_budget(tmp_path):
     bench = wb.Workbench(Net(), data(), loss_fn=nn.CrossEntropyLoss(), log=tmp_path / "log.jsonl", steps=2,
                          warmup_steps=1, knobs=wb.Knobs(batch_size=16), device="cpu")
     start, best = bench.run(), bench.run(batch_size=32)
-    ctx = race_mod.Ctx(bench, limit=10, budget_s=None, memory_cap=None, memory_budget=None)
+    ctx = race_mod.Ctx(bench, limit=10, budget_s=None, memory_cap=None, max_bytes=None)
     ctx.used = 2
     why = tune_mod._explain(ctx, start, best)
     assert why is not None and ctx.used == 4 and len(bench.trials) == 4  # two traced repeats, counted
-    broke = race_mod.Ctx(bench, limit=4, budget_s=None, memory_cap=None, memory_budget=None)
+    broke = race_mod.Ctx(bench, limit=4, budget_s=None, memory_cap=None, max_bytes=None)
     broke.used = 3
     fresh = bench.run(batch_size=8)
     assert tune_mod._explain(broke, start, fresh) is None and broke.used == 3 and len(bench.trials) == 5
@@ -428,7 +428,8 @@ def test_page_faults_put_the_allocator_modes_first(make_bench):
 
 
 def test_old_keywords_warn_and_still_work():
-    """tune(budget=N) is tune(n_trials=N) and fit_memory(budget_bytes=) is fit_memory(max_bytes=), each with a
+    """tune(budget=N) is tune(n_trials=N), tune(memory_budget=) is tune(max_bytes=) and fit_memory(budget_bytes=)
+    is fit_memory(max_bytes=), each with a
     FutureWarning for one release; both names at once, or an unknown keyword, is a TypeError."""
     bench = FakeBench(speed_model, lambda k: 1.0)
     with pytest.warns(FutureWarning, match="n_trials"):
@@ -438,6 +439,11 @@ def test_old_keywords_warn_and_still_work():
         tune(bench, n_trials=3, budget=3)
     with pytest.raises(TypeError, match="unexpected"):
         tune(bench, n_trial=3)
+    with pytest.warns(FutureWarning, match="max_bytes"):
+        res = tune(bench, n_trials=3, memory_budget=1 << 40, stages=("data",))
+    assert res.n_trials == 3
+    with pytest.raises(TypeError, match="max_bytes"):
+        tune(bench, n_trials=3, max_bytes=1 << 40, memory_budget=1 << 40)
     with pytest.warns(FutureWarning, match="max_bytes"):
         fit = fit_memory(bench, budget_bytes=1 << 40, effective_batch=16)
     assert fit.max_bytes == 1 << 40

@@ -134,20 +134,24 @@ def alternating(base_s: float, change_s: float, rounds: int = 3, **machine) -> l
 
 
 def three_learners(folder: Path) -> None:
-    """ana: workers help; ben: within noise; cho (a GPU machine): workers hurt. Each ran 3 rounds."""
+    """ana: workers help; ben: a 1% gap (same or undecided); cho (a GPU machine): workers hurt. Each ran 3 rounds."""
     learner_log(folder, "ana", alternating(0.010, 0.007))
     learner_log(folder, "ben", alternating(0.010, 0.0099, cores=8, cpu="Other CPU"))
     learner_log(folder, "cho", alternating(0.010, 0.013, gpu="Some GPU"))
 
 
-def test_a_single_trial_each_is_within_noise(tmp_path):
-    """One trial a side cannot beat run-to-run noise (±20% between identical trials): no verdict."""
+def test_a_single_trial_each_is_undecided_and_the_summary_never_calls_it_same(tmp_path):
+    """One trial a side cannot beat run-to-run noise (±20% between identical trials): undecided, and the
+    summary counts it under `undecided`, not under `same` (undecided is not "no change")."""
     learner_log(tmp_path, "solo", [fake(0.010), fake(0.009, seed=1, num_workers=2)])
-    df = gather(tmp_path).results
-    assert list(df["verdict"]) == ["baseline", "undecided"]
+    ws = gather(tmp_path)
+    assert list(ws.results["verdict"]) == ["baseline", "undecided"]
+    row = ws.summary().iloc[0]
+    assert (row["faster"], row["same"], row["slower"], row["undecided"]) == (0, 0, 0, 1)
+    assert "no_change" not in ws.summary().columns
 
 
-def test_gather_summary_counts_machines_beyond_noise(tmp_path):
+def test_gather_summary_counts_machines_by_answer(tmp_path):
     three_learners(tmp_path)
     ws = gather(tmp_path)
     df = ws.results
@@ -159,8 +163,10 @@ def test_gather_summary_counts_machines_beyond_noise(tmp_path):
     assert list(s.columns) == SUMMARY_COLUMNS and len(s) == 1
     row = s.iloc[0]
     assert row["knob"] == "num_workers=2" and row["machines"] == 3
-    assert (row["helped"], row["no_change"], row["hurt"], row["failed"]) == (1, 1, 1, 0)
-    assert row["same_speed"] + row["undecided"] == row["no_change"]  # the three answers, per machine
+    assert (row["faster"], row["slower"], row["failed"]) == (1, 1, 0)
+    assert row["same"] + row["undecided"] == 1  # ben's 1% gap: one of the two, each in its own column
+    said = df.loc[df["participant"] == "ben"].sort_values("trial_id")["verdict"].iloc[-1]
+    assert row[said] == 1  # the column is ben's own answer
     assert row["min_speedup"] < 1 < row["max_speedup"]
 
 

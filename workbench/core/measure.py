@@ -256,8 +256,7 @@ def memory_meter(device_type: str) -> str | None:
     'profiler' (CPU: replay of the profiler's memory events) or None (not measured).
 
     MPS has no peak counter, and the profiler path looks for CPU or CUDA memory events, which an
-    MPS step does not produce (a code review found the breakdown read 0 there): report it as not
-    measured instead. torch.mps's current/driver allocated memory are levels, not peaks.
+    MPS step does not produce (the breakdown would read 0 there): it is reported as not measured. torch.mps's current/driver allocated memory are levels, not peaks.
     """
     return {"cuda": "allocator", "cpu": "profiler"}.get(device_type)
 
@@ -495,4 +494,6 @@ def summarize(step_times: Sequence[float]) -> tuple[float, float]:
 
 
 def now_iso() -> str:
+    """A trial's `started_at`: the local time of the machine that runs it, ISO 8601 to the second, no offset
+    (docs/results.md; the table parses it as a naive timestamp, so old and new logs stay comparable)."""
     return _dt.datetime.now().isoformat(timespec="seconds")

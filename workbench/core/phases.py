@@ -442,8 +442,8 @@ def page_fault_note(share: float, per_step: float, knobs: Knobs) -> str:
         return head + "; with workers part of it is each batch's shared memory being mapped in"
     if knobs.world_size > 1:  # gloo's sockets are kernel time too
         return head + "; with several ranks part of it is the gradient exchange between the processes"
-    if keeps_freed_memory():  # what still faults: blocks above glibc's mmap ceiling, mapped fresh each time
-        return (head + f" although malloc keeps freed memory here: blocks above {KEEP_MMAP_BYTES >> 20} MiB "
+    if keeps_freed_memory():  # what still faults: allocations above glibc's mmap ceiling, mapped fresh each time
+        return (head + f" although malloc keeps freed memory here: allocations above {KEEP_MMAP_BYTES >> 20} MiB "
                 "are still mapped afresh every step; a smaller batch, or bench.run(allocator='tcmalloc') (a fresh process), "
                 "avoids it (docs/measurement.md 'Page faults')")
     return (head + ": freed memory went back to the OS and each step faulted it in again. Whether that "

@@ -102,9 +102,9 @@ def cpu_has_bf16() -> bool:
 
 
 # glibc's malloc, told to keep what a step frees. By default memory freed at the end of a step can
-# go back to the OS (heap trimmed, large blocks unmapped) and the next step faults it in again, one
+# go back to the OS (heap trimmed, large allocations unmapped) and the next step faults it in again, one
 # zeroed 4 KiB page at a time: 5-21% of the CPU time on a 2-core EPYC (docs/measurement.md 'Page faults').
-KEEP_MMAP_BYTES = 32 * 2**20  # blocks up to this come from the heap (glibc's ceiling on 64-bit)
+KEEP_MMAP_BYTES = 32 * 2**20  # allocations up to this come from the heap (glibc's ceiling on 64-bit)
 KEEP_TRIM_BYTES = 2**30  # free memory at the heap's top kept before any goes back to the OS
 MALLOC_ENV = f"MALLOC_MMAP_THRESHOLD_={KEEP_MMAP_BYTES} MALLOC_TRIM_THRESHOLD_={KEEP_TRIM_BYTES}"
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
@@ -178,7 +178,7 @@ def keeps_freed_memory() -> bool:
 
 # ---- the process's allocator: a mode chosen when the process starts (the `allocator` knob) ----------------
 # glibc reads MALLOC_* and the dynamic loader reads LD_PRELOAD only at start-up, so a mode other than the
-# running process's own needs a fresh process (workbench/fresh.py). "glibc" is glibc as a process starts;
+# running process's own needs a fresh process (workbench/launch/fresh.py). "glibc" is glibc as a process starts;
 # "glibc-kept" is what keep_freed_memory() does (MALLOC_ENV); tcmalloc and jemalloc replace malloc.
 ALLOCATORS = ("glibc", "glibc-kept", "tcmalloc", "jemalloc")
 PRELOADED = {"tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"), "jemalloc": ("libjemalloc.so.2",)}

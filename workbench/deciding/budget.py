@@ -156,6 +156,13 @@ class Spend:
         return "; ".join([parts, *extra])
 
 
+def _label(knobs: Knobs, run: Callable[..., Any]) -> str:
+    """`knobs` labelled as the results table labels them: against the defaults of the workbench whose
+    `run` this is (a bound `bench.run`); against the default Knobs for any other callable."""
+    defaults = getattr(getattr(run, "__self__", None), "defaults", None)
+    return knobs.label(defaults if isinstance(defaults, Knobs) else None)
+
+
 def takes_cancel(run: Callable[..., Any]) -> bool:
     """Whether `run` accepts a `cancel=` event (bench.run does; a caller's `run(knobs)` may not)."""
     try:
@@ -273,15 +280,16 @@ class Budget:
         est = None if left is None or whole or starts else self.estimate(knobs)  # once per trial
         if est is not None and not self.fits(est):
             self.spent.not_started += 1
-            self.spent.left_out.append(label or knobs.label())
-            self.notes.append(f"{label or knobs.label()} not run: its estimate {est:.1f} s did not fit the "
+            label = label or _label(knobs, run)
+            self.spent.left_out.append(label)
+            self.notes.append(f"{label} not run: its estimate {est:.1f} s did not fit the "
                               f"{max(0.0, left):.1f} s left of budget_s={self.budget_s:g}; raise budget_s to run it")  # type: ignore[arg-type]
             return None
         at = None if left is None or whole or not deadline else self.budget_s * DEADLINE - self.elapsed()  # type: ignore[operator]
         self.started += 1
         r = self._run(run, knobs, purpose, at, stop_early)
         if r is not None and r.trial_id in self.spent.stopped:
-            self.notes.append(f"#{r.trial_id} ({label or knobs.label()}) stopped by the budget at its deadline: not evidence")
+            self.notes.append(f"#{r.trial_id} ({label or _label(knobs, run)}) stopped by the budget at its deadline: not evidence")
         elif first and left is not None and self.elapsed() > self.budget_s:  # type: ignore[operator]
             self.notes.append(f"the first trial alone took {self.elapsed():.1f} s of budget_s={self.budget_s:g}: it ran "
                               "whole (nothing can be said without it); raise budget_s for the rest")

@@ -30,7 +30,7 @@ def compare(a: Trials, b: Trials, *, rounds: int | str = 0, run: Run | None = No
     """Is configuration B faster than A, slower, the same speed, or is it undecided? From per-trial samples/s.
 
     `a`, `b`: a trial each (or lists of repeats). `rounds="auto"` runs alternating rounds (B A, A B,
-    ...) through `run(knobs)` until the answer is faster/slower (beyond noise) or the same speed
+    ...) through `run(knobs)` until the answer is faster, slower or same
     (interval within ±`margin`), or `max_rounds` (or `budget_s` seconds: a number, or the Budget of
     the verb that calls it, budget.py) run out; each round's B is
     judged against its back-to-back A, with an interval that stays valid however many rounds it

@@ -24,7 +24,7 @@ from ..results.stats import Comparison
 # The seeds' checklist: data loading under 20% of iteration time. A trial waiting for data this share of its
 # window is data-bound: diagnose says so, and tune() then races the worker counts first.
 DATA_WAIT_LIMIT = 0.20
-DATA_BOUND_SPEEDUP = 1.10  # cached batch this much faster (beyond noise, confirmed in rounds) => data-bound
+DATA_BOUND_SPEEDUP = 1.10  # cached batch this much faster (answer "faster", confirmed in rounds) => data-bound
 
 
 def short_circuit_knobs(knobs: Knobs) -> Knobs:
@@ -90,7 +90,7 @@ class DataCheck:
         if c is None:
             return by_wait
         if c.rounds >= 1:
-            return c.beyond_noise and c.speedup >= DATA_BOUND_SPEEDUP
+            return c.differs and c.speedup >= DATA_BOUND_SPEEDUP
         return by_wait and c.speedup >= DATA_BOUND_SPEEDUP
 
     @property

@@ -8,7 +8,7 @@
 Evidence rules: the times come from *traced* steps (the Chrome trace that `run(trace=True)` writes
 after the measured window), never from the measured ones, and the sentence says how much of the
 measured step-time difference the traced difference accounts for (the profiler slows every op it
-records; noise moves both). When the comparison itself is within noise, that comes first.
+records; noise moves both). When the comparison itself answers "same" or "undecided", that comes first.
 
 Why not HolisticTraceAnalysis' TraceDiff: it sums each op's inclusive duration (an `aten::linear`
 and the `aten::addmm` inside it are both counted), compares one iteration, knows no phases, and
@@ -196,7 +196,7 @@ class Explanation:
 
     @property
     def verdict(self) -> str:
-        """faster | slower | same | undecided (B against A, beyond noise or not)."""
+        """faster | slower | same | undecided: B against A, the comparison's answer."""
         return verdict_word(self.comparison)
 
     @property
@@ -219,12 +219,16 @@ class Explanation:
         return self.sentences()
 
     def sentences(self) -> list[str]:
-        """The explanation in plain words, the noise verdict first when it is within noise."""
+        """The explanation in plain words; the answer first when it is "same" or "undecided"."""
         out = []
         c, d = self.comparison, self.measured_delta_ms
-        if self.verdict in ("same", "undecided"):
-            out.append(f"Within noise: #{self.b} vs #{self.a} measured {(c.speedup - 1) * 100:+.1f}% "
-                       f"({c.low:.2f}×…{c.high:.2f}×), so the split below may be noise, not a cause.")
+        gap = f"#{self.b} vs #{self.a} measured {(c.speedup - 1) * 100:+.1f}% ({c.low:.2f}×…{c.high:.2f}×)"
+        if self.verdict == "same":
+            out.append(f"Same: {gap}, within ±{c.margin:.0%}, so the split below is a difference too small "
+                       "to matter, or noise.")
+        elif self.verdict == "undecided":
+            out.append(f"Undecided: {gap}; this evidence cannot tell the gap from noise, so the split below "
+                       "may be noise, not a cause.")
         verb = "saves" if d < 0 else "costs"
         out.append(f"#{self.b} {verb} {abs(d):.1f} ms per step ({c.speedup:.2f}× the samples/s of #{self.a}; "
                    f"measured {self.measured_a_ms:.1f} → {self.measured_b_ms:.1f} ms).")
@@ -399,7 +403,7 @@ def traced_side(bench: Bench, x: Any, progress: Any = None) -> list[TrialResult]
 
 
 def compare_sides(bench: Bench, runs_a: list[TrialResult], runs_b: list[TrialResult]) -> Comparison:
-    """The one call into the comparison: the lead switches it to rounds="auto" when issue 16 lands."""
+    """The one call into the comparison: the trials as they are, judged against the log's noise (no extra rounds)."""
     from ..deciding.rounds import compare
 
     return compare(runs_a, runs_b, log=bench.log)

@@ -156,7 +156,7 @@ def _compile_lines(bench: Bench) -> list[str]:
     c, wl = compiled[-1], bench.workload
     eager = _find(bench, c.knobs.replace(compile="off"))
     speed = c.samples_per_s / eager.samples_per_s if eager and eager.samples_per_s and c.samples_per_s else None
-    lines = [f"trial #{c.trial_id} ({c.knobs.label()}):",
+    lines = [f"trial #{c.trial_id} ({c.knobs.label(bench.defaults)}):",
              *explain_compile(c.extra.get("compile"), speedup=speed, device_type=wl.device.type,
                               num_parameters=wl.num_parameters, compile_s=c.compile_s)]
     if eager is None:

@@ -20,14 +20,16 @@ SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", 
 SYNC_SHARE = 0.10  # sync-type ops above this share of device/CPU self time => sync-bound
 MEMORY_FULL = 0.85  # peak above this share of device memory => memory is the constraint
 COPY_MOST = 0.5  # the copy's share of the data wait from which pinned memory, not workers, is the fix
-ALLOCATOR_SHARE = 0.10  # page faults (kernel time) above this share of the CPU time => the allocator is named
+# page faults (kernel time) above this share of the CPU time => the next knob is the allocator mode. Faults are
+# CPU time inside the step's own compute (the step's thread takes them), so the bottleneck stays "compute".
+ALLOCATOR_SHARE = 0.10
 
 
 @dataclass(frozen=True)
 class Verdict:
     """Which bottleneck, the evidence, and the next knob change to try."""
 
-    bottleneck: str  # data | cpu-threads | allocator | compile | memory | sync | compute | failed
+    bottleneck: str  # data | cpu-threads | compile | memory | sync | compute | failed
     summary: str
     evidence: tuple[str, ...] = ()
     next_knobs: dict[str, Any] = field(default_factory=dict)  # changes to pass to bench.run(**...)
@@ -133,8 +135,8 @@ def _recompile_verdict(knobs: Knobs, compile_info: dict[str, Any]) -> Verdict:
 def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: torch.device,
            ops: pd.DataFrame | None = None, mfu: float | None = None, has_conv: bool = False,
            compile_info: dict[str, Any] | None = None, measured_fix: str | None = None) -> Verdict:
-    """Walk the decision tree: failure → compile fallback → recompiles → data → threads → allocator → sync →
-    memory → compute. `measured_fix`: what the log measured of the allocator modes on these knobs (`allocator_fix`)."""
+    """Walk the decision tree: failure → compile fallback → recompiles → data → threads → page faults (compute,
+    next knob the allocator mode) → sync → memory → compute. `measured_fix`: what the log measured of the allocator modes on these knobs (`allocator_fix`)."""
     base: TrialResult = data.baseline
     cores = int(threads["cores"])
     if not base.ok and base.status == "oom":
@@ -210,9 +212,11 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
 
 def allocator_verdict(knobs: Knobs, base: TrialResult, evidence: list[str], device: torch.device,
                       measured_fix: str | None = None) -> Verdict | None:
-    """The allocator, named when page faults took more than ALLOCATOR_SHARE of a one-process CPU trial's
-    CPU time (freed memory given back and faulted in again): the next trial tries another mode, each in a
-    fresh process (`allocator`); `bench.tune()` races the modes first. None when the faults are small."""
+    """Compute, with the allocator mode as the next knob, when page faults took more than ALLOCATOR_SHARE of a
+    one-process CPU trial's CPU time (freed memory given back and faulted in again). The faults are CPU time
+    spent inside the step's own compute, so the bottleneck is compute; the knob that may cut that time is the
+    C heap's mode, each tried in a fresh process (`allocator`); `bench.tune()` races the modes first. None when
+    the faults are small or no other mode is available."""
     share = base.extra.get("kernel_share")
     if device.type != "cpu" or share is None or share <= ALLOCATOR_SHARE or knobs.world_size > 1:
         return None
@@ -222,10 +226,11 @@ def allocator_verdict(knobs: Knobs, base: TrialResult, evidence: list[str], devi
         return None
     mode = base.env.get("allocator") or "this process's"
     lines = [*evidence, f"page faults took {share:.0%} of the CPU time in the {mode} allocator mode "
-                        f"(rule: over {ALLOCATOR_SHARE:.0%} names the allocator)"]
+                        f"(rule: over {ALLOCATOR_SHARE:.0%}, the next knob is the allocator mode)"]
     if measured_fix:
         lines.append(measured_fix)
-    return Verdict("allocator", "the C heap gives freed memory back and each step faults it in again",
+    return Verdict("compute", f"the step itself is the bottleneck, and {share:.0%} of its CPU time is page faults "
+                   "(the C heap gives freed memory back and each step faults it in again)",
                    tuple(lines), {"allocator": modes[0]},
                    f"each allocator mode runs in a fresh process (available here: {', '.join(modes)}); "
                    "bench.tune() races them first when page faults are this high")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -33,7 +32,7 @@ from ..results import Comparison, ResultLog
 from ..results.comparison import real_run
 from ..results.stats import MARGIN, Noise
 from .scaling import Scaling
-from .surface import DEPRECATED, knobs_of, log_path, require_notebook
+from .surface import DEPRECATED, _outcome, _wait, knobs_of, log_path, require_notebook
 
 DEFAULT_LOG_DIR = "workbench-runs"
 LOUD_NOTES = ("amp='fp16' on CPU",)  # notes worth a warning in the caller's cell, not only in `notes`
@@ -273,8 +272,10 @@ class Workbench:
         self.step_shape = dataclasses.replace(self.step_shape, factory=source)
 
     def _record(self, result: TrialResult) -> TrialResult:
-        """Append a finished trial to the log, stamped with the step it ran (for its `to_code()`)."""
+        """Append a finished trial to the log, stamped with the step it ran (for `to_code()`) and its label
+        against this workbench's defaults (the card says what the table says)."""
         result.extra.setdefault("step", self.step_shape.to_record())
+        result.extra.setdefault("label", result.knobs.label(self.defaults))
         with self._append_lock:  # the one writer of the log, whichever thread a trial ended on
             return self.log.append(result)
 
@@ -306,14 +307,14 @@ class Workbench:
     @classmethod
     def from_trainer(cls, trainer: Any, **workbench_kwargs: Any) -> Workbench:
         """A Workbench on a Hugging Face Trainer: its model, train dataset, collator and optimizer, its
-        TrainingArguments as the starting knobs; one warning lists what cannot be mapped (workbench/hf.py)."""
+        TrainingArguments as the starting knobs; one warning lists what cannot be mapped (workbench/faces/hf.py)."""
         from .hf import from_trainer
 
         return from_trainer(cls, trainer, **workbench_kwargs)
 
     def to_training_arguments(self, trial: int | TrialResult | Knobs | None = None) -> dict[str, Any]:
         """Keyword arguments for transformers.TrainingArguments with a trial's knobs (default: the
-        fastest); `.left_out` and a warning list what they cannot say (workbench/hf.py)."""
+        fastest); `.left_out` and a warning list what they cannot say (workbench/faces/hf.py)."""
         from .hf import to_training_arguments
 
         return to_training_arguments(self, knobs_of(self.log, trial, "to_training_arguments") or self.defaults)
@@ -488,7 +489,7 @@ class Workbench:
 
     # ---- notebook layer and analyses (lazy imports: the core never needs widgets or altair) ----
     def panel(self, **kwargs: Any) -> Any:
-        """Knob widgets + progress + live chart + results table in one output (see workbench/panel/).
+        """Knob widgets + progress + live chart + results table in one output (see workbench/faces/panel/).
 
         Outside a notebook it prints how to drive the workbench from code and returns None.
         """
@@ -581,20 +582,3 @@ class Workbench:
         return (f"<Workbench {self.name!r} on {wl.device} | {wl.num_parameters:,} parameters | "
                 f"{len(self.log.trials)} trials | log: {self.log.path}>")
 
-
-def _wait(future: concurrent.futures.Future) -> Any:
-    """future.result(), waking every 0.1 s: a Ctrl-C (SIGINT) that the kernel delivered to another
-    thread only raises in the main thread when it runs Python code, not while it blocks on a lock."""
-    while True:
-        try:
-            return future.result(timeout=0.1)
-        except concurrent.futures.TimeoutError:
-            continue
-
-
-def _outcome(future: Any) -> TrialResult:
-    """The TrialResult a finished trial future holds, interrupted or not."""
-    try:
-        return future.result()
-    except TrialInterrupted as e:
-        return e.result

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -154,7 +155,9 @@ def jsonable(obj: Any) -> Any:
         for name in dir(type(obj)):  # derived figures (speedup, verdict, bottleneck, ...) too
             if not name.startswith("_") and name not in out and isinstance(getattr(type(obj), name), property):
                 try:
-                    out[name] = jsonable(getattr(obj, name))
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("error", DeprecationWarning)  # a deprecated alias is left out
+                        out[name] = jsonable(getattr(obj, name))
                 except Exception:  # a property that cannot be computed for this object is left out
                     pass
         return out

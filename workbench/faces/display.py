@@ -97,6 +97,13 @@ def tidy(df: pd.DataFrame, columns: list[str] | None = None, *, index: bool = Fa
             .set_table_attributes(f'style="{SCROLL}"'))
 
 
+def trial_label(r: TrialResult) -> str:
+    """The trial's label as the results table writes it: its knobs against its workbench's defaults
+    (stamped when the trial was logged); a trial from elsewhere against the default Knobs."""
+    label = r.extra.get("label")
+    return label if isinstance(label, str) and label else r.knobs.label()
+
+
 def trial_html(r: TrialResult) -> str:
     """A trial as a compact card: headline figures, the status in its colour, the message and the notes."""
     esc = html.escape
@@ -123,7 +130,7 @@ def trial_html(r: TrialResult) -> str:
     cells = "".join(f'<tr><td style="color:#666;padding-right:1em">{esc(k)}</td><td>{esc(v)}</td></tr>'
                     for k, v in figures)
     parts = [f'<div class="wb-trial" style="border-left:4px solid {colour};padding:4px 10px;margin:4px 0">',
-             f"<b>{esc(head)}</b> {badge} <code>{esc(r.knobs.label())}</code>",
+             f"<b>{esc(head)}</b> {badge} <code>{esc(trial_label(r))}</code>",
              f'<table style="margin-top:4px">{cells}</table>']
     if r.message:
         parts.append(f'<div style="color:{colour}">{esc(r.message)}</div>')

@@ -39,11 +39,11 @@ class Scaling:
         return self.frame[column]
 
     def __getattr__(self, name: str) -> Any:
-        """Until issue 42 `bench.scaling()` returned the DataFrame itself: its other names (`iloc`, `attrs`,
-        `to_csv`, ...) still reach `frame` for one release, with a FutureWarning naming `.frame`."""
+        """DataFrame names (`iloc`, `attrs`, `to_csv`, ...) reach `frame`, deprecated: a FutureWarning names
+        `.frame`, and the next release drops them."""
         if name == "frame" or name.startswith("_") or not hasattr(pd.DataFrame, name):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        warnings.warn(f"bench.scaling() returns a Scaling now: use .frame.{name} (its DataFrame)", FutureWarning,
+        warnings.warn(f"bench.scaling() returns a Scaling: use .frame.{name} (its DataFrame)", FutureWarning,
                       stacklevel=2)
         return getattr(self.frame, name)
 

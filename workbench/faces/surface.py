@@ -3,10 +3,12 @@ the notebook extra's check, and where a workbench's log goes."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 from pathlib import Path
 from typing import Any
 
+from ..launch.runner import TrialInterrupted
 from ..results import safe_file_name
 
 # Removed from the public surface (issue 42): old name -> (private name, what to use instead).
@@ -68,3 +70,21 @@ def knobs_of(log: Any, trial: Any, verb: str) -> Any:
     if not isinstance(knobs, Knobs):
         raise TypeError(f"{verb} takes a trial id, a TrialResult or Knobs, got {type(trial).__name__}")
     return knobs
+
+
+def _wait(future: concurrent.futures.Future) -> Any:
+    """future.result(), waking every 0.1 s: a Ctrl-C (SIGINT) that the kernel delivered to another
+    thread only raises in the main thread when it runs Python code, not while it blocks on a lock."""
+    while True:
+        try:
+            return future.result(timeout=0.1)
+        except concurrent.futures.TimeoutError:
+            continue
+
+
+def _outcome(future: Any) -> Any:
+    """The TrialResult a finished trial future holds, interrupted or not."""
+    try:
+        return future.result()
+    except TrialInterrupted as e:
+        return e.result

@@ -7,7 +7,7 @@
     # the instructor (notebook 09)
     ws = wb.gather("/shared/workshop")
     ws.results          # one row per trial: participant, machine, torch, knobs, speedup, verdict
-    ws.summary()        # per knob: on how many machines it helped / did nothing / hurt, median speedup
+    ws.summary()        # per knob: on how many machines it was faster / same / slower / undecided, median speedup
     ws.chart()          # the same knob's speedup on every machine, side by side, with its interval
     ws.watch()          # re-read the folder every few seconds as learners add trials
 
@@ -49,9 +49,10 @@ RESULT_COLUMNS = [
     "speedup_low", "speedup_high", "verdict", "machine", "cpu_model", "cpu_count", "gpu_name",
     "device", "torch",
 ]
-# helped / same_speed / hurt / undecided: the compare answers per machine; no_change = same_speed + undecided.
-SUMMARY_COLUMNS = ["workload", "knob", "machines", "helped", "same_speed", "hurt", "undecided", "failed",
-                   "no_change", "median_speedup", "min_speedup", "max_speedup"]
+# faster / same / slower / undecided: how many machines gave each answer of `compare` (an undecided machine
+# is not a "same": its evidence could not tell); failed: no speedup to judge.
+SUMMARY_COLUMNS = ["workload", "knob", "machines", "faster", "same", "slower", "undecided", "failed",
+                   "median_speedup", "min_speedup", "max_speedup"]
 
 
 MAX_GATHER_FILE_BYTES = 64 << 20  # a learner's log of a session is ~100 KB; beyond this it is not one
@@ -280,8 +281,8 @@ class Workshop:
 
     # ---- views --------------------------------------------------------------------------------
     def summary(self) -> pd.DataFrame:
-        """Per knob change (vs each learner's baseline): on how many machines it helped, ran at the
-        same speed, hurt or stayed undecided, how many failed, and the median speedup.
+        """Per knob change (vs each learner's baseline): on how many machines the answer was faster, same,
+        slower or undecided (never counted as same), how many failed, and the median speedup.
 
         When a learner ran the same change twice, their latest trial counts.
         """
@@ -294,17 +295,13 @@ class Workshop:
             latest = g.sort_values("trial_id").groupby("participant").tail(1)
             ok = latest[latest["speedup"].notna()]
             speedup = pd.to_numeric(ok["speedup"])
-            beyond, same = ok["verdict"].isin(["faster", "slower"]), ok["verdict"] == "same"
+            said = ok["verdict"]
             rows.append({
                 "workload": workload,
                 "knob": knob,
                 "machines": int(latest["participant"].nunique()),
-                "helped": int((beyond & (speedup > 1)).sum()),
-                "same_speed": int(same.sum()),
-                "hurt": int((beyond & (speedup < 1)).sum()),
-                "undecided": int((~beyond & ~same).sum()),
+                **{answer: int((said == answer).sum()) for answer in ANSWERS},
                 "failed": int(len(latest) - len(ok)),
-                "no_change": int((~beyond).sum()),
                 "median_speedup": float(np.median(speedup)) if len(speedup) else None,
                 "min_speedup": float(speedup.min()) if len(speedup) else None,
                 "max_speedup": float(speedup.max()) if len(speedup) else None,

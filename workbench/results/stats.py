@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -234,14 +235,14 @@ class Comparison:
     speedup: float
     low: float
     high: float
-    beyond_noise: bool
+    differs: bool  # faster or slower: the interval excludes "no change" and the gap is at least MIN_EFFECT
     a_trials: tuple[int | None, ...] = ()  # every trial each side's verdict rests on
     b_trials: tuple[int | None, ...] = ()
     a_rates: tuple[float, ...] = ()  # their samples/s
     b_rates: tuple[float, ...] = ()
     rounds: int = 0  # alternating rounds run for this comparison
     noise: Noise = PRIOR
-    rounds_needed: int | None = None  # more rounds that would settle a gap this size (within noise only)
+    rounds_needed: int | None = None  # more rounds that would settle a gap this size (undecided only)
     note: str = ""  # e.g. a round that failed
     margin: float = MARGIN  # "same speed" means the interval lies within ±margin
     seconds: float | None = None  # wall time the rounds of this comparison took
@@ -257,9 +258,17 @@ class Comparison:
         return self.low >= 1 / (1 + self.margin) and self.high <= 1 + self.margin
 
     @property
+    def beyond_noise(self) -> bool:
+        """Deprecated name of `differs` (the answer is faster or slower); read `answer` or `differs`."""
+        warnings.warn("Comparison.beyond_noise is deprecated: read .answer ('faster', 'slower', 'same', "
+                      "'undecided') or .differs", DeprecationWarning, stacklevel=2)
+        return self.differs
+
+    @property
     def answer(self) -> Answer:
-        """B against A in one word: faster/slower (beyond noise), same (within ±margin), or undecided."""
-        if self.beyond_noise:
+        """B against A in one word: faster/slower (the interval excludes no change), same (within ±margin),
+        or undecided."""
+        if self.differs:
             return "faster" if self.speedup > 1 else "slower"
         return "same" if self.same else "undecided"
 
@@ -336,7 +345,7 @@ class Looks(NamedTuple):
     log_ratio: np.ndarray  # mean log(samples/s) of B minus A's
     sigma: np.ndarray  # the noise each used: the model's, or the sides' own spread when that is larger
     half: np.ndarray  # half-width of the CONFIDENCE interval of the log-ratio
-    beyond: np.ndarray  # beyond noise: the interval excludes 0 and the ratio is MIN_EFFECT away from 1
+    beyond: np.ndarray  # faster or slower: the interval excludes 0 and the ratio is MIN_EFFECT away from 1
     same: np.ndarray  # same speed: the whole interval lies within ±margin
 
     @property
@@ -438,7 +447,7 @@ def _paired_sd(a_rates: Sequence[float], b_rates: Sequence[float],
 
 
 def _halves(sd: float, df: float, n: int, look: int, looks: int) -> tuple[float, float]:
-    """Half-widths at one look: two-sided for "beyond noise", one-sided for "same speed".
+    """Half-widths at one look: two-sided for "faster"/"slower", one-sided for "same".
 
     "Same speed within ±margin" is two one-sided tests (TOST: B is not slower by more than the
     margin, and not faster by more than it), each at the look's spent rate: the standard
@@ -464,7 +473,7 @@ def decide_sequential(a_rates: Sequence[float], b_rates: Sequence[float], noise:
                       seconds: float | None = None, max_rounds: int | None = None) -> Comparison:
     """B against A from back-to-back pairs, judged at look len(pairs) of at most `looks`.
 
-    The paired sd starts from `noise`'s back-to-back figure (paired_prior). Beyond noise when the
+    The paired sd starts from `noise`'s back-to-back figure (paired_prior). Faster or slower when the
     two-sided interval excludes 1 (and the ratio is MIN_EFFECT away from it); same speed when the
     equivalence interval lies within ±margin (the interval shown is then that one); otherwise
     undecided, with the extra rounds that would likely settle it if the gap and spread stay as measured.
@@ -555,7 +564,7 @@ def decide_interleaved(a_rates: Sequence[float], b_rates: Sequence[float], *, lo
     burst of other work landed on from deciding; BUILD_NOISE widens it by what separates two builds
     of one configuration, which no number of pairs removes. It may be asked after every `look_every` pairs, up to `looks` times: each
     look spends an equal share of the 5% error rate (`interleave_alpha`), so stopping at the first
-    decided look keeps false alarms at or below 5%. Beyond noise when the two-sided interval excludes
+    decided look keeps false alarms at or below 5%. Faster or slower when the two-sided interval excludes
     1 and the ratio is MIN_EFFECT away from it; same speed when the TOST interval lies within ±margin.
     Undecided results say how many more pairs would likely settle it if the gap and spread stay as measured.
     """

@@ -1,5 +1,5 @@
 """fit_memory: the first configuration, in the seeds' memory-rescue order, whose measured peak fits
-a budget at a fixed effective batch (AMP -> accumulation -> checkpointing the heaviest blocks)."""
+`max_bytes` of peak memory at a fixed effective batch (AMP -> accumulation -> checkpointing the heaviest blocks)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from ..deciding.budget import Budget, Spend
 from ..diagnose.memory import block_activation_bytes
 from ..results.protocol import Bench
 
-DEFAULT_HEADROOM = 0.1  # stay 10% below the budget: a peak on the edge fails later (fragmentation, longer inputs)
+DEFAULT_HEADROOM = 0.1  # stay 10% below max_bytes: a peak on the edge fails later (fragmentation, longer inputs)
 BATCH_GROWTH_LIMIT = 0.8  # never try a batch whose predicted peak exceeds this share of free memory
 
 
-def memory_ceiling(bench: Bench, memory_budget: int | None) -> float | None:
-    """The most memory a trial may use: the caller's budget, else most of the free device memory."""
-    if memory_budget is not None:
-        return float(memory_budget)
+def memory_ceiling(bench: Bench, max_bytes: int | None) -> float | None:
+    """The most memory a trial may use: the caller's `max_bytes`, else most of the free device memory."""
+    if max_bytes is not None:
+        return float(max_bytes)
     if bench.device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(bench.device)
         return BATCH_GROWTH_LIMIT * free
@@ -39,7 +39,7 @@ def memory_ceiling(bench: Bench, memory_budget: int | None) -> float | None:
 
 @dataclass
 class FitResult:
-    """A configuration within the memory budget (or None), and what each rescue step cost."""
+    """A configuration whose peak memory fits `max_bytes` (or None), and what each rescue step cost."""
 
     knobs: Knobs | None
     result: TrialResult | None
@@ -101,7 +101,7 @@ def _first_knobs(bench: Bench, max_bytes: float, effective_batch: int, headroom:
     if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
         raise ValueError(f"effective_batch must be an int >= 1 (samples per optimizer step), got {effective_batch!r}")
     if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
-        raise ValueError(f"headroom must be a share of the budget in [0, 1) (e.g. headroom=0.1), got {headroom!r}")
+        raise ValueError(f"headroom must be a share of max_bytes in [0, 1) (e.g. headroom=0.1), got {headroom!r}")
     spec = bench.workload.spec
     if not spec.iterable and effective_batch > len(spec) * 64:
         raise ValueError(f"effective_batch={effective_batch} is far beyond the dataset ({len(spec)} samples)")
@@ -167,7 +167,7 @@ def fit_memory(bench: Bench, max_bytes: int | None = None, effective_batch: int 
     checkpointing the blocks that save the most activations, one more block per trial. Each row
     reports the time cost vs the first trial that ran (per-sample time ratio, 1.25 = 25% slower).
     A configuration fits when its peak stays `headroom` (a share, default 10%) below max_bytes,
-    so the answer does not sit on the OOM edge; headroom=0 fits up to the budget itself.
+    so the answer does not sit on the OOM edge; headroom=0 fits up to max_bytes itself.
     `budget_s` caps the seconds (budget.py, as in tune()): the first trial runs whole, a later one only
     when its estimate fits the seconds left, under a deadline; the search then ends with a note, and
     `FitResult.spent` says how the seconds went.
@@ -198,7 +198,7 @@ def fit_memory(bench: Bench, max_bytes: int | None = None, effective_batch: int 
         return r
 
     if headroom:
-        notes.append(f"fits = a peak at most {fmt_bytes(limit)}: {headroom:.0%} headroom below the budget")
+        notes.append(f"fits = a peak at most {fmt_bytes(limit)}: {headroom:.0%} headroom below max_bytes")
     try:
         r, knobs = _rescue(bench, k, effective_batch, min_micro_batch or max(1, effective_batch // 8), max_trials,
                            run, limit, rows, notes)

@@ -1,7 +1,7 @@
 """The race: candidates measured in alternating rounds, the slower ones dropped, the winner confirmed.
 
 `race(ctx, entries)` runs rounds over the live entries (`Entry`: knobs, where they came from, trials
-so far); after every round any entry beyond noise slower than the leader is dropped and the slower
+so far); after every round any entry shown slower than the leader is dropped and the slower
 half is out (successive halving, as in F-Race/irace), so further trials go only to contenders.
 `confirm_winner` settles the winner against the start. `Ctx` holds the tuner's trial count and its
 `Budget` (the seconds), runs every trial through `bench.run` (so each lands in the results and the chart), and
@@ -85,11 +85,11 @@ class Ctx:
     its trials, and the path's rows."""
 
     def __init__(self, bench: Bench, limit: int, budget_s: float | Budget | None, memory_cap: float | None,
-                 memory_budget: int | None, stop_early: bool = True, parallel: int = 1) -> None:
+                 max_bytes: int | None, stop_early: bool = True, parallel: int = 1) -> None:
         self.bench, self.limit = bench, limit
         self.budget = Budget.of(budget_s, "tune")  # the seconds: estimates, deadline, the account (spent)
         self.parallel = parallel  # trials in flight at once (jobs on an executor: tune(parallel=N))
-        self.memory_cap, self.memory_budget = memory_cap, memory_budget
+        self.memory_cap, self.max_bytes = memory_cap, max_bytes
         self.used = 0
         self.rows: list[dict[str, Any]] = []
         self.start: Entry | None = None
@@ -145,14 +145,14 @@ class Ctx:
         return r
 
     def rejected(self, r: TrialResult) -> str | None:
-        """Why a trial's configuration cannot be kept (failed, over the budget or the headroom)."""
+        """Why a trial's configuration cannot be kept (failed, over max_bytes or the headroom)."""
         if self.budget.stopped(r):
             return "stopped by the budget at its deadline: not evidence"
         if not r.ok or not r.samples_per_s:
             return f"rejected: {r.status}"
         peak = r.peak_memory_bytes
-        if peak is not None and self.memory_budget is not None and peak > self.memory_budget:
-            return f"rejected: peak {fmt_bytes(peak)} over the memory budget"
+        if peak is not None and self.max_bytes is not None and peak > self.max_bytes:
+            return f"rejected: peak {fmt_bytes(peak)} over max_bytes={self.max_bytes:,}"
         if peak is not None and self.memory_cap is not None and peak > self.memory_cap:
             return f"rejected: peak {fmt_bytes(peak)} within the headroom of the memory edge"
         return None
@@ -172,7 +172,7 @@ def _label(change: dict[str, Any]) -> str:
 
 
 def race(ctx: Ctx, entries: list[Entry], rounds: int = MAX_ROUNDS, rested: tuple[Entry, ...] = ()) -> Entry:
-    """Alternating rounds over the contenders; after each, drop those beyond noise slower than the leader.
+    """Alternating rounds over the contenders; after each, drop those shown slower than the leader.
 
     `rested`: carried entries that already have two trials or more (the start, the last leader); they
     sit out the first round, so a small budget buys new candidates rather than a third look at old ones.
@@ -223,7 +223,7 @@ def _halve(ctx: Ctx, alive: list[Entry], rnd: int) -> None:
 
 
 def _drop_round(ctx: Ctx, ok: list[Entry], leader: Entry, log: ResultLog | None) -> bool:
-    """Drop the entries beyond noise slower than the leader, park those the same speed as the start
+    """Drop the entries shown slower than the leader, park those the same speed as the start
     (near-misses for stacking); True when the leader itself is the same speed as the start (race over)."""
     start = ctx.start
     for e in ok:
@@ -362,7 +362,7 @@ def _out(ctx: Ctx, e: Entry, why: str, speedup: float | None) -> None:
 
 # ---- between races, and after the last ---------------------------------------------------------
 def near_misses(ctx: Ctx, entries: list[Entry], leader: Entry) -> list[Entry]:
-    """Entries that measured within noise of the start or better (dropped against the leader or not),
+    """Entries not shown slower than the start (dropped against the leader or not),
     unless an interleaved comparison found them slower than the start."""
     start, log = ctx.start, ctx.bench.log
     return [e for e in entries if e.trials and e is not leader and e is not start and start is not None
@@ -400,7 +400,7 @@ def admit(ctx: Ctx, cands: list[Entry], seen: set[Knobs], carried: int, first_ra
 
 
 def settled(ctx: Ctx, leader: Entry, leaders: list[Entry]) -> Entry:
-    """The last race's leader, unless it is not yet faster than the start beyond noise and an
+    """The last race's leader, unless it is not yet shown faster than the start and an
     earlier race's leader already is (a late leader with one lucky trial does not undo a win); beyond
     noise by trials, or by an interleaved comparison the race ran."""
     start, log = ctx.start, ctx.bench.log

@@ -3,13 +3,13 @@
 `tune(bench, budget_s=...)` builds candidates stage by stage (data pipeline → precision → kernels
 → compile → batch size → DDP buckets): each stage's options, plausible cross-stage pairs (batch
 size × layout, bf16 × layout, compile × batch size; workers × threads are one axis) and, after
-each race, stacks of the leader with the near-misses (changes that stayed within noise of it).
-Candidates are measured in alternating rounds; after every round any candidate beyond noise slower
+each race, stacks of the leader with the near-misses (changes not shown slower than it).
+Candidates are measured in alternating rounds; after every round any candidate shown slower
 than the leader is dropped, so further trials go only to contenders (racing, as in F-Race/irace;
 race.py). The race ends with the winner confirmed against the start, or "nothing beats the start".
 
 This module holds the search space (`stage_axes`, the first race's entries, the stacks), the
-result and `tune()` itself; race.py holds the rounds, the drops, the budget and the confirmation.
+result and `tune()` itself; race.py holds the rounds, the drops, the seconds budget and the confirmation.
 Every trial goes through `bench.run`, so it lands in the results and the chart.
 """
 
@@ -350,7 +350,7 @@ def _entered_first(ctx: Ctx, stage: str, change: str, axes: tuple[str, ...], why
     return axes
 
 
-def _check(n_trials: int | None, budget: Budget, stages: tuple[str, ...], memory_budget: int | None,
+def _check(n_trials: int | None, budget: Budget, stages: tuple[str, ...], max_bytes: int | None,
            headroom: float) -> int:
     """Validate tune()'s arguments; returns the trial cap."""
     if n_trials is not None and (not isinstance(n_trials, int) or isinstance(n_trials, bool) or n_trials < 2):
@@ -358,8 +358,8 @@ def _check(n_trials: int | None, budget: Budget, stages: tuple[str, ...], memory
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; choose from {STAGES}")
-    if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
-        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0):
+        raise ValueError(f"max_bytes must be a positive number of bytes, got {max_bytes!r}")
     if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
         raise ValueError(f"headroom must be a share of memory in [0, 1) (e.g. headroom=0.1), got {headroom!r}")
     return n_trials if n_trials is not None else (DEFAULT_TRIALS if budget.budget_s is None else 10_000)
@@ -381,14 +381,15 @@ def _check_parallel(bench: Bench, parallel: object) -> None:
 
 
 def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = None, start: Knobs | None = None,
-         memory_budget: int | None = None, stages: tuple[str, ...] = STAGES, max_batch_size: int | None = None,
+         max_bytes: int | None = None, stages: tuple[str, ...] = STAGES, max_batch_size: int | None = None,
          headroom: float = DEFAULT_HEADROOM, axes: tuple[str, ...] | None = None, confirm: bool = True,
          explain: bool = True, stop_early: bool = True, parallel: int = 1, **old: Any) -> TuneResult:
     """Race candidates under noise within `budget_s` seconds (and `n_trials` trials); returns the best.
 
     The first race holds the start, each stage's options and cross-stage pairs; later races stack
     the leader with its near-misses. The winner is kept only when it is faster than the start
-    beyond noise (`TuneResult.answer`). `memory_budget` (bytes) rejects configurations over it;
+    (`TuneResult.answer` is "faster"). `max_bytes` rejects configurations whose peak memory is over it
+    (`memory_budget=` is its old name: FutureWarning);
     `headroom` keeps every trial that share below the memory ceiling (no batch on the OOM edge).
     `axes` narrows the space to named axes (see `stage_axes`). `confirm=False` skips the extra confirmation rounds (the race's own rounds still decide).
     `explain=True` explains a winner against the start from traced steps (up to two traced repeats after the search).
@@ -400,12 +401,14 @@ def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = 
     `parallel=N` (a Workbench with an executor, docs/cluster.md) keeps up to N jobs in flight in each race
     round; the path's `node` column says which node measured each trial.
     """
+    max_bytes = renamed("tune", "max_bytes", max_bytes, {k: old.pop(k) for k in ("memory_budget",) if k in old},
+                        "memory_budget", " (peak memory in bytes)")
     n_trials = n_trials_of(n_trials, old)
     budget = Budget.of(budget_s, "tune")  # the one budget of this call: its race and confirmation spend it
-    limit = _check(n_trials, budget, stages, memory_budget, headroom)
+    limit = _check(n_trials, budget, stages, max_bytes, headroom)
     _check_parallel(bench, parallel)
-    ceiling = memory_ceiling(bench, memory_budget)
-    ctx = Ctx(bench, limit, budget, None if ceiling is None else ceiling * (1 - headroom), memory_budget,
+    ceiling = memory_ceiling(bench, max_bytes)
+    ctx = Ctx(bench, limit, budget, None if ceiling is None else ceiling * (1 - headroom), max_bytes,
               stop_early=stop_early, parallel=parallel)
     k0 = start or bench.defaults
     ctx.start = first = Entry("start", "the start", k0)

@@ -130,6 +130,22 @@ def strategy_note(value: str, ctx: Context) -> str | None:
     return None
 
 
+def strategy_check(value: str, ctx: Context) -> None:
+    """strategy='fsdp2' needs FSDP2's `torch.distributed.fsdp.fully_shard` (public from torch 2.6 on): an
+    older torch is refused before any process starts, naming the fix."""
+    if value != "fsdp2" or ctx.knobs.world_size == 1:
+        return
+    import importlib
+
+    import torch
+
+    if not hasattr(importlib.import_module("torch.distributed.fsdp"), "fully_shard"):
+        raise ValueError(
+            f"strategy='fsdp2' needs torch.distributed.fsdp.fully_shard (torch >= 2.6); this torch is "
+            f"{torch.__version__}: upgrade torch (pip install 'torch>=2.6'), or use strategy='ddp'"
+        )
+
+
 def check_strategy(k: Any) -> None:
     """Refuse, with the fix, knobs of one data-parallel strategy set under the other."""
     changed = [f.name for f in fields(k) if f.name.startswith(("fsdp_", "ddp_")) and getattr(k, f.name) != f.default]
@@ -283,9 +299,9 @@ class ParallelKnobs:
         help="processes under DDP or FSDP2 (see strategy): one per GPU (NCCL), or gloo CPU "
         "processes with 1 thread each unless cpu_threads says otherwise")
     strategy: str = declare("ddp", kind="choice", choices=STRATEGIES, group="Distributed", widget="dropdown",
-        probe="fsdp2", note=strategy_note, code=fsdp_code, fuzz=Fuzz(STRATEGIES, ("fsdp", "zero3")),
+        probe="fsdp2", note=strategy_note, check_run=strategy_check, code=fsdp_code, fuzz=Fuzz(STRATEGIES, ("fsdp", "zero3")),
         help='data parallelism at world_size > 1: "ddp" replicates the model and all-reduces '
-        'gradients; "fsdp2" shards parameters, gradients and optimizer state (fully_shard)')
+        'gradients; "fsdp2" shards parameters, gradients and optimizer state (fully_shard, torch >= 2.6)')
     ddp_no_sync: bool = declare(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
         parallel=no_sync_parallel, note=no_sync_note, code=no_sync_code, fuzz=Fuzz((False, True)),
         help="skip the gradient all-reduce on all but the last accumulation micro-batch")
@@ -297,7 +313,7 @@ class ParallelKnobs:
     ddp_comm_hook: str = declare("none", kind="choice", choices=COMM_HOOKS, group="Distributed", widget="dropdown",
         probe="fp16", note=ddp_note("ddp_comm_hook", "none"), parallel=comm_hook_parallel, check_run=comm_hook_check,
         code=comm_hook_code, fuzz=Fuzz(COMM_HOOKS, ("int8",)),
-        help='compress gradients before the all-reduce: "none" | "fp16" | "bf16" (NCCL only)')
+        help='compress gradients before the all-reduce; "bf16" needs NCCL on CUDA (gloo refuses it), "fp16" runs on both')
     ddp_gradient_as_bucket_view: bool = ddp_flag("ddp_gradient_as_bucket_view", "gradient_as_bucket_view",
         help="gradients are views into the all-reduce buckets: one copy less")
     ddp_static_graph: bool = ddp_flag("ddp_static_graph", "static_graph",

@@ -1,10 +1,10 @@
-"""The process knobs: how the trial's process starts. Today one: `allocator`, the C heap's mode.
+"""The process knobs: how the trial's process starts. One knob: `allocator`, the C heap's mode.
 
-Why a knob: on a 2-core CPU the same exported script ran 603-1,305 samples/s depending only on the
-allocator (jemalloc's defaults, glibc as it starts, glibc keeping freed memory, tcmalloc; measured
-for round 5, "The process decides up to 2x on CPU"). glibc reads MALLOC_* and the loader reads LD_PRELOAD only
+Why a knob: on one 2-core CPU the same demo ran 12,176-22,346 samples/s depending only on the
+allocator mode (jemalloc's defaults, glibc as it starts, glibc keeping freed memory, tcmalloc;
+benchmarks/README.md, "The allocator, and the referee with the mode pinned"). glibc reads MALLOC_* and the loader reads LD_PRELOAD only
 when a process starts, so a trial with an allocator runs in a fresh process started with them
-(workbench/fresh.py) and reads back, inside it, that the mode took. None (the default) runs the
+(workbench/launch/fresh.py) and reads back, inside it, that the mode took. None (the default) runs the
 trial where it is asked to, as that process is, and records its mode (the environment's `allocator`).
 
 Each hook sits here: the process's environment, the check that it is active, the refusal of a

@@ -291,7 +291,7 @@ def knob_table() -> str:
         elif s.kind == "blocks":
             values = "block names (`bench.blocks`)"
         else:
-            values = f"int >= {s.minimum}" + (" or `None`" if s.optional else "")
+            values = f"{s.kind} >= {s.minimum}" + (" or `None`" if s.optional else "")  # kind: "int" or "float"
         default = f"`{s.default!r}`".replace("'", '"')
         rows.append(f"| `{name}` | {default} | {values} | {s.help.replace('|', '/')} |")
     return "\n".join(rows)

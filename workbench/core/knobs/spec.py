@@ -122,7 +122,7 @@ class KnobSpec:
       note(value, ctx) -> str | None: "runs but does nothing here" sentences
       process_env(value, ctx) -> dict: variables the trial's process must start with (None values: unset);
         read by the C library or the loader at start-up only, so a trial whose process differs runs in a
-        fresh one (workbench/fresh.py)
+        fresh one (workbench/launch/fresh.py)
       process_differs(value, ctx) -> str | None: None when this process runs as the value asks, else what it
         runs instead (checked inside the fresh process: a mode that did not take fails the trial)
     Code hook: code(knobs) -> {section: lines}: what the generated training loop adds (CODE_SECTIONS).
@@ -161,9 +161,9 @@ class KnobSpec:
     code: Callable[[Any], dict[str, list[str]]] | None = None
     function: Callable | None = None  # a user knob's decorated function (its source goes into to_code)
     name: str = ""  # filled in from the field name
-    # True when two values can take turns in short blocks on live steps in one process (bench.compare's
+    # True when two values can take turns of a few steps on live steps in one process (bench.compare's
     # interleaved path, deciding/interleave.py): the knob acts on its side's own model copy, optimizer or step, or
-    # is a process setting entered per block. Data-pipeline knobs (each side would need its own loader)
+    # is a process setting entered at each turn. Data-pipeline knobs (each side would need its own loader)
     # and the distributed ones (other processes) leave it False.
     interleave: bool = False
 
