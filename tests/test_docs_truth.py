@@ -74,6 +74,8 @@ NOT_OURS = {
     "TraceAnalysis", "TraceDiff",  # HolisticTraceAnalysis (docs/analysis.md says why it is not used)
     "state_dict",  # torch's
     "get_length_grouped_indices",  # transformers' (group_by_length's sampler, docs/measurement.md)
+    "estimated_stepping_batches",  # Lightning's Trainer attribute (docs/lightning.md: what from_lightning refuses)
+    "include_num_input_tokens_seen",  # transformers' TrainingArguments flag (docs/lightning.md)
     "make_bench",  # a reader's factory in the CLI and torchrun examples (`mypkg.train:make_bench`)
 }
 EXTERNAL_ROOTS = {"torch", "np", "numpy", "pd", "pandas", "alt", "altair", "os", "sys", "transformers", "accelerate",

@@ -81,9 +81,9 @@ class DataCheck:
     @property
     def data_bound(self) -> bool:
         """What one cached batch gains decides when it ran. After alternating rounds: data-bound when it
-        runs DATA_BOUND_SPEEDUP faster beyond run-to-run noise. From one pair of trials (no rounds): when
+        runs DATA_BOUND_SPEEDUP faster and the rounds call it faster. From one pair of trials (no rounds): when
         it is DATA_BOUND_SPEEDUP faster and the data wait agrees (at or above the 20% rule). A cached batch
-        within noise of the real loader is never data-bound, whatever the share reads: the step gains
+        not shown faster than the real loader is never data-bound, whatever the share reads: the step gains
         nothing without its data. Without the twin: the 20% rule alone."""
         by_wait = (self.data_wait_share or 0.0) >= DATA_WAIT_LIMIT
         c = self.comparison

@@ -32,7 +32,7 @@ from ..results import Comparison, ResultLog
 from ..results.comparison import real_run
 from ..results.stats import MARGIN, Noise
 from .scaling import Scaling
-from .surface import DEPRECATED, _outcome, _wait, knobs_of, log_path, require_notebook
+from .surface import DEPRECATED, knobs_of, log_path, outcome_of, require_notebook, wait_for
 
 DEFAULT_LOG_DIR = "workbench-runs"
 LOUD_NOTES = ("amp='fp16' on CPU",)  # notes worth a warning in the caller's cell, not only in `notes`
@@ -226,7 +226,7 @@ class Workbench:
                                   trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s,
                                   stop=self._stop_rule(k) if stop_early else None)
             try:
-                result = _wait(future)
+                result = wait_for(future)
                 if not result.ok:  # the bar ends in the trial's status, not the runner's "done"
                     state.set(result.status, state.done, state.total)
                 return self._record(result)
@@ -237,11 +237,11 @@ class Workbench:
             except KeyboardInterrupt:  # Ctrl-C in this thread: stop at the next step boundary
                 stop.set()
                 try:
-                    result = _wait(future)
+                    result = wait_for(future)
                 except TrialInterrupted as e:
                     result = e.result
                 except KeyboardInterrupt:  # a second Ctrl-C: record the trial whenever it ends
-                    future.add_done_callback(lambda f: self._record(_outcome(f)))
+                    future.add_done_callback(lambda f: self._record(outcome_of(f)))
                     raise
                 raise TrialInterrupted(self._record(result)) from None
 
@@ -450,7 +450,7 @@ class Workbench:
             future = submit_trial(run, self.workload, a.knobs, b.knobs, a_id=a.trial_id, b_id=b.trial_id,
                                   margin=margin, budget_s=budget_s if budget_s is not None else BUDGET_S,
                                   warmup_steps=min(self.warmup_steps, INTERLEAVE_WARMUP), cancel=cancel)
-            return _wait(future)
+            return wait_for(future)
 
     def _interleaved(self, ra: TrialResult, rb: TrialResult, *, margin: float, budget: Budget,
                      required: bool, cancel: threading.Event | None = None) -> tuple[Comparison | None, str]:

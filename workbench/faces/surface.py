@@ -72,7 +72,7 @@ def knobs_of(log: Any, trial: Any, verb: str) -> Any:
     return knobs
 
 
-def _wait(future: concurrent.futures.Future) -> Any:
+def wait_for(future: concurrent.futures.Future) -> Any:
     """future.result(), waking every 0.1 s: a Ctrl-C (SIGINT) that the kernel delivered to another
     thread only raises in the main thread when it runs Python code, not while it blocks on a lock."""
     while True:
@@ -82,7 +82,7 @@ def _wait(future: concurrent.futures.Future) -> Any:
             continue
 
 
-def _outcome(future: Any) -> Any:
+def outcome_of(future: Any) -> Any:
     """The TrialResult a finished trial future holds, interrupted or not."""
     try:
         return future.result()
