@@ -4,6 +4,7 @@ executor, and a real one-node SLURM (scripts/slurm_up.sh; those tests skip, sayi
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import platform
 import shutil
@@ -17,9 +18,8 @@ from conftest import TinyNet, tiny_data
 
 import workbench as wb
 from workbench.core.measure import TrialResult
-from workbench.deciding.budget import Deadline
+from workbench.deciding.budget import Budget, Deadline
 from workbench.launch import cluster
-from workbench.launch.cluster import QUEUED, work_clock
 
 HOST = platform.node().split(".")[0]
 
@@ -175,18 +175,138 @@ def test_pending_shows_the_reason():
 
 
 # ---- queue time is not spent ----------------------------------------------------------------
-def test_queue_time_is_left_out_of_budgets_and_moves_the_deadline():
-    t0, q0 = work_clock(), QUEUED.total
-    QUEUED.add(1000.0)
-    try:
-        assert work_clock() - t0 < 0  # the queue's 1000 s left the clock
-    finally:
-        QUEUED.total = q0
+class SlurmJob:
+    """A job that looks like SLURM's to the watcher (its state from the patched slurm_state): it waits
+    `queue_s` in a fake queue, then writes progress and returns a made-up trial record after `run_s`."""
+
+    run_s = 0.3  # how long it runs once out of the queue
+
+    def __init__(self, fn, args, queue_s, states):
+        self.job_id = str(len(states) + 9000)
+        self.cancelled = False
+        self.t_run = time.monotonic() + queue_s
+        self.future = concurrent.futures.Future()
+        states[self.job_id] = self
+        threading.Thread(target=self._body, args=(fn, args), daemon=True).start()
+
+    def _body(self, fn, args):
+        while time.monotonic() < self.t_run and not self.cancelled:
+            time.sleep(0.02)
+        if self.cancelled:
+            self.future.set_exception(RuntimeError("cancelled"))
+            return
+        payload = args[0]  # remote.trial_job's: a measured trial is made up here (no training in threads)
+        time.sleep(self.run_s)  # the job's start-up: RUNNING, no progress yet
+        with open(payload["progress_path"], "w") as f:
+            json.dump(["measuring", 1, 4], f)
+        time.sleep(self.run_s)
+        r = TrialResult(knobs=payload["knobs"], status="ok", samples_per_s=100.0, step_times_s=(0.1,) * 4,
+                        samples_per_step=16, env={"host": "fake"})
+        self.future.set_result({"record": r.to_record(), "process": {}})
+
+    def state(self):
+        if self.cancelled:
+            return cluster.SchedulerState("CANCELLED", "", "fake")
+        if self.future.done():
+            return cluster.SchedulerState("COMPLETED", "", "fake")
+        return cluster.SchedulerState("PENDING" if time.monotonic() < self.t_run else "RUNNING", "", "fake")
+
+    def done(self):
+        return self.future.done()
+
+    def result(self):
+        return self.future.result()
+
+    def cancel(self, check=True):
+        self.cancelled = True
+
+
+@pytest.fixture
+def fake_slurm(monkeypatch):
+    """An executor of fake SLURM jobs that each wait `queue_s` seconds in a queue (set on the executor)."""
+    states: dict = {}
+    monkeypatch.setattr(cluster, "is_slurm", lambda job: isinstance(job, SlurmJob))
+    monkeypatch.setattr(cluster, "slurm_state", lambda jid: states[str(jid)].state())
+    monkeypatch.setattr(cluster, "ASK_EVERY_S", 0.1)  # the scheduler sees RUNNING before the job's progress
+    monkeypatch.setattr(cluster, "POLL_S", 0.05)
+    from workbench.launch import jobs
+
+    monkeypatch.setattr(jobs, "is_slurm", lambda job: isinstance(job, SlurmJob))
+
+    class Executor:
+        def __init__(self):
+            self.queue_s = 1.0
+            self.waits: list = []  # the next jobs' queue waits, before queue_s
+            self.submitted: list = []
+
+        def submit(self, fn, *args, **kwargs):
+            job = SlurmJob(fn, args, self.waits.pop(0) if self.waits else self.queue_s, states)
+            self.submitted.append(job)
+            return job
+
+    return Executor()
+
+
+def test_parallel_queue_waits_count_once_in_the_budget_that_owns_them(fake_slurm, tmp_path):
+    from workbench.launch.runner import PARALLEL_THREAD_NAME
+
+    bench = bench_on(fake_slurm, tmp_path)
+    run = functools.partial(bench.run, progress=False)
+    other, budget = Budget(None, "another verb"), Budget(None, "tune")
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix=PARALLEL_THREAD_NAME) as pool:
+        rs = list(pool.map(lambda k: budget.trial(run, k, purpose="race"), [wb.Knobs(batch_size=16),
+                                                                             wb.Knobs(batch_size=32)]))
+    wall = time.perf_counter() - t0
+    assert all(r.ok for r in rs), [r.message for r in rs]
+    assert budget.spent.seconds["race"] >= 0 and all(s >= 0 for _k, s, _ in budget.spent.measured)
+    assert budget.elapsed() >= 0
+    assert 0 < budget.queue.total <= wall  # two waits side by side: one stretch of queue, counted once
+    assert other.elapsed() >= wall  # another budget in the kernel never sees this one's queue
+
+
+def test_a_queue_wait_while_another_job_runs_is_the_budgets_time():
+    from workbench.launch.cluster import QueueAccount
+
+    now = [0.0]
+    acct = QueueAccount(lambda: now[0])
+    acct.waiting("a")
+    acct.waiting("b")
+    now[0] = 10.0
+    acct.running("a")  # a ran after 10 s: both waited side by side (10 s of queue, not 20)
+    now[0] = 15.0
+    assert acct.total == 10.0 and acct.clock() == 5.0
+    acct.ended("a")  # b still waits, nothing of this budget runs: queue again
+    now[0] = 18.0
+    acct.running("b")
+    acct.ended("b")
+    now[0] = 20.0
+    assert acct.total == 13.0 and acct.clock() == 7.0
+
+
+def test_a_panel_deadline_expiring_in_the_queue_waits_for_the_job(fake_slurm, tmp_path):
+    from workbench.faces.panel.tuning import Either
+
+    bench = bench_on(fake_slurm, tmp_path)
+    fake_slurm.queue_s = 2.5  # the job runs 0.6 s once out of the queue
+    deadline = Deadline(1.2, "stopped by the budget")  # expires while the job waits in the queue
+    r = bench.run(progress=False, cancel=Either(deadline, threading.Event()))
+    deadline.cancel()
+    assert r.ok, r.message  # queue time is not spent: the deadline moved on by the wait
+    assert deadline.waited > 0 and not fake_slurm.submitted[-1].cancelled
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    r = bench.run(progress=False, cancel=Either(Deadline(60.0, "budget"), stop))
+    assert r.status == "interrupted" and "stopped by the user" in r.message  # Stop still cancels a queued job
+    assert fake_slurm.submitted[-1].cancelled
+
+
+def test_the_deadline_moves_on_by_a_queue_wait():
     d = Deadline(0.05, "budget")
     time.sleep(0.15)
     assert d.expired
     d.postpone(10.0)  # the job waited in the queue: the budget's deadline moves on
-    assert not d.is_set() and not d.expired
+    assert not d.is_set() and not d.expired and d.waited == 10.0
     d.cancel()
 
 

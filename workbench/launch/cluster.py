@@ -63,26 +63,74 @@ WHY = {
 }
 
 
-class Queued:
-    """Seconds that trials waited in a scheduler's queue (jobs on an executor, jobs.py) and that budgets
-    do not count (`Workbench(..., budget_counts_queue=False)`, the default): `work_clock` leaves them out."""
+class QueueAccount:
+    """The wall-clock seconds during which one budget's work was only queued: at least one of its jobs
+    in flight and none of them running (jobs.py reports each job's waiting, running and end). Owned by
+    one budget (deciding/budget.py), under its own lock: waits of jobs queued side by side count once,
+    a job waiting while another of the budget's jobs runs counts as the budget's time (its work goes
+    on), and another budget in the kernel is never touched. `clock()` is the budget's clock: `base`
+    less those seconds, so it never runs backwards and a trial's seconds on it are never negative."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: Callable[[], float] = time.perf_counter) -> None:
         self._lock = threading.Lock()
-        self.total = 0.0
+        self._base = base
+        self._waiting: set[object] = set()
+        self._running: set[object] = set()
+        self._since: float | None = None  # the start of the open stretch where all work waits
+        self._closed = 0.0  # seconds of the stretches already closed
 
-    def add(self, seconds: float) -> None:
+    def _settle(self, now: float) -> None:
+        only_queued = bool(self._waiting) and not self._running
+        if only_queued and self._since is None:
+            self._since = now
+        elif not only_queued and self._since is not None:
+            self._closed += max(0.0, now - self._since)
+            self._since = None
+
+    def waiting(self, key: object) -> None:
+        """A job of this budget was submitted and waits in the queue."""
         with self._lock:
-            self.total += max(0.0, seconds)
+            self._waiting.add(key)
+            self._settle(self._base())
 
+    def running(self, key: object) -> None:
+        """The scheduler runs `key`'s job (or it wrote its first progress)."""
+        with self._lock:
+            self._waiting.discard(key)
+            self._running.add(key)
+            self._settle(self._base())
 
-QUEUED = Queued()
+    def ended(self, key: object) -> None:
+        """`key`'s job ended (or was given up), however it ended."""
+        with self._lock:
+            self._waiting.discard(key)
+            self._running.discard(key)
+            self._settle(self._base())
+
+    def wall(self) -> float:
+        """The base clock (wall time), queue waits included."""
+        return self._base()
+
+    def _read(self) -> tuple[float, float]:
+        with self._lock:
+            now = self._base()
+            return now, self._closed + (max(0.0, now - self._since) if self._since is not None else 0.0)
+
+    @property
+    def total(self) -> float:
+        """Seconds so far during which all of this budget's work was queued."""
+        return self._read()[1]
+
+    def clock(self) -> float:
+        """The budget's clock: `base()` less the seconds all of its work was only queued."""
+        now, queued = self._read()
+        return now - queued
 
 
 def work_clock() -> float:
-    """perf_counter() less the seconds trials waited in a queue that budgets do not count (QUEUED):
-    the clock of every seconds budget, so a job's wait is reported apart and never spent."""
-    return time.perf_counter() - QUEUED.total
+    """The clock of a seconds budget without jobs in flight (perf_counter); a Budget runs on its own
+    QueueAccount's clock, which leaves out the seconds its jobs only waited in a queue."""
+    return time.perf_counter()
 
 
 # ---- the executor ----------------------------------------------------------------------------
@@ -499,13 +547,15 @@ def new_progress_file(jobs_dir: Path) -> Path:
 
 
 def watch(job: Any, w: Watch, progress: TrialProgress, cancel: threading.Event | None,
-          on_queue: Callable[[float], None] | None = None, queue_counts: bool = True) -> Any:
+          on_queue: Callable[[float], None] | None = None, queue_counts: bool = True,
+          on_running: Callable[[], None] | None = None) -> Any:
     """Wait for `job`'s value, showing its state in `progress`; JobFailed when it ends without one
     (cancelled by `cancel`, a fault, the scheduler's reason). Ctrl-C cancels the job, then propagates.
-    `on_queue(seconds)` is called once the job started (its queue time). A budget's deadline (an event
+    `on_running()` is called once the scheduler runs the job (or it wrote progress), `on_queue(seconds)`
+    once the job started (its queue time). A budget's deadline (an event whose `expired` is true and
     with `postpone`) that expires while the job still waits in the queue does not cancel it unless
-    `queue_counts`: `on_queue` moves that deadline on by the wait."""
-    reported = False
+    `queue_counts`: `on_queue` moves that deadline on by the wait. Any other set (Stop, Ctrl-C) cancels."""
+    reported = ran = False
     try:
         while True:
             now = time.monotonic()
@@ -514,10 +564,17 @@ def watch(job: Any, w: Watch, progress: TrialProgress, cancel: threading.Event |
             snap = w.read_progress()
             sched = w.ask(now)
             progress.set(w.phase(snap, sched), int((snap or {}).get("done", 0)), int((snap or {}).get("total", 0)))
-            if snap is not None and not reported and on_queue is not None:
-                reported = True
-                on_queue(w.queue_s or 0.0)  # a deadline moves on by the queue's wait only
-            waiting_deadline = not queue_counts and snap is None and callable(getattr(cancel, "postpone", None))
+            if not ran and (snap is not None or w.t_running is not None or not is_slurm(job)):
+                ran = True
+                if w.t_running is None and is_slurm(job):  # progress before squeue said RUNNING
+                    w.t_running = now
+                if on_running is not None:
+                    on_running()
+                if on_queue is not None:
+                    reported = True
+                    on_queue(w.queue_s or 0.0)  # a deadline moves on by the queue's wait only
+            waiting_deadline = (not queue_counts and not ran and bool(getattr(cancel, "expired", False))
+                                and callable(getattr(cancel, "postpone", None)))
             if cancel is not None and cancel.is_set() and not waiting_deadline:
                 why = getattr(cancel, "reason", "") or "stopped by the user"
                 stop_job(job)
@@ -529,7 +586,7 @@ def watch(job: Any, w: Watch, progress: TrialProgress, cancel: threading.Event |
         stop_job(job)
         raise
     w.read_progress()
-    if w.t_start is not None and not reported and on_queue is not None:
+    if not reported and on_queue is not None:
         on_queue(w.queue_s or 0.0)
     try:
         return job.result()

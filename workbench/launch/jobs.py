@@ -23,7 +23,6 @@ from ..core.measure import TrialResult, now_iso
 from ..core.progress import TrialProgress
 from ..core.workload import Workload
 from .cluster import (
-    QUEUED,
     JobFailed,
     SchedulerState,
     Watch,
@@ -47,7 +46,8 @@ class Jobs:
     """Runs trials and interleaved comparisons of one workload as jobs on `executor`.
 
     `device` is what the user asked for ("auto" resolves on the node). `counts_queue`: whether time
-    in the scheduler's queue counts against a budget_s (by default it does not: `budget.QUEUED`).
+    in the scheduler's queue counts against a budget_s (by default it does not: each job reports its
+    wait to the budget's own account, `cancel.queue`, a cluster.QueueAccount).
     """
 
     def __init__(self, executor: Any, log_path: Path | None, *, device: str | None, counts_queue: bool = False) -> None:
@@ -97,9 +97,10 @@ class Jobs:
             return failed_trial(knobs, "error", f"the trial's process could not start ({type(ex).__name__}): "
                                 f"{type(e).__name__}: {str(e).strip()[:500]}", w, started, where="process")
         entry = self._register(w, "trial", knobs, started)
+        account = self._account(cancel, w)
         try:
             out = watch(w.job, w, progress, cancel, on_queue=lambda q: self._queued(q, cancel),
-                        queue_counts=self.counts_queue)
+                        queue_counts=self.counts_queue, on_running=account.running)
             r = received(out, knobs, type(ex).__name__, w.job_id or None)
         except JobFailed as e:
             r = failed_trial(knobs, e.status, e.message, w, started)
@@ -110,6 +111,8 @@ class Jobs:
             raise TrialInterrupted(r) from None
         except Exception as e:  # a job that returned something that is not a trial record
             r = failed_trial(knobs, "error", f"job {w.job_id} returned no trial: {type(e).__name__}: {e}", w, started)
+        finally:
+            account.ended()
         self._forget(entry, pf)
         r.extra["job"] = w.info()
         progress.set(r.status if not r.ok else "done", progress.done, progress.total)
@@ -135,19 +138,26 @@ class Jobs:
         with by_value(workload):
             w.job = self.executor.submit(job_call, fn, workload, self.device, args, kwargs, str(pf))
         entry = self._register(w, "call", Knobs(), now_iso())
+        account = self._account(cancel, w)
         try:
             value, env = watch(w.job, w, TrialProgress(), cancel, on_queue=lambda q: self._queued(q, cancel),
-                               queue_counts=self.counts_queue)
+                               queue_counts=self.counts_queue, on_running=account.running)
         finally:
+            account.ended()
             self._forget(entry, pf)
         return value, env, w.info()
+
+    def _account(self, cancel: threading.Event | None, w: Watch) -> _Waits:
+        """The job's waiting/running/ended reports to its budget's queue account (`cancel.queue`, a
+        cluster.QueueAccount; none when the queue counts or no budget runs the trial)."""
+        account = None if self.counts_queue else getattr(cancel, "queue", None)
+        return _Waits(account if callable(getattr(account, "waiting", None)) else None, w)
 
     def _queued(self, seconds: float, cancel: threading.Event | None) -> None:
         """A job left the queue after `seconds`: counted apart; a budget's deadline moves on by as much
         unless the queue counts."""
         self.queue_s += seconds
         if not self.counts_queue:
-            QUEUED.add(seconds)
             postpone = getattr(cancel, "postpone", None)
             if callable(postpone):
                 postpone(seconds)
@@ -252,6 +262,26 @@ class Jobs:
 
         for job in list(self.in_flight.values()):
             stop_job(job)
+
+
+class _Waits:
+    """One job's reports to a budget's QueueAccount: waiting from submission (a job without a
+    scheduler runs at once: its wait is start-up), running once the scheduler runs it, ended."""
+
+    def __init__(self, account: Any, w: Watch) -> None:
+        self.account, self.key = account, object()
+        if account is not None:
+            account.waiting(self.key)
+            if not is_slurm(w.job):
+                account.running(self.key)
+
+    def running(self) -> None:
+        if self.account is not None:
+            self.account.running(self.key)
+
+    def ended(self) -> None:
+        if self.account is not None:
+            self.account.ended(self.key)
 
 
 def _trial_of(out: Any, knobs: Knobs, w: Watch) -> Any:
