@@ -168,6 +168,63 @@ def test_a_job_the_scheduler_forgot_is_lost():
         w.check_alive(cluster.SchedulerState(known=False), cluster.RESULT_GRACE_S + 1)
 
 
+def test_a_scheduler_that_answers_again_resets_the_grace():
+    w = cluster.Watch(type("SlurmJob", (), {"job_id": "7"})(), None, 0.0)  # type: ignore[arg-type]
+    w.check_alive(cluster.SchedulerState(known=False), 0.0)  # a blip: the scheduler did not list it
+    w.check_alive(cluster.SchedulerState("RUNNING"), 5.0)  # it answers again: the job lives
+    w.check_alive(cluster.SchedulerState(known=False), 3600.0)  # another blip, an hour later
+    w.check_alive(cluster.SchedulerState(known=False), 3600.0 + cluster.RESULT_GRACE_S - 1)  # a fresh grace
+
+
+def test_a_scheduler_that_does_not_answer_never_loses_the_job():
+    from workbench.launch import watcher
+
+    w = cluster.Watch(type("SlurmJob", (), {"job_id": "7"})(), None, 0.0)  # type: ignore[arg-type]
+    silent = cluster.SchedulerState(known=False, answered=False)  # squeue timed out, slurmctld restarting
+    for t in (0.0, 60.0, watcher.UNANSWERED_S - 1):
+        w.check_alive(silent, t)  # still watched: the job may well be running
+    assert "does not answer" in w.phase(None, silent) and "still watching job 7" in w.phase(None, silent)
+    w.check_alive(cluster.SchedulerState("RUNNING"), watcher.UNANSWERED_S)  # it answers: the count starts over
+    w.check_alive(silent, watcher.UNANSWERED_S + 1)
+    with pytest.raises(cluster.JobFailed, match=r"has not answered for \d+ s: job 7 is left as it is.*scancel 7"):
+        w.check_alive(silent, 2 * watcher.UNANSWERED_S + 2)
+
+
+def test_one_squeue_answers_for_every_job_in_flight(monkeypatch):
+    from workbench.launch import watcher
+
+    asked = []
+
+    def ask(cmd):
+        asked.append(cmd)
+        return True, "11|RUNNING|None|n1\n12|PENDING|Priority|\n"
+
+    monkeypatch.setattr(watcher, "_ask", ask)
+    board = watcher.SlurmBoard()
+    for jid in ("11", "12"):
+        board.add(jid)
+    assert board.state("11").state == "RUNNING" and board.state("12").reason == "Priority"
+    assert [c[0] for c in asked] == ["squeue"] and "11,12" in asked[0]  # one query for both
+    for jid in range(40):
+        board.add(str(jid))
+    assert board.interval() == watcher.ASK_MAX_S > watcher.SlurmBoard().interval()  # 42 jobs: asked less often
+
+
+def test_a_scancel_ends_the_trial_when_slurm_writes_it_not_when_the_job_is_gone(tmp_path):
+    err = tmp_path / "7_0_log.err"
+    err.write_text("slurmstepd-vm: error: *** JOB 7 ON vm CANCELLED AT 2026-12-04T16:04:14 ***\n")
+    job = type("SlurmJob", (), {"job_id": "7", "paths": type("P", (), {"stderr": err})()})()
+    w = cluster.Watch(job, None, 0.0)  # type: ignore[arg-type]
+    with pytest.raises(cluster.JobFailed) as e:  # COMPLETING can last KillWait (30 s): the kill is already said
+        w.check_alive(cluster.SchedulerState("COMPLETING", "", "vm"), 0.0)
+    assert e.value.status == "interrupted" and "was cancelled" in e.value.message
+    err.write_text("slurmstepd: error: *** JOB 7 ON vm CANCELLED AT 2026-12-04T16:04:14 DUE TO TIME LIMIT ***\n")
+    with pytest.raises(cluster.JobFailed, match="time limit"):
+        cluster.Watch(job, None, 0.0).check_alive(cluster.SchedulerState("COMPLETING"), 0.0)  # type: ignore[arg-type]
+    err.write_text("")
+    cluster.Watch(job, None, 0.0).check_alive(cluster.SchedulerState("COMPLETING"), 0.0)  # type: ignore[arg-type]
+
+
 def test_pending_shows_the_reason():
     w = cluster.Watch(type("SlurmJob", (), {"job_id": "7"})(), None, 0.0)  # type: ignore[arg-type]
     assert w.phase(None, cluster.SchedulerState("PENDING", "Resources")) == "pending (Resources)"
@@ -225,13 +282,13 @@ class SlurmJob:
 def fake_slurm(monkeypatch):
     """An executor of fake SLURM jobs that each wait `queue_s` seconds in a queue (set on the executor)."""
     states: dict = {}
-    monkeypatch.setattr(cluster, "is_slurm", lambda job: isinstance(job, SlurmJob))
-    monkeypatch.setattr(cluster, "slurm_state", lambda jid: states[str(jid)].state())
-    monkeypatch.setattr(cluster, "ASK_EVERY_S", 0.1)  # the scheduler sees RUNNING before the job's progress
-    monkeypatch.setattr(cluster, "POLL_S", 0.05)
-    from workbench.launch import jobs
+    from workbench.launch import jobs, watcher
 
-    monkeypatch.setattr(jobs, "is_slurm", lambda job: isinstance(job, SlurmJob))
+    for module in (watcher, jobs):
+        monkeypatch.setattr(module, "is_slurm", lambda job: isinstance(job, SlurmJob))
+    monkeypatch.setattr(watcher, "slurm_states", lambda ids: {str(j): states[str(j)].state() for j in ids})
+    monkeypatch.setattr(watcher, "ASK_EVERY_S", 0.1)  # the scheduler sees RUNNING before the job's progress
+    monkeypatch.setattr(watcher, "POLL_S", 0.05)
 
     class Executor:
         def __init__(self):
@@ -299,6 +356,32 @@ def test_a_panel_deadline_expiring_in_the_queue_waits_for_the_job(fake_slurm, tm
     r = bench.run(progress=False, cancel=Either(Deadline(60.0, "budget"), stop))
     assert r.status == "interrupted" and "stopped by the user" in r.message  # Stop still cancels a queued job
     assert fake_slurm.submitted[-1].cancelled
+
+
+def test_ctrl_c_during_a_parallel_tune_cancels_every_job_and_returns(fake_slurm, tmp_path):
+    import os
+    import signal
+
+    bench = bench_on(fake_slurm, tmp_path)
+    fake_slurm.waits, fake_slurm.queue_s = [0.0], 3600.0  # the first trial runs; the rest wait in the queue
+
+    def interrupt_once_two_wait():
+        while len(fake_slurm.submitted) < 3:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, as the kernel delivers it: KeyboardInterrupt in the main thread
+
+    threading.Thread(target=interrupt_once_two_wait, daemon=True).start()
+    t = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        bench.tune(n_trials=6, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
+    assert time.monotonic() - t < 30  # not hung on the watchers
+    waiting = fake_slurm.submitted[1:]
+    assert len(waiting) >= 2 and all(j.cancelled for j in waiting)
+    by_job = {t.extra["job"]["id"]: t for t in bench.trials}
+    assert all(by_job[j.job_id].status == "interrupted" for j in waiting)  # recorded, not lost
+    assert "interrupted by the user" in by_job[waiting[0].job_id].message
+    assert not bench._jobs.halted.is_set() and not bench._jobs.in_flight
 
 
 def test_the_deadline_moves_on_by_a_queue_wait():
@@ -434,6 +517,6 @@ def test_parallel_needs_an_executor(make_bench):
 @needs_slurm
 def test_slurm_tune_keeps_jobs_in_flight(slurm, tmp_path):
     bench = bench_on(slurm, tmp_path)
-    res = bench.tune(budget=3, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
+    res = bench.tune(n_trials=3, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
     assert all(t.extra.get("job", {}).get("id") for t in bench.trials)  # every trial a job
     assert len(bench.trials) >= 3 and res.steps["node"].dropna().eq(HOST).all()

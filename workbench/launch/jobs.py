@@ -61,6 +61,7 @@ class Jobs:
         self.travel_bytes: int | None = None
         self.queue_s = 0.0  # seconds this workbench's jobs waited in the queue
         self.in_flight: dict[str, Any] = {}  # registry file name -> job (tune(parallel=N) keeps several)
+        self.halted = threading.Event()  # cancel_all: every watcher cancels its job and ends its trial
         quiet_sacct()
 
     def travels(self, workload: Workload) -> int:
@@ -100,13 +101,13 @@ class Jobs:
         account = self._account(cancel, w)
         try:
             out = watch(w.job, w, progress, cancel, on_queue=lambda q: self._queued(q, cancel),
-                        queue_counts=self.counts_queue, on_running=account.running)
+                        queue_counts=self.counts_queue, on_running=account.running, halt=self.halted)
             r = received(out, knobs, type(ex).__name__, w.job_id or None)
         except JobFailed as e:
             r = failed_trial(knobs, e.status, e.message, w, started)
         except KeyboardInterrupt:
-            r = failed_trial(knobs, "interrupted", f"interrupted by the user: job {w.job_id} cancelled (its process "
-                             "was ended)", w, started)
+            r = failed_trial(knobs, "interrupted", f"interrupted by the user: job {w.job_id} "
+                             f"{w.stopped or 'cancelled'}", w, started)
             self._forget(entry, pf)
             raise TrialInterrupted(r) from None
         except Exception as e:  # a job that returned something that is not a trial record
@@ -141,7 +142,7 @@ class Jobs:
         account = self._account(cancel, w)
         try:
             value, env = watch(w.job, w, TrialProgress(), cancel, on_queue=lambda q: self._queued(q, cancel),
-                               queue_counts=self.counts_queue, on_running=account.running)
+                               queue_counts=self.counts_queue, on_running=account.running, halt=self.halted)
         finally:
             account.ended()
             self._forget(entry, pf)
@@ -257,11 +258,18 @@ class Jobs:
             Path(entry["progress_file"]).unlink(missing_ok=True)
 
     def cancel_all(self) -> None:
-        """Cancel every job this workbench has in flight (tune(parallel=N) on Stop)."""
+        """Cancel every job this workbench has in flight and end their trials at once (Ctrl-C during
+        tune(parallel=N)): each watcher sees `halted`, cancels its job and records the trial as
+        interrupted. `resume()` lets later trials run."""
         from .cluster import stop_job
 
+        self.halted.set()
         for job in list(self.in_flight.values()):
             stop_job(job)
+
+    def resume(self) -> None:
+        """Trials may run again after `cancel_all` (its watchers have ended)."""
+        self.halted.clear()
 
 
 class _Waits:
