@@ -429,6 +429,26 @@ def test_jobs_left_behind_are_recorded_or_marked_lost(tmp_path):
     assert len(bench.trials) == 0
 
 
+def test_a_second_kernel_on_the_folder_leaves_the_first_ones_live_jobs_alone(fake_slurm, tmp_path):
+    from workbench.launch import jobs
+
+    fake_slurm.queue_s = 3600.0
+    first = bench_on(fake_slurm, tmp_path)
+    stop = threading.Event()
+    ran = concurrent.futures.ThreadPoolExecutor(1).submit(first.run, progress=False, cancel=stop)
+    jobs_dir = tmp_path / "runs" / "TinyNet.jobs"
+    while not list(jobs_dir.glob("job-*.json")):
+        time.sleep(0.05)
+    second = bench_on(fake_slurm, tmp_path)  # another kernel on the same folder (its owner: a live process)
+    assert second.trials == [] and len(list(jobs_dir.glob("job-*.json"))) == 1  # not recorded, not cancelled
+    assert not fake_slurm.submitted[0].cancelled
+    stop.set()
+    assert ran.result(timeout=30).status == "interrupted" and len(first.trials) == 1
+    assert not jobs.owner_alive({"host": jobs.owner()["host"], "pid": 2 ** 22 + 7, "started": 1.0}, time.time())
+    assert not jobs.owner_alive({"host": "elsewhere", "pid": 1}, time.time() - jobs.LEASE_S - 1)  # no heartbeat
+    assert jobs.owner_alive({"host": "elsewhere", "pid": 1}, time.time())
+
+
 # ---- submitit's local executor (a fresh process per job) ----------------------------------------
 @pytest.mark.slow
 def test_submitit_local_executor_runs_a_trial_and_a_new_workbench_reads_it_back(tmp_path, node_path):

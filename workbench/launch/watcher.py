@@ -319,14 +319,16 @@ class Watch:
 
 def watch(job: Any, w: Watch, progress: TrialProgress, cancel: threading.Event | None,
           on_queue: Callable[[float], None] | None = None, queue_counts: bool = True,
-          on_running: Callable[[], None] | None = None, halt: threading.Event | None = None) -> Any:
+          on_running: Callable[[], None] | None = None, halt: threading.Event | None = None,
+          beat: Callable[[], None] | None = None) -> Any:
     """Wait for `job`'s value, showing its state in `progress`; JobFailed when it ends without one
     (cancelled by `cancel`, a fault, the scheduler's reason). Ctrl-C cancels the job, then propagates.
     `on_running()` is called once the scheduler runs the job (or it wrote progress), `on_queue(seconds)`
     once the job started (its queue time). A budget's deadline (an event whose `expired` is true and
     with `postpone`) that expires while the job still waits in the queue does not cancel it unless
     `queue_counts`: `on_queue` moves that deadline on by the wait. Any other set (Stop, Ctrl-C) cancels,
-    as does `halt` (Ctrl-C in tune(parallel=N)'s main thread: Jobs.cancel_all)."""
+    as does `halt` (Ctrl-C in tune(parallel=N)'s main thread: Jobs.cancel_all). `beat()` is called at
+    every look (the registry's heartbeat, jobs.py)."""
     reported = ran = False
     board = is_slurm(job) and bool(w.job_id)
     if board:
@@ -336,6 +338,8 @@ def watch(job: Any, w: Watch, progress: TrialProgress, cancel: threading.Event |
             now = time.monotonic()
             if w.finished():
                 break
+            if beat is not None:
+                beat()
             snap = w.read_progress()
             sched = w.ask(now)
             progress.set(w.phase(snap, sched), int((snap or {}).get("done", 0)), int((snap or {}).get("total", 0)))
