@@ -105,6 +105,22 @@ def test_an_executor_without_submit_is_refused(tmp_path):
         bench_on(object(), tmp_path)
 
 
+def test_a_process_knob_reaches_a_slurm_job_through_its_setup_lines_or_is_refused(tmp_path):
+    submitit = pytest.importorskip("submitit")
+    from workbench.launch import remote
+
+    ex = submitit.AutoExecutor(tmp_path / "jobs", cluster="slurm")
+    ex.update_parameters(slurm_setup=["module load cuda"])
+    env = {"LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4", "MALLOC_ARENA_MAX": None, "X": "a b"}
+    got = remote.executor_for(ex, env)
+    assert got is not ex and ex._executor.parameters["setup"] == ["module load cuda"]  # the user's is untouched
+    assert got._executor.parameters["setup"] == ["module load cuda", "export LD_PRELOAD=/usr/lib/libtcmalloc_minimal.so.4",
+                                                 "unset MALLOC_ARENA_MAX", "export X='a b'"]
+    with pytest.raises(ValueError, match=r"LD_PRELOAD.*cannot set a job's environment.*with_env"):
+        remote.executor_for(concurrent.futures.ThreadPoolExecutor(1), env)  # refused, not silently dropped
+    assert remote.executor_for(ex, {}) is ex
+
+
 # ---- what cannot travel is said before anything is submitted -----------------------------------
 class FileDataset(torch.utils.data.Dataset):
     def __init__(self, fh):

@@ -146,14 +146,43 @@ def by_value(workload: Workload) -> Iterator[None]:
 
 def executor_for(executor: Any, env: dict[str, str | None]) -> Any:
     """The executor that starts the trial's process with `env`: the workbench's own (given the env
-    through its `with_env` when it has one), else a local FreshProcess."""
+    through its `with_env` when it has one; a submitit SLURM executor through a copy whose job script
+    sets it, `slurm_setup`), else a local FreshProcess. ValueError, before anything is submitted, for
+    an executor that cannot set a job's environment: the knob would be dropped silently."""
     if executor is None:
         from .fresh import FreshProcess
 
         return FreshProcess(env)
-    if env and hasattr(executor, "with_env"):
+    if not env:
+        return executor
+    if hasattr(executor, "with_env"):
         return executor.with_env(env)
-    return executor
+    ex = with_setup(executor, env)
+    if ex is None:
+        names = ", ".join(sorted(env))
+        raise ValueError(f"these knobs start the trial's process with {names} set, and {type(executor).__name__} "
+                         "cannot set a job's environment (no with_env(env), not a submitit SLURM executor): run "
+                         "the knob without the executor (a fresh local process), or give the executor a "
+                         "with_env(env) method returning one that starts its jobs with env")
+    return ex
+
+
+def with_setup(executor: Any, env: dict[str, str | None]) -> Any:
+    """A copy of a submitit SLURM executor (AutoExecutor(cluster="slurm") or SlurmExecutor) whose job
+    script exports `env` before the job's Python starts (submitit's `setup` lines, quoted), else None.
+    A path in `env` (the allocator's library) was found on this machine: the node must have it at the
+    same path (a shared image); the job checks the mode took and fails the trial saying so if not."""
+    import copy
+    import shlex
+
+    inner = getattr(executor, "_executor", executor)
+    if type(inner).__name__ != "SlurmExecutor" or not isinstance(getattr(inner, "parameters", None), dict):
+        return None
+    ex = copy.deepcopy(executor)
+    target = getattr(ex, "_executor", ex)
+    lines = [f"export {k}={shlex.quote(v)}" if v is not None else f"unset {k}" for k, v in sorted(env.items())]
+    target.parameters["setup"] = [*target.parameters.get("setup", []), *lines]
+    return ex
 
 
 def run_elsewhere(executor: Any, workload: Workload, knobs: Knobs, *, progress: TrialProgress,
