@@ -553,6 +553,129 @@ def test_parallel_needs_an_executor(make_bench):
 @needs_slurm
 def test_slurm_tune_keeps_jobs_in_flight(slurm, tmp_path):
     bench = bench_on(slurm, tmp_path)
-    res = bench.tune(n_trials=3, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
+    most, done = [0], threading.Event()
+
+    def count():  # how many jobs this workbench had in flight at once
+        while not done.wait(0.05):
+            most[0] = max(most[0], len(bench._jobs.in_flight))
+
+    threading.Thread(target=count, daemon=True).start()
+    try:
+        res = bench.tune(n_trials=3, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
+    finally:
+        done.set()
     assert all(t.extra.get("job", {}).get("id") for t in bench.trials)  # every trial a job
-    assert len(bench.trials) >= 3 and res.steps["node"].dropna().eq(HOST).all()
+    assert most[0] == 2  # two jobs in flight at once: the trials overlapped
+    ran = res.steps[res.steps["trial"].notna()]
+    assert len(bench.trials) >= 3 and len(ran) >= 3 and ran["node"].eq(HOST).all()  # each row names its node
+
+
+# ---- the cluster fault matrix (docs/reliability.md), on the real one-node SLURM ---------------------
+def slow_bench(executor, tmp_path, steps=200, **kw):
+    """Trials of `steps` x 50 ms (SleepNet: the clock, not the loaded CPU, sets their length)."""
+    from conftest import SleepNet
+
+    return wb.Workbench(SleepNet(0.05), tiny_data(256), loss_fn=torch.nn.MSELoss(), knobs=wb.Knobs(batch_size=16),
+                        log=tmp_path / "runs", executor=executor, steps=steps, warmup_steps=1, **kw)
+
+
+def scheduler_down_for(tmp_path, monkeypatch):
+    """squeue and scontrol on PATH that answer "Unable to contact slurm controller" until the time
+    written to the returned file (the real slurmctld keeps running for everyone else)."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    down = shim / "down_until"
+    for tool in ("squeue", "scontrol"):
+        real = shutil.which(tool)
+        (shim / tool).write_text(f"""#!/bin/bash
+if [ -e {down} ] && [ "$(date +%s)" -lt "$(cat {down})" ]; then
+  echo "slurm_load_jobs error: Unable to contact slurm controller (connect failure)" >&2; exit 1
+fi
+exec {real} "$@"
+""")
+        (shim / tool).chmod(0o755)
+    import os
+
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
+    return down
+
+
+@pytest.mark.slow
+@needs_slurm
+@pytest.mark.parametrize("outage_s", [5, 60])
+def test_slurm_a_scheduler_that_does_not_answer_keeps_the_trial(outage_s, slurm, tmp_path, monkeypatch):
+    down = scheduler_down_for(tmp_path, monkeypatch)
+    bench = slow_bench(slurm, tmp_path, steps=300)  # ~15 s measured: longer than the 15 s grace a lost job had
+    seen = []
+
+    def progress(phase, done, total):
+        seen.append(phase)
+        if phase == "measuring" and not down.exists():
+            down.write_text(str(int(time.time()) + outage_s))
+
+    r = bench.run(progress=progress, stop_early=False)
+    assert down.exists() and r.ok, r.message  # the job ran to its end: its trial is ok, never "lost"
+    assert any("does not answer" in p for p in seen)  # and the bar said why it waited
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_slurm_two_kernels_on_one_folder_record_a_job_once(slurm, tmp_path):
+    first = slow_bench(slurm, tmp_path, steps=60)
+    ran = concurrent.futures.ThreadPoolExecutor(1).submit(first.run, progress=False)
+    jobs_dir = tmp_path / "runs" / "SleepNet.jobs"
+    while not list(jobs_dir.glob("job-*.json")) and not ran.done():
+        time.sleep(0.1)
+    second = slow_bench(slurm, tmp_path, steps=60)  # the same folder, the first still watching its job
+    r = ran.result(timeout=300)
+    assert r.ok, r.message
+    assert second.trials == [] and len(first.trials) == 1
+    assert slow_bench(None, tmp_path).results["job"].tolist() == [r.extra["job"]["id"]]  # logged once
+
+
+CTRL_C_SCRIPT = """
+import sys, torch, submitit, workbench as wb
+from conftest import SleepNet, tiny_data
+ex = submitit.AutoExecutor(sys.argv[1], cluster="slurm")
+ex.update_parameters(timeout_min=5, slurm_cpus_per_task=1, name=sys.argv[2])
+bench = wb.Workbench(SleepNet(0.05), tiny_data(256), loss_fn=torch.nn.MSELoss(), knobs=wb.Knobs(batch_size=16),
+                     log=sys.argv[3], executor=ex, steps=2000, warmup_steps=1)
+bench.tune(n_trials=4, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
+"""
+
+
+def named_jobs(name):
+    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i|%T"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_slurm_ctrl_c_during_a_parallel_tune_returns_and_leaves_no_job(tmp_path, node_path):
+    import signal
+    import sys
+    import uuid
+
+    pytest.importorskip("submitit")
+    name = f"wb-ctrl-c-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "tune.py").write_text(CTRL_C_SCRIPT)
+    p = subprocess.Popen([sys.executable, str(tmp_path / "tune.py"), str(tmp_path / "jobs"), name, str(tmp_path / "runs")])
+    try:
+        t = time.monotonic()
+        while len(named_jobs(name)) < 2 and time.monotonic() - t < 240 and p.poll() is None:
+            time.sleep(0.5)  # the first trial runs alone; then two jobs in flight
+        assert len(named_jobs(name)) >= 2
+        p.send_signal(signal.SIGINT)
+        t = time.monotonic()
+        p.wait(timeout=30)  # returns within 30 s
+        assert p.returncode != 0 and time.monotonic() - t < 30
+        while named_jobs(name) and time.monotonic() - t < 60:
+            time.sleep(0.5)
+        assert named_jobs(name) == []  # nothing left running
+        trials = slow_bench(None, tmp_path).trials
+        assert [t.status for t in trials].count("interrupted") >= 2  # the cancelled jobs' trials are recorded
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for line in named_jobs(name):
+            subprocess.run(["scancel", line.split("|")[0]])

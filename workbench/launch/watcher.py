@@ -235,7 +235,7 @@ class Watch:
             snap = json.loads(self.progress_file.read_text())
         except (OSError, ValueError):
             return None
-        if isinstance(snap, list) and len(snap) == 3:  # remote.trial_job writes [phase, done, total]
+        if isinstance(snap, list) and len(snap) == 3:  # a job of an earlier version wrote [phase, done, total]
             snap = {"phase": snap[0], "done": snap[1], "total": snap[2]}
         if not isinstance(snap, dict):
             return None
@@ -419,7 +419,11 @@ def stop_job(job: Any) -> str:
                 f"run{f': scancel {jid}' if jid else ''}")
     if done is False and not job.done():  # a concurrent.futures Future that already runs cannot be cancelled
         return "not cancelled: its executor cannot stop a running job; it runs to its end, and its result is dropped"
-    return "cancelled"
+    try:
+        ended = bool(job.done())
+    except Exception:  # a job that cannot say
+        ended = False
+    return "cancelled (its process was ended)" if ended else "cancelled"
 
 
 def failed_trial(knobs: Any, status: str, message: str, w: Watch, started: str, where: str = "process") -> TrialResult:
