@@ -575,7 +575,7 @@ def slow_bench(executor, tmp_path, steps=200, **kw):
     """Trials of `steps` x 50 ms (SleepNet: the clock, not the loaded CPU, sets their length)."""
     from conftest import SleepNet
 
-    return wb.Workbench(SleepNet(0.05), tiny_data(256), loss_fn=torch.nn.MSELoss(), knobs=wb.Knobs(batch_size=16),
+    return wb.Workbench(SleepNet(0.05), tiny_data(256), loss_fn=torch.nn.CrossEntropyLoss(), knobs=wb.Knobs(batch_size=16),
                         log=tmp_path / "runs", executor=executor, steps=steps, warmup_steps=1, **kw)
 
 
@@ -638,7 +638,7 @@ import sys, torch, submitit, workbench as wb
 from conftest import SleepNet, tiny_data
 ex = submitit.AutoExecutor(sys.argv[1], cluster="slurm")
 ex.update_parameters(timeout_min=5, slurm_cpus_per_task=1, name=sys.argv[2])
-bench = wb.Workbench(SleepNet(0.05), tiny_data(256), loss_fn=torch.nn.MSELoss(), knobs=wb.Knobs(batch_size=16),
+bench = wb.Workbench(SleepNet(0.05), tiny_data(256), loss_fn=torch.nn.CrossEntropyLoss(), knobs=wb.Knobs(batch_size=16),
                      log=sys.argv[3], executor=ex, steps=2000, warmup_steps=1)
 bench.tune(n_trials=4, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
 """

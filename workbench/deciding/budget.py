@@ -156,13 +156,19 @@ class Spend:
     stopped: list[int] = field(default_factory=list)  # trial ids stopped at the deadline
     measured: list[tuple[Knobs, float, bool]] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)  # the trials not started, by label
+    queue: QueueAccount | None = field(default=None, repr=False, compare=False)  # the budget's queue account
+
+    @property
+    def queued_s(self) -> float:
+        """Wall-clock seconds during which all of the budget's jobs only waited in a queue (not spent)."""
+        return self.queue.total if self.queue is not None else 0.0
 
     def add(self, purpose: str, seconds: float) -> None:
         self.seconds[purpose] = self.seconds.get(purpose, 0.0) + seconds
 
     def __str__(self) -> str:
         parts = ", ".join(f"{p} {s:.1f} s" for p, s in self.seconds.items()) or "nothing run"
-        extra = []
+        extra = [f"{self.queued_s:.1f} s in a queue (not spent)"] if self.queued_s >= 0.05 else []
         if self.not_started:
             names = f" ({', '.join(self.left_out)})" if self.left_out else ""
             extra.append(f"{self.not_started} trial(s) not started: their estimate did not fit the seconds left{names}")
@@ -195,7 +201,8 @@ class Budget:
     def __init__(self, budget_s: float | None, what: str, *, clock: Callable[[], float] = work_clock,
                  whole_first: bool = True) -> None:
         check_budget_s(budget_s)
-        self._open(budget_s, what, QueueAccount(clock), Spend(budget_s), [], whole_first)
+        queue = QueueAccount(clock)
+        self._open(budget_s, what, queue, Spend(budget_s, queue=queue), [], whole_first)
 
     def _open(self, budget_s: float | None, what: str, queue: QueueAccount, spent: Spend, notes: list[str],
               whole_first: bool) -> None:

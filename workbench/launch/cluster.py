@@ -54,6 +54,13 @@ class QueueAccount:
         self._since: float | None = None  # the start of the open stretch where all work waits
         self._closed = 0.0  # seconds of the stretches already closed
 
+    def __getstate__(self) -> dict[str, Any]:  # a result holding its budget's account pickles (no lock)
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def _settle(self, now: float) -> None:
         only_queued = bool(self._waiting) and not self._running
         if only_queued and self._since is None:
