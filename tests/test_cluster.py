@@ -512,16 +512,19 @@ def test_slurm_cancel_mid_trial_ends_it_and_the_next_runs(slurm, tmp_path):
     bench = bench_on(slurm, tmp_path, steps=100000)
     seen = []
 
+    cancelled_at = []
+
     def progress(phase, done, total):
         seen.append(phase)
         if phase == "measuring" and len(seen) < 1000 and not any(s == "scancel" for s in seen):
             seen.append("scancel")
             subprocess.run(["scancel", bench._jobs.in_flight and next(iter(bench._jobs.in_flight.values())).job_id])
+            cancelled_at.append(time.monotonic())
 
-    t = time.monotonic()
     r = bench.run(progress=progress, stop_early=False)
     assert r.status == "interrupted" and "cancelled" in r.message, r.message
-    assert time.monotonic() - t < 90
+    # the trial ends when SLURM writes the cancel, not when the job has left COMPLETING (KillWait, ~25 s here)
+    assert time.monotonic() - cancelled_at[0] < 20
     bench.steps = 4
     assert bench.run(progress=False).ok
 
@@ -639,7 +642,7 @@ from conftest import SleepNet, tiny_data
 ex = submitit.AutoExecutor(sys.argv[1], cluster="slurm")
 ex.update_parameters(timeout_min=5, slurm_cpus_per_task=1, name=sys.argv[2])
 bench = wb.Workbench(SleepNet(0.05), tiny_data(256), loss_fn=torch.nn.CrossEntropyLoss(), knobs=wb.Knobs(batch_size=16),
-                     log=sys.argv[3], executor=ex, steps=2000, warmup_steps=1)
+                     log=sys.argv[3], executor=ex, steps=300, warmup_steps=1)
 bench.tune(n_trials=4, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
 """
 
