@@ -320,7 +320,7 @@ class Budget:
         this budget's account; a trial's evidence for the estimates leaves its own wait out."""
         kwargs: dict[str, Any] = {} if stop_early else {"stop_early": False}
         deadline = None
-        if deadline_in_s is not None or cancels:
+        if deadline_in_s is not None or (cancels and takes_cancel(run)):
             why = f"stopped by the budget ({self.what}'s budget_s) at its deadline"
             deadline = kwargs["cancel"] = Deadline(deadline_in_s, why, self.queue)
         t, wall = self.clock(), self.queue.wall()
