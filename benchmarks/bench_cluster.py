@@ -140,12 +140,14 @@ def tune_wall(budget_s: float = 40.0, parallel: int = 2) -> None:
     ex = submitit.AutoExecutor(os.path.join(folder, "jobs"), cluster="slurm")
     ex.update_parameters(timeout_min=10, slurm_cpus_per_task=1)
     bench = make_bench(ex, os.path.join(folder, "log"))
+    bench.warmup_steps, bench.steps = 5, 30  # the Workbench's own defaults: a tune's many short trials
     t = time.perf_counter()
     res = bench.tune(budget_s=budget_s, parallel=parallel, explain=False, progress=False)
     wall = time.perf_counter() - t
     spent = res.spent
-    queued = spent.queued_s if spent is not None else 0.0
     jobs = [tr.extra.get("job") or {} for tr in bench.trials]
+    queued = getattr(spent, "queued_s", None)  # a budget without its own account: the trials' waits, summed
+    queued = queued if queued is not None else sum(j.get("queue_s") or 0.0 for j in jobs)
     start = sum(j.get("start_s") or 0.0 for j in jobs)
     negative = spent is not None and (any(v < 0 for v in spent.seconds.values())
                                       or any(s < 0 for _k, s, _f in spent.measured))

@@ -241,6 +241,31 @@ def test_a_scancel_ends_the_trial_when_slurm_writes_it_not_when_the_job_is_gone(
     cluster.Watch(job, None, 0.0).check_alive(cluster.SchedulerState("COMPLETING"), 0.0)  # type: ignore[arg-type]
 
 
+def test_a_progress_file_that_cannot_be_written_never_loses_the_result(tmp_path):
+    from workbench.core.progress import TrialProgress
+
+    state = TrialProgress()
+    with cluster.ProgressFile(state, tmp_path / "gone" / "progress.json") as pf:  # its folder vanished
+        state.set("measuring", 1, 2)
+        pf.write()  # an OSError at the job's end must not throw away the computed result
+    assert not (tmp_path / "gone").exists()
+
+
+def test_stop_job_says_what_really_happened():
+    class Refuses:
+        job_id = "42"
+
+        def cancel(self):
+            raise RuntimeError("scheduler gone")
+
+    said = cluster.stop_job(Refuses())
+    assert said.startswith("not cancelled: the cancel failed (RuntimeError: scheduler gone)") and "scancel 42" in said
+    running = concurrent.futures.Future()
+    running.set_running_or_notify_cancel()  # a Future already running cannot be cancelled
+    assert cluster.stop_job(running).startswith("not cancelled: its executor cannot stop a running job")
+    assert cluster.stop_job(concurrent.futures.Future()) == "cancelled (it has ended)"  # no process to speak of
+
+
 def test_pending_shows_the_reason():
     w = cluster.Watch(type("SlurmJob", (), {"job_id": "7"})(), None, 0.0)  # type: ignore[arg-type]
     assert w.phase(None, cluster.SchedulerState("PENDING", "Resources")) == "pending (Resources)"

@@ -423,7 +423,10 @@ def stop_job(job: Any) -> str:
         ended = bool(job.done())
     except Exception:  # a job that cannot say
         ended = False
-    return "cancelled (its process was ended)" if ended else "cancelled"
+    if not ended:
+        return "cancelled"
+    in_process = getattr(job, "proc", None) is not None or type(job).__name__ == "LocalJob"  # FreshJob, submitit local
+    return "cancelled (its process was ended)" if in_process else "cancelled (it has ended)"
 
 
 def failed_trial(knobs: Any, status: str, message: str, w: Watch, started: str, where: str = "process") -> TrialResult:
