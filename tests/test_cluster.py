@@ -633,7 +633,8 @@ exec {real} "$@"
 @pytest.mark.parametrize("outage_s", [5, 60])
 def test_slurm_a_scheduler_that_does_not_answer_keeps_the_trial(outage_s, slurm, tmp_path, monkeypatch):
     down = scheduler_down_for(tmp_path, monkeypatch)
-    bench = slow_bench(slurm, tmp_path, steps=300)  # ~15 s measured: longer than the 15 s grace a lost job had
+    # ~15 s measured for the long outage (longer than the 15 s grace a lost job had), ~7 s for the short one
+    bench = slow_bench(slurm, tmp_path, steps=300 if outage_s > 15 else 150)
     seen = []
 
     def progress(phase, done, total):
@@ -667,7 +668,7 @@ from conftest import SleepNet, tiny_data
 ex = submitit.AutoExecutor(sys.argv[1], cluster="slurm")
 ex.update_parameters(timeout_min=5, slurm_cpus_per_task=1, name=sys.argv[2])
 bench = wb.Workbench(SleepNet(0.05), tiny_data(256), loss_fn=torch.nn.CrossEntropyLoss(), knobs=wb.Knobs(batch_size=16),
-                     log=sys.argv[3], executor=ex, steps=300, warmup_steps=1)
+                     log=sys.argv[3], executor=ex, steps=120, warmup_steps=1)
 bench.tune(n_trials=4, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
 """
 
