@@ -4,6 +4,7 @@ executor, and a real one-node SLURM (scripts/slurm_up.sh; those tests skip, sayi
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import platform
 import shutil
@@ -17,9 +18,8 @@ from conftest import TinyNet, tiny_data
 
 import workbench as wb
 from workbench.core.measure import TrialResult
-from workbench.deciding.budget import Deadline
+from workbench.deciding.budget import Budget, Deadline
 from workbench.launch import cluster
-from workbench.launch.cluster import QUEUED, work_clock
 
 HOST = platform.node().split(".")[0]
 
@@ -105,6 +105,22 @@ def test_an_executor_without_submit_is_refused(tmp_path):
         bench_on(object(), tmp_path)
 
 
+def test_a_process_knob_reaches_a_slurm_job_through_its_setup_lines_or_is_refused(tmp_path):
+    submitit = pytest.importorskip("submitit")
+    from workbench.launch import remote
+
+    ex = submitit.AutoExecutor(tmp_path / "jobs", cluster="slurm")
+    ex.update_parameters(slurm_setup=["module load cuda"])
+    env = {"LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4", "MALLOC_ARENA_MAX": None, "X": "a b"}
+    got = remote.executor_for(ex, env)
+    assert got is not ex and ex._executor.parameters["setup"] == ["module load cuda"]  # the user's is untouched
+    assert got._executor.parameters["setup"] == ["module load cuda", "export LD_PRELOAD=/usr/lib/libtcmalloc_minimal.so.4",
+                                                 "unset MALLOC_ARENA_MAX", "export X='a b'"]
+    with pytest.raises(ValueError, match=r"LD_PRELOAD.*cannot set a job's environment.*with_env"):
+        remote.executor_for(concurrent.futures.ThreadPoolExecutor(1), env)  # refused, not silently dropped
+    assert remote.executor_for(ex, {}) is ex
+
+
 # ---- what cannot travel is said before anything is submitted -----------------------------------
 class FileDataset(torch.utils.data.Dataset):
     def __init__(self, fh):
@@ -168,6 +184,88 @@ def test_a_job_the_scheduler_forgot_is_lost():
         w.check_alive(cluster.SchedulerState(known=False), cluster.RESULT_GRACE_S + 1)
 
 
+def test_a_scheduler_that_answers_again_resets_the_grace():
+    w = cluster.Watch(type("SlurmJob", (), {"job_id": "7"})(), None, 0.0)  # type: ignore[arg-type]
+    w.check_alive(cluster.SchedulerState(known=False), 0.0)  # a blip: the scheduler did not list it
+    w.check_alive(cluster.SchedulerState("RUNNING"), 5.0)  # it answers again: the job lives
+    w.check_alive(cluster.SchedulerState(known=False), 3600.0)  # another blip, an hour later
+    w.check_alive(cluster.SchedulerState(known=False), 3600.0 + cluster.RESULT_GRACE_S - 1)  # a fresh grace
+
+
+def test_a_scheduler_that_does_not_answer_never_loses_the_job():
+    from workbench.launch import watcher
+
+    w = cluster.Watch(type("SlurmJob", (), {"job_id": "7"})(), None, 0.0)  # type: ignore[arg-type]
+    silent = cluster.SchedulerState(known=False, answered=False)  # squeue timed out, slurmctld restarting
+    for t in (0.0, 60.0, watcher.UNANSWERED_S - 1):
+        w.check_alive(silent, t)  # still watched: the job may well be running
+    assert "does not answer" in w.phase(None, silent) and "still watching job 7" in w.phase(None, silent)
+    w.check_alive(cluster.SchedulerState("RUNNING"), watcher.UNANSWERED_S)  # it answers: the count starts over
+    w.check_alive(silent, watcher.UNANSWERED_S + 1)
+    with pytest.raises(cluster.JobFailed, match=r"has not answered for \d+ s: job 7 is left as it is.*scancel 7"):
+        w.check_alive(silent, 2 * watcher.UNANSWERED_S + 2)
+
+
+def test_one_squeue_answers_for_every_job_in_flight(monkeypatch):
+    from workbench.launch import watcher
+
+    asked = []
+
+    def ask(cmd):
+        asked.append(cmd)
+        return True, "11|RUNNING|None|n1\n12|PENDING|Priority|\n"
+
+    monkeypatch.setattr(watcher, "_ask", ask)
+    board = watcher.SlurmBoard()
+    for jid in ("11", "12"):
+        board.add(jid)
+    assert board.state("11").state == "RUNNING" and board.state("12").reason == "Priority"
+    assert [c[0] for c in asked] == ["squeue"] and "11,12" in asked[0]  # one query for both
+    for jid in range(40):
+        board.add(str(jid))
+    assert board.interval() == watcher.ASK_MAX_S > watcher.SlurmBoard().interval()  # 42 jobs: asked less often
+
+
+def test_a_scancel_ends_the_trial_when_slurm_writes_it_not_when_the_job_is_gone(tmp_path):
+    err = tmp_path / "7_0_log.err"
+    err.write_text("slurmstepd-vm: error: *** JOB 7 ON vm CANCELLED AT 2026-12-04T16:04:14 ***\n")
+    job = type("SlurmJob", (), {"job_id": "7", "paths": type("P", (), {"stderr": err})()})()
+    w = cluster.Watch(job, None, 0.0)  # type: ignore[arg-type]
+    with pytest.raises(cluster.JobFailed) as e:  # COMPLETING can last KillWait (30 s): the kill is already said
+        w.check_alive(cluster.SchedulerState("COMPLETING", "", "vm"), 0.0)
+    assert e.value.status == "interrupted" and "was cancelled" in e.value.message
+    err.write_text("slurmstepd: error: *** JOB 7 ON vm CANCELLED AT 2026-12-04T16:04:14 DUE TO TIME LIMIT ***\n")
+    with pytest.raises(cluster.JobFailed, match="time limit"):
+        cluster.Watch(job, None, 0.0).check_alive(cluster.SchedulerState("COMPLETING"), 0.0)  # type: ignore[arg-type]
+    err.write_text("")
+    cluster.Watch(job, None, 0.0).check_alive(cluster.SchedulerState("COMPLETING"), 0.0)  # type: ignore[arg-type]
+
+
+def test_a_progress_file_that_cannot_be_written_never_loses_the_result(tmp_path):
+    from workbench.core.progress import TrialProgress
+
+    state = TrialProgress()
+    with cluster.ProgressFile(state, tmp_path / "gone" / "progress.json") as pf:  # its folder vanished
+        state.set("measuring", 1, 2)
+        pf.write()  # an OSError at the job's end must not throw away the computed result
+    assert not (tmp_path / "gone").exists()
+
+
+def test_stop_job_says_what_really_happened():
+    class Refuses:
+        job_id = "42"
+
+        def cancel(self):
+            raise RuntimeError("scheduler gone")
+
+    said = cluster.stop_job(Refuses())
+    assert said.startswith("not cancelled: the cancel failed (RuntimeError: scheduler gone)") and "scancel 42" in said
+    running = concurrent.futures.Future()
+    running.set_running_or_notify_cancel()  # a Future already running cannot be cancelled
+    assert cluster.stop_job(running).startswith("not cancelled: its executor cannot stop a running job")
+    assert cluster.stop_job(concurrent.futures.Future()) == "cancelled (it has ended)"  # no process to speak of
+
+
 def test_pending_shows_the_reason():
     w = cluster.Watch(type("SlurmJob", (), {"job_id": "7"})(), None, 0.0)  # type: ignore[arg-type]
     assert w.phase(None, cluster.SchedulerState("PENDING", "Resources")) == "pending (Resources)"
@@ -175,18 +273,164 @@ def test_pending_shows_the_reason():
 
 
 # ---- queue time is not spent ----------------------------------------------------------------
-def test_queue_time_is_left_out_of_budgets_and_moves_the_deadline():
-    t0, q0 = work_clock(), QUEUED.total
-    QUEUED.add(1000.0)
-    try:
-        assert work_clock() - t0 < 0  # the queue's 1000 s left the clock
-    finally:
-        QUEUED.total = q0
+class SlurmJob:
+    """A job that looks like SLURM's to the watcher (its state from the patched slurm_state): it waits
+    `queue_s` in a fake queue, then writes progress and returns a made-up trial record after `run_s`."""
+
+    run_s = 0.3  # how long it runs once out of the queue
+
+    def __init__(self, fn, args, queue_s, states):
+        self.job_id = str(len(states) + 9000)
+        self.cancelled = False
+        self.t_run = time.monotonic() + queue_s
+        self.future = concurrent.futures.Future()
+        states[self.job_id] = self
+        threading.Thread(target=self._body, args=(fn, args), daemon=True).start()
+
+    def _body(self, fn, args):
+        while time.monotonic() < self.t_run and not self.cancelled:
+            time.sleep(0.02)
+        if self.cancelled:
+            self.future.set_exception(RuntimeError("cancelled"))
+            return
+        payload = args[0]  # remote.trial_job's: a measured trial is made up here (no training in threads)
+        time.sleep(self.run_s)  # the job's start-up: RUNNING, no progress yet
+        with open(payload["progress_path"], "w") as f:
+            json.dump(["measuring", 1, 4], f)
+        time.sleep(self.run_s)
+        r = TrialResult(knobs=payload["knobs"], status="ok", samples_per_s=100.0, step_times_s=(0.1,) * 4,
+                        samples_per_step=16, env={"host": "fake"})
+        self.future.set_result({"record": r.to_record(), "process": {}})
+
+    def state(self):
+        if self.cancelled:
+            return cluster.SchedulerState("CANCELLED", "", "fake")
+        if self.future.done():
+            return cluster.SchedulerState("COMPLETED", "", "fake")
+        return cluster.SchedulerState("PENDING" if time.monotonic() < self.t_run else "RUNNING", "", "fake")
+
+    def done(self):
+        return self.future.done()
+
+    def result(self):
+        return self.future.result()
+
+    def cancel(self, check=True):
+        self.cancelled = True
+
+
+@pytest.fixture
+def fake_slurm(monkeypatch):
+    """An executor of fake SLURM jobs that each wait `queue_s` seconds in a queue (set on the executor)."""
+    states: dict = {}
+    from workbench.launch import jobs, watcher
+
+    for module in (watcher, jobs):
+        monkeypatch.setattr(module, "is_slurm", lambda job: isinstance(job, SlurmJob))
+    monkeypatch.setattr(watcher, "slurm_states", lambda ids: {str(j): states[str(j)].state() for j in ids})
+    monkeypatch.setattr(watcher, "ASK_EVERY_S", 0.1)  # the scheduler sees RUNNING before the job's progress
+    monkeypatch.setattr(watcher, "POLL_S", 0.05)
+
+    class Executor:
+        def __init__(self):
+            self.queue_s = 1.0
+            self.waits: list = []  # the next jobs' queue waits, before queue_s
+            self.submitted: list = []
+
+        def submit(self, fn, *args, **kwargs):
+            job = SlurmJob(fn, args, self.waits.pop(0) if self.waits else self.queue_s, states)
+            self.submitted.append(job)
+            return job
+
+    return Executor()
+
+
+def test_parallel_queue_waits_count_once_in_the_budget_that_owns_them(fake_slurm, tmp_path):
+    from workbench.launch.runner import PARALLEL_THREAD_NAME
+
+    bench = bench_on(fake_slurm, tmp_path)
+    run = functools.partial(bench.run, progress=False)
+    other, budget = Budget(None, "another verb"), Budget(None, "tune")
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix=PARALLEL_THREAD_NAME) as pool:
+        rs = list(pool.map(lambda k: budget.trial(run, k, purpose="race"), [wb.Knobs(batch_size=16),
+                                                                             wb.Knobs(batch_size=32)]))
+    wall = time.perf_counter() - t0
+    assert all(r.ok for r in rs), [r.message for r in rs]
+    assert budget.spent.seconds["race"] >= 0 and all(s >= 0 for _k, s, _ in budget.spent.measured)
+    assert budget.elapsed() >= 0
+    assert 0 < budget.queue.total <= wall  # two waits side by side: one stretch of queue, counted once
+    assert other.elapsed() >= wall  # another budget in the kernel never sees this one's queue
+
+
+def test_a_queue_wait_while_another_job_runs_is_the_budgets_time():
+    from workbench.launch.cluster import QueueAccount
+
+    now = [0.0]
+    acct = QueueAccount(lambda: now[0])
+    acct.waiting("a")
+    acct.waiting("b")
+    now[0] = 10.0
+    acct.running("a")  # a ran after 10 s: both waited side by side (10 s of queue, not 20)
+    now[0] = 15.0
+    assert acct.total == 10.0 and acct.clock() == 5.0
+    acct.ended("a")  # b still waits, nothing of this budget runs: queue again
+    now[0] = 18.0
+    acct.running("b")
+    acct.ended("b")
+    now[0] = 20.0
+    assert acct.total == 13.0 and acct.clock() == 7.0
+
+
+def test_a_panel_deadline_expiring_in_the_queue_waits_for_the_job(fake_slurm, tmp_path):
+    from workbench.faces.panel.tuning import Either
+
+    bench = bench_on(fake_slurm, tmp_path)
+    fake_slurm.queue_s = 2.5  # the job runs 0.6 s once out of the queue
+    deadline = Deadline(1.2, "stopped by the budget")  # expires while the job waits in the queue
+    r = bench.run(progress=False, cancel=Either(deadline, threading.Event()))
+    deadline.cancel()
+    assert r.ok, r.message  # queue time is not spent: the deadline moved on by the wait
+    assert deadline.waited > 0 and not fake_slurm.submitted[-1].cancelled
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    r = bench.run(progress=False, cancel=Either(Deadline(60.0, "budget"), stop))
+    assert r.status == "interrupted" and "stopped by the user" in r.message  # Stop still cancels a queued job
+    assert fake_slurm.submitted[-1].cancelled
+
+
+def test_ctrl_c_during_a_parallel_tune_cancels_every_job_and_returns(fake_slurm, tmp_path):
+    import os
+    import signal
+
+    bench = bench_on(fake_slurm, tmp_path)
+    fake_slurm.waits, fake_slurm.queue_s = [0.0], 3600.0  # the first trial runs; the rest wait in the queue
+
+    def interrupt_once_two_wait():
+        while len(fake_slurm.submitted) < 3:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, as the kernel delivers it: KeyboardInterrupt in the main thread
+
+    threading.Thread(target=interrupt_once_two_wait, daemon=True).start()
+    t = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        bench.tune(n_trials=6, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
+    assert time.monotonic() - t < 30  # not hung on the watchers
+    waiting = fake_slurm.submitted[1:]
+    assert len(waiting) >= 2 and all(j.cancelled for j in waiting)
+    by_job = {t.extra["job"]["id"]: t for t in bench.trials}
+    assert all(by_job[j.job_id].status == "interrupted" for j in waiting)  # recorded, not lost
+    assert "interrupted by the user" in by_job[waiting[0].job_id].message
+    assert not bench._jobs.halted.is_set() and not bench._jobs.in_flight
+
+
+def test_the_deadline_moves_on_by_a_queue_wait():
     d = Deadline(0.05, "budget")
     time.sleep(0.15)
     assert d.expired
     d.postpone(10.0)  # the job waited in the queue: the budget's deadline moves on
-    assert not d.is_set() and not d.expired
+    assert not d.is_set() and not d.expired and d.waited == 10.0
     d.cancel()
 
 
@@ -224,6 +468,26 @@ def test_jobs_left_behind_are_recorded_or_marked_lost(tmp_path):
     assert by_job["222"].status == "error" and "lost" in by_job["222"].message
     assert not list(jobs_dir.glob("job-*.json"))
     assert len(bench.trials) == 0
+
+
+def test_a_second_kernel_on_the_folder_leaves_the_first_ones_live_jobs_alone(fake_slurm, tmp_path):
+    from workbench.launch import jobs
+
+    fake_slurm.queue_s = 3600.0
+    first = bench_on(fake_slurm, tmp_path)
+    stop = threading.Event()
+    ran = concurrent.futures.ThreadPoolExecutor(1).submit(first.run, progress=False, cancel=stop)
+    jobs_dir = tmp_path / "runs" / "TinyNet.jobs"
+    while not list(jobs_dir.glob("job-*.json")):
+        time.sleep(0.05)
+    second = bench_on(fake_slurm, tmp_path)  # another kernel on the same folder (its owner: a live process)
+    assert second.trials == [] and len(list(jobs_dir.glob("job-*.json"))) == 1  # not recorded, not cancelled
+    assert not fake_slurm.submitted[0].cancelled
+    stop.set()
+    assert ran.result(timeout=30).status == "interrupted" and len(first.trials) == 1
+    assert not jobs.owner_alive({"host": jobs.owner()["host"], "pid": 2 ** 22 + 7, "started": 1.0}, time.time())
+    assert not jobs.owner_alive({"host": "elsewhere", "pid": 1}, time.time() - jobs.LEASE_S - 1)  # no heartbeat
+    assert jobs.owner_alive({"host": "elsewhere", "pid": 1}, time.time())
 
 
 # ---- submitit's local executor (a fresh process per job) ----------------------------------------
@@ -273,16 +537,19 @@ def test_slurm_cancel_mid_trial_ends_it_and_the_next_runs(slurm, tmp_path):
     bench = bench_on(slurm, tmp_path, steps=100000)
     seen = []
 
+    cancelled_at = []
+
     def progress(phase, done, total):
         seen.append(phase)
         if phase == "measuring" and len(seen) < 1000 and not any(s == "scancel" for s in seen):
             seen.append("scancel")
             subprocess.run(["scancel", bench._jobs.in_flight and next(iter(bench._jobs.in_flight.values())).job_id])
+            cancelled_at.append(time.monotonic())
 
-    t = time.monotonic()
     r = bench.run(progress=progress, stop_early=False)
     assert r.status == "interrupted" and "cancelled" in r.message, r.message
-    assert time.monotonic() - t < 90
+    # the trial ends when SLURM writes the cancel, not when the job has left COMPLETING (KillWait, ~25 s here)
+    assert time.monotonic() - cancelled_at[0] < 20
     bench.steps = 4
     assert bench.run(progress=False).ok
 
@@ -314,6 +581,130 @@ def test_parallel_needs_an_executor(make_bench):
 @needs_slurm
 def test_slurm_tune_keeps_jobs_in_flight(slurm, tmp_path):
     bench = bench_on(slurm, tmp_path)
-    res = bench.tune(budget=3, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
+    most, done = [0], threading.Event()
+
+    def count():  # how many jobs this workbench had in flight at once
+        while not done.wait(0.05):
+            most[0] = max(most[0], len(bench._jobs.in_flight))
+
+    threading.Thread(target=count, daemon=True).start()
+    try:
+        res = bench.tune(n_trials=3, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
+    finally:
+        done.set()
     assert all(t.extra.get("job", {}).get("id") for t in bench.trials)  # every trial a job
-    assert len(bench.trials) >= 3 and res.steps["node"].dropna().eq(HOST).all()
+    assert most[0] == 2  # two jobs in flight at once: the trials overlapped
+    ran = res.steps[res.steps["trial"].notna()]
+    assert len(bench.trials) >= 3 and len(ran) >= 3 and ran["node"].eq(HOST).all()  # each row names its node
+
+
+# ---- the cluster fault matrix (docs/reliability.md), on the real one-node SLURM ---------------------
+def slow_bench(executor, tmp_path, steps=200, **kw):
+    """Trials of `steps` x 50 ms (SleepNet: the clock, not the loaded CPU, sets their length)."""
+    from conftest import SleepNet
+
+    return wb.Workbench(SleepNet(0.05), tiny_data(256), loss_fn=torch.nn.CrossEntropyLoss(), knobs=wb.Knobs(batch_size=16),
+                        log=tmp_path / "runs", executor=executor, steps=steps, warmup_steps=1, **kw)
+
+
+def scheduler_down_for(tmp_path, monkeypatch):
+    """squeue and scontrol on PATH that answer "Unable to contact slurm controller" until the time
+    written to the returned file (the real slurmctld keeps running for everyone else)."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    down = shim / "down_until"
+    for tool in ("squeue", "scontrol"):
+        real = shutil.which(tool)
+        (shim / tool).write_text(f"""#!/bin/bash
+if [ -e {down} ] && [ "$(date +%s)" -lt "$(cat {down})" ]; then
+  echo "slurm_load_jobs error: Unable to contact slurm controller (connect failure)" >&2; exit 1
+fi
+exec {real} "$@"
+""")
+        (shim / tool).chmod(0o755)
+    import os
+
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
+    return down
+
+
+@pytest.mark.slow
+@needs_slurm
+@pytest.mark.parametrize("outage_s", [5, 60])
+def test_slurm_a_scheduler_that_does_not_answer_keeps_the_trial(outage_s, slurm, tmp_path, monkeypatch):
+    down = scheduler_down_for(tmp_path, monkeypatch)
+    # ~15 s measured for the long outage (longer than the 15 s grace a lost job had), ~7 s for the short one
+    bench = slow_bench(slurm, tmp_path, steps=300 if outage_s > 15 else 150)
+    seen = []
+
+    def progress(phase, done, total):
+        seen.append(phase)
+        if phase == "measuring" and not down.exists():
+            down.write_text(str(int(time.time()) + outage_s))
+
+    r = bench.run(progress=progress, stop_early=False)
+    assert down.exists() and r.ok, r.message  # the job ran to its end: its trial is ok, never "lost"
+    assert any("does not answer" in p for p in seen)  # and the bar said why it waited
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_slurm_two_kernels_on_one_folder_record_a_job_once(slurm, tmp_path):
+    first = slow_bench(slurm, tmp_path, steps=60)
+    ran = concurrent.futures.ThreadPoolExecutor(1).submit(first.run, progress=False)
+    jobs_dir = tmp_path / "runs" / "SleepNet.jobs"
+    while not list(jobs_dir.glob("job-*.json")) and not ran.done():
+        time.sleep(0.1)
+    second = slow_bench(slurm, tmp_path, steps=60)  # the same folder, the first still watching its job
+    r = ran.result(timeout=300)
+    assert r.ok, r.message
+    assert second.trials == [] and len(first.trials) == 1
+    assert slow_bench(None, tmp_path).results["job"].tolist() == [r.extra["job"]["id"]]  # logged once
+
+
+CTRL_C_SCRIPT = """
+import sys, torch, submitit, workbench as wb
+from conftest import SleepNet, tiny_data
+ex = submitit.AutoExecutor(sys.argv[1], cluster="slurm")
+ex.update_parameters(timeout_min=5, slurm_cpus_per_task=1, name=sys.argv[2])
+bench = wb.Workbench(SleepNet(0.05), tiny_data(256), loss_fn=torch.nn.CrossEntropyLoss(), knobs=wb.Knobs(batch_size=16),
+                     log=sys.argv[3], executor=ex, steps=120, warmup_steps=1)
+bench.tune(n_trials=4, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
+"""
+
+
+def named_jobs(name):
+    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i|%T"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_slurm_ctrl_c_during_a_parallel_tune_returns_and_leaves_no_job(tmp_path, node_path):
+    import signal
+    import sys
+    import uuid
+
+    pytest.importorskip("submitit")
+    name = f"wb-ctrl-c-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "tune.py").write_text(CTRL_C_SCRIPT)
+    p = subprocess.Popen([sys.executable, str(tmp_path / "tune.py"), str(tmp_path / "jobs"), name, str(tmp_path / "runs")])
+    try:
+        t = time.monotonic()
+        while len(named_jobs(name)) < 2 and time.monotonic() - t < 240 and p.poll() is None:
+            time.sleep(0.5)  # the first trial runs alone; then two jobs in flight
+        assert len(named_jobs(name)) >= 2
+        p.send_signal(signal.SIGINT)
+        t = time.monotonic()
+        p.wait(timeout=30)  # returns within 30 s
+        assert p.returncode != 0 and time.monotonic() - t < 30
+        while named_jobs(name) and time.monotonic() - t < 60:
+            time.sleep(0.5)
+        assert named_jobs(name) == []  # nothing left running
+        trials = slow_bench(None, tmp_path).trials
+        assert [t.status for t in trials].count("interrupted") >= 2  # the cancelled jobs' trials are recorded
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for line in named_jobs(name):
+            subprocess.run(["scancel", line.split("|")[0]])

@@ -370,7 +370,7 @@ def test_an_unsteady_start_whose_repeat_the_budget_stops_keeps_the_start(fake_cl
     plain = bench.run
 
     def run(knobs, **kwargs):
-        if "cancel" in kwargs:  # the repeat, under the deadline: the budget stops it
+        if getattr(kwargs.get("cancel"), "timed", False):  # the repeat, under the deadline: the budget stops it
             return bench.log.append(TrialResult(knobs=knobs, status="interrupted", message="stopped by the budget"))
         r = plain(knobs)
         r.extra["steady"] = False

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..core.knobs import Knobs, traits
 from ..core.measure import TrialResult
-from ..launch.cluster import QUEUED, work_clock  # noqa: F401  (QUEUED re-exported: budgets leave queue time out)
+from ..launch.cluster import QueueAccount, work_clock
 
 OVERRUN = 1.1  # the cap: tune()'s whole wall time stays within budget_s x OVERRUN
 DEADLINE = 1.05  # a running trial is stopped at budget_s x DEADLINE (the rest is for recording and the result)
@@ -91,23 +91,33 @@ def estimate(knobs: Knobs, measured: Sequence[tuple[Knobs, float, bool]]) -> flo
 class Deadline(threading.Event):
     """A trial's cancel Event that a timer sets at the deadline, with `reason` for the trial's message.
     Ctrl-C (bench.run's own `set()`) leaves `reason` empty: that stop is the user's. `postpone(s)` moves
-    the deadline on (a job's queue time, which the budget does not count)."""
+    the deadline on (a job's queue time, which the budget does not count); `waited` sums those seconds.
+    `seconds=None`: no deadline (a trial that runs whole), only the budget's `queue` account, which the
+    trial's jobs report their waits to (jobs.py)."""
 
-    def __init__(self, seconds: float, reason: str) -> None:
+    def __init__(self, seconds: float | None, reason: str, queue: QueueAccount | None = None) -> None:
         super().__init__()
         self.reason = ""
         self._why = reason
-        self._at = time.monotonic() + max(0.0, seconds)
+        self.queue = queue  # the budget's account of seconds its work only waited in a queue
+        self.waited = 0.0  # seconds this trial's jobs waited in a queue (postponed by)
+        self._at = None if seconds is None else time.monotonic() + max(0.0, seconds)
+        self._timer: threading.Timer | None = None
         self._arm()
 
     def _arm(self) -> None:
+        if self._at is None:
+            return
         self._timer = threading.Timer(max(0.0, self._at - time.monotonic()), self.expire)
         self._timer.daemon = True
         self._timer.start()
 
     def postpone(self, seconds: float) -> None:
         """Move the deadline `seconds` later, re-opening it if it expired meanwhile."""
-        self._timer.cancel()
+        self.waited += max(0.0, seconds)
+        if self._at is None:
+            return
+        self.cancel()
         self._at += max(0.0, seconds)
         if self.expired and self._at > time.monotonic():
             self.reason = ""
@@ -123,9 +133,15 @@ class Deadline(threading.Event):
     def expired(self) -> bool:
         return bool(self.reason)
 
+    @property
+    def timed(self) -> bool:
+        """Whether a deadline is set (False: a whole trial's event, carrying only the queue account)."""
+        return self._at is not None
+
     def cancel(self) -> None:
         """Stop the timer (the trial ended before the deadline)."""
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 @dataclass
@@ -140,13 +156,19 @@ class Spend:
     stopped: list[int] = field(default_factory=list)  # trial ids stopped at the deadline
     measured: list[tuple[Knobs, float, bool]] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)  # the trials not started, by label
+    queue: QueueAccount | None = field(default=None, repr=False, compare=False)  # the budget's queue account
+
+    @property
+    def queued_s(self) -> float:
+        """Wall-clock seconds during which all of the budget's jobs only waited in a queue (not spent)."""
+        return self.queue.total if self.queue is not None else 0.0
 
     def add(self, purpose: str, seconds: float) -> None:
         self.seconds[purpose] = self.seconds.get(purpose, 0.0) + seconds
 
     def __str__(self) -> str:
         parts = ", ".join(f"{p} {s:.1f} s" for p, s in self.seconds.items()) or "nothing run"
-        extra = []
+        extra = [f"{self.queued_s:.1f} s in a queue (not spent)"] if self.queued_s >= 0.05 else []
         if self.not_started:
             names = f" ({', '.join(self.left_out)})" if self.left_out else ""
             extra.append(f"{self.not_started} trial(s) not started: their estimate did not fit the seconds left{names}")
@@ -186,13 +208,16 @@ class Budget:
     def __init__(self, budget_s: float | None, what: str, *, clock: Callable[[], float] = work_clock,
                  whole_first: bool = True) -> None:
         check_budget_s(budget_s)
-        self._open(budget_s, what, clock, Spend(budget_s), [], whole_first)
+        queue = QueueAccount(clock)
+        self._open(budget_s, what, queue, Spend(budget_s, queue=queue), [], whole_first)
 
-    def _open(self, budget_s: float | None, what: str, clock: Callable[[], float], spent: Spend, notes: list[str],
+    def _open(self, budget_s: float | None, what: str, queue: QueueAccount, spent: Spend, notes: list[str],
               whole_first: bool) -> None:
-        self.budget_s, self.what, self.clock = budget_s, what, clock
+        self.budget_s, self.what = budget_s, what
+        self.queue = queue  # this budget's own account of the seconds its jobs only waited in a queue
+        self.clock = queue.clock  # `clock` less those seconds: the budget never spends queue time
         self.whole_first = whole_first  # False where the needed trials already ran (compare's rounds)
-        self.t0 = clock()
+        self.t0 = self.clock()
         self.spent = spent  # the account: seconds per purpose, trials not started, stopped, measured
         self.notes = notes  # what the budget left out, and why
         self.started = 0
@@ -207,7 +232,7 @@ class Budget:
         (None: all that is left) and never more than is left; its trials, seconds and notes land in
         this account. Its trials all run under its deadline (its caller's first trial already ran)."""
         part = object.__new__(Budget)
-        part._open(self.cap(seconds), what or self.what, self.clock, self.spent, self.notes, False)
+        part._open(self.cap(seconds), what or self.what, self.queue, self.spent, self.notes, False)
         return part
 
     def __str__(self) -> str:
@@ -287,7 +312,7 @@ class Budget:
             return None
         at = None if left is None or whole or not deadline else self.budget_s * DEADLINE - self.elapsed()  # type: ignore[operator]
         self.started += 1
-        r = self._run(run, knobs, purpose, at, stop_early)
+        r = self._run(run, knobs, purpose, at, stop_early, cancels=deadline)
         if r is not None and r.trial_id in self.spent.stopped:
             self.notes.append(f"#{r.trial_id} ({label or _label(knobs, run)}) stopped by the budget at its deadline: not evidence")
         elif first and left is not None and self.elapsed() > self.budget_s:  # type: ignore[operator]
@@ -296,15 +321,17 @@ class Budget:
         return r
 
     def _run(self, run: Callable[..., TrialResult | None], knobs: Knobs, purpose: str, deadline_in_s: float | None,
-             stop_early: bool) -> TrialResult | None:
+             stop_early: bool, cancels: bool = True) -> TrialResult | None:
         """`run(knobs, ...)` (bench.run), stopped `deadline_in_s` seconds from now when given; its seconds
-        land under `purpose`, the trial in `stopped` (stopped at the deadline) or `measured`."""
+        land under `purpose`, the trial in `stopped` (stopped at the deadline) or `measured`. A `run`
+        that takes `cancel=` (`cancels`) always gets a Deadline, so its jobs report their queue waits to
+        this budget's account; a trial's evidence for the estimates leaves its own wait out."""
         kwargs: dict[str, Any] = {} if stop_early else {"stop_early": False}
         deadline = None
-        if deadline_in_s is not None:
+        if deadline_in_s is not None or (cancels and takes_cancel(run)):
             why = f"stopped by the budget ({self.what}'s budget_s) at its deadline"
-            deadline = kwargs["cancel"] = Deadline(deadline_in_s, why)
-        t = self.clock()
+            deadline = kwargs["cancel"] = Deadline(deadline_in_s, why, self.queue)
+        t, wall = self.clock(), self.queue.wall()
         try:
             r = run(knobs, **kwargs)
         finally:
@@ -317,7 +344,8 @@ class Budget:
         if deadline is not None and deadline.expired and not r.ok:
             self.spent.stopped.append(r.trial_id)  # type: ignore[arg-type]
         else:
-            self.spent.measured.append((knobs, seconds, "stopped_early" not in r.extra))
+            own = self.queue.wall() - wall - (deadline.waited if deadline is not None else 0.0)
+            self.spent.measured.append((knobs, max(0.0, min(seconds, own)), "stopped_early" not in r.extra))
         return r
 
     def stopped(self, r: TrialResult | None) -> bool:

@@ -108,7 +108,7 @@ def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *, run: 
         abs(first_a.trial_id - first_b.trial_id) == 1
     pa, pb = ([first_a], [first_b]) if paired else ([], [])
     looks = max_rounds + len(pa)
-    note, done, t0, c = "", 0, work_clock(), None
+    note, done, t0, c = "", 0, budget.clock(), None  # the budget's clock: its jobs' queue waits left out
     # The paired sd's prior is learnt from back-to-back repeats already in the log: evidence
     # independent of these rounds (re-learning it from them would over-trust their own spread).
     before = log.noise if log is not None else noise_of([*pa, *pb])
@@ -119,12 +119,12 @@ def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *, run: 
                                  margin=margin, a_trials=[r.trial_id for r in pa],
                                  b_trials=[r.trial_id for r in pb], rounds=done,
                                  note=caveats(pa, pb, note),
-                                 seconds=work_clock() - t0, max_rounds=max_rounds), rate=rate)
+                                 seconds=budget.clock() - t0, max_rounds=max_rounds), rate=rate)
 
     if pa:
         c = look()
     while (c is None or c.answer == "undecided") and done < max_rounds:
-        if done and not budget.fits((work_clock() - t0) / done):  # another round, as long as the last ones
+        if done and not budget.fits((budget.clock() - t0) / done):  # another round, as long as the last ones
             note = f"Stopped after {done} rounds: another round would pass budget_s={budget.budget_s:.4g} s."
             break
         pair, note = _one_round(timed, pa, pb, done + (0 if paired else 1), done,

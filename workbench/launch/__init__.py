@@ -10,4 +10,5 @@
     fresh.py     FreshProcess, the local executor: each job in a new Python process
     cluster.py   Workbench(..., executor=ex): every trial a job (submitit/SLURM or any executor)
     jobs.py      Jobs: one workbench's trials on an executor, submitted, watched, recorded
+    watcher.py   the one job watcher (every executor): progress file, batched scheduler states, faults
 """

@@ -2,16 +2,22 @@
 and re-attach the jobs a restarted kernel left behind.
 
 A small registry lives in the private jobs folder beside the log (`<log>.jobs/`): one JSON file per job
-in flight, written at submission and removed once its trial is recorded. A new Workbench on the same
-log reads it back: a job whose result is there is recorded, one the scheduler still runs is watched
-again (its trial is recorded when it ends), and one that vanished becomes a failed trial saying so.
+in flight, written at submission and removed once its trial is recorded. Each entry names its owner
+(host, pid, the process's start time) and its watcher touches it every BEAT_S. A new Workbench on the
+same log reads it back, and takes only the entries whose owner is gone (its process ended, or, on
+another host, no beat for LEASE_S): a job whose result is there is recorded, one the scheduler still
+runs is watched again (its trial is recorded when it ends), and one that vanished becomes a failed
+trial saying so. Another kernel's live jobs are left to it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -25,7 +31,6 @@ from ..core.measure import TrialResult, now_iso
 from ..core.progress import TrialProgress
 from ..core.workload import Workload
 from .cluster import (
-    QUEUED,
     JobFailed,
     SchedulerState,
     Watch,
@@ -42,6 +47,8 @@ from .cluster import (
     watch,
 )
 
+BEAT_S = 10.0  # how often a watcher touches its registry entry (its owner's heartbeat)
+LEASE_S = 120.0  # an entry from another host untouched this long: its owner is gone
 ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 
 
@@ -49,7 +56,8 @@ class Jobs:
     """Runs trials and interleaved comparisons of one workload as jobs on `executor`.
 
     `device` is what the user asked for ("auto" resolves on the node). `counts_queue`: whether time
-    in the scheduler's queue counts against a budget_s (by default it does not: `budget.QUEUED`).
+    in the scheduler's queue counts against a budget_s (by default it does not: each job reports its
+    wait to the budget's own account, `cancel.queue`, a cluster.QueueAccount).
     """
 
     def __init__(self, executor: Any, log_path: Path | None, *, device: str | None, counts_queue: bool = False) -> None:
@@ -64,6 +72,7 @@ class Jobs:
         self.travel_bytes: int | None = None
         self.queue_s = 0.0  # seconds this workbench's jobs waited in the queue
         self.in_flight: dict[str, Any] = {}  # registry file name -> job (tune(parallel=N) keeps several)
+        self.halted = threading.Event()  # cancel_all: every watcher cancels its job and ends its trial
         quiet_sacct()
 
     def travels(self, workload: Workload) -> int:
@@ -100,19 +109,23 @@ class Jobs:
             return failed_trial(knobs, "error", f"the trial's process could not start ({type(ex).__name__}): "
                                 f"{type(e).__name__}: {str(e).strip()[:500]}", w, started, where="process")
         entry = self._register(w, "trial", knobs, started)
+        account = self._account(cancel, w)
         try:
             out = watch(w.job, w, progress, cancel, on_queue=lambda q: self._queued(q, cancel),
-                        queue_counts=self.counts_queue)
+                        queue_counts=self.counts_queue, on_running=account.running, halt=self.halted,
+                        beat=self.beat(entry))
             r = received(out, knobs, type(ex).__name__, w.job_id or None)
         except JobFailed as e:
             r = failed_trial(knobs, e.status, e.message, w, started)
         except KeyboardInterrupt:
-            r = failed_trial(knobs, "interrupted", f"interrupted by the user: job {w.job_id} cancelled (its process "
-                             "was ended)", w, started)
+            r = failed_trial(knobs, "interrupted", f"interrupted by the user: job {w.job_id} "
+                             f"{w.stopped or 'cancelled'}", w, started)
             self._forget(entry, pf)
             raise TrialInterrupted(r) from None
         except Exception as e:  # a job that returned something that is not a trial record
             r = failed_trial(knobs, "error", f"job {w.job_id} returned no trial: {type(e).__name__}: {e}", w, started)
+        finally:
+            account.ended()
         self._forget(entry, pf)
         r.extra["job"] = w.info()
         progress.set(r.status if not r.ok else "done", progress.done, progress.total)
@@ -138,19 +151,27 @@ class Jobs:
         with by_value(workload):
             w.job = self.executor.submit(job_call, fn, workload, self.device, args, kwargs, str(pf))
         entry = self._register(w, "call", Knobs(), now_iso())
+        account = self._account(cancel, w)
         try:
             value, env = watch(w.job, w, TrialProgress(), cancel, on_queue=lambda q: self._queued(q, cancel),
-                               queue_counts=self.counts_queue)
+                               queue_counts=self.counts_queue, on_running=account.running, halt=self.halted,
+                               beat=self.beat(entry))
         finally:
+            account.ended()
             self._forget(entry, pf)
         return value, env, w.info()
+
+    def _account(self, cancel: threading.Event | None, w: Watch) -> _Waits:
+        """The job's waiting/running/ended reports to its budget's queue account (`cancel.queue`, a
+        cluster.QueueAccount; none when the queue counts or no budget runs the trial)."""
+        account = None if self.counts_queue else getattr(cancel, "queue", None)
+        return _Waits(account if callable(getattr(account, "waiting", None)) else None, w)
 
     def _queued(self, seconds: float, cancel: threading.Event | None) -> None:
         """A job left the queue after `seconds`: counted apart; a budget's deadline moves on by as much
         unless the queue counts."""
         self.queue_s += seconds
         if not self.counts_queue:
-            QUEUED.add(seconds)
             postpone = getattr(cancel, "postpone", None)
             if callable(postpone):
                 postpone(seconds)
@@ -160,13 +181,24 @@ class Jobs:
         paths = getattr(w.job, "paths", None)
         entry = {"kind": kind, "job_id": w.job_id, "executor": type(w.job).__name__,
                  "folder": str(paths.folder) if paths is not None else None, "knobs": knobs.to_dict(),
-                 "started_at": started, "submitted_at": time.time(), "progress_file": str(w.progress_file)}
+                 "started_at": started, "submitted_at": time.time(), "progress_file": str(w.progress_file),
+                 "owner": owner()}
         path = self.dir / f"job-{w.job_id or w.progress_file.stem}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(entry))
-        tmp.replace(path)
+        _write(path, entry)
         self.in_flight[path.name] = w.job
         return path
+
+    def beat(self, entry: Path) -> Callable[[], None]:
+        """The watcher's heartbeat for `entry`: touch it every BEAT_S (another host reads its owner alive)."""
+        last = [time.monotonic()]
+
+        def touch() -> None:
+            if time.monotonic() - last[0] >= BEAT_S:
+                last[0] = time.monotonic()
+                with contextlib.suppress(OSError):
+                    os.utime(entry)
+
+        return touch
 
     def _forget(self, entry: Path, progress_file: Path) -> None:
         self.in_flight.pop(entry.name, None)
@@ -174,13 +206,16 @@ class Jobs:
             p.unlink(missing_ok=True)
 
     def left_behind(self) -> list[dict[str, Any]]:
-        """The registry's entries from an earlier kernel (this one's own jobs excluded)."""
+        """The registry's entries whose owner is gone (an earlier kernel): this one's own jobs and those
+        of another live kernel on the same folder are left to their watchers."""
         out = []
         for p in sorted(self.dir.glob("job-*.json")):
             if p.name in self.in_flight:
                 continue
             try:
                 entry = json.loads(p.read_text())
+                if owner_alive(entry.get("owner"), p.stat().st_mtime):
+                    continue
             except (OSError, ValueError):
                 continue
             entry["_path"] = str(p)
@@ -209,6 +244,7 @@ class Jobs:
             done = Path(job.paths.result_pickle).exists()
             sched = slurm_state(w.job_id) if is_slurm(job) and not done else SchedulerState(known=False)
             if not done and sched.known and sched.state in ACTIVE:
+                _write(Path(entry["_path"]), {**{k: v for k, v in entry.items() if k != "_path"}, "owner": owner()})
                 threading.Thread(target=self._rewatch, args=(entry, w, knobs, record, lock), daemon=True,
                                  name=f"workbench-job-{w.job_id}").start()
                 lines.append(f"job {w.job_id}: re-attached ({sched.state.lower()})")
@@ -229,7 +265,7 @@ class Jobs:
                  lock: threading.Lock) -> None:
         started = entry.get("started_at", "")
         try:
-            out = watch(w.job, w, TrialProgress(), None)
+            out = watch(w.job, w, TrialProgress(), None, beat=self.beat(Path(entry["_path"])))
             r = _trial_of(out, knobs, w)
         except JobFailed as e:
             lost = "lost" in e.message or "without a result" in e.message
@@ -250,11 +286,70 @@ class Jobs:
             Path(entry["progress_file"]).unlink(missing_ok=True)
 
     def cancel_all(self) -> None:
-        """Cancel every job this workbench has in flight (tune(parallel=N) on Stop)."""
+        """Cancel every job this workbench has in flight and end their trials at once (Ctrl-C during
+        tune(parallel=N)): each watcher sees `halted`, cancels its job and records the trial as
+        interrupted. `resume()` lets later trials run."""
         from .cluster import stop_job
 
+        self.halted.set()
         for job in list(self.in_flight.values()):
             stop_job(job)
+
+    def resume(self) -> None:
+        """Trials may run again after `cancel_all` (its watchers have ended)."""
+        self.halted.clear()
+
+
+class _Waits:
+    """One job's reports to a budget's QueueAccount: waiting from submission (a job without a
+    scheduler runs at once: its wait is start-up), running once the scheduler runs it, ended."""
+
+    def __init__(self, account: Any, w: Watch) -> None:
+        self.account, self.key = account, object()
+        if account is not None:
+            account.waiting(self.key)
+            if not is_slurm(w.job):
+                account.running(self.key)
+
+    def running(self) -> None:
+        if self.account is not None:
+            self.account.running(self.key)
+
+    def ended(self) -> None:
+        if self.account is not None:
+            self.account.ended(self.key)
+
+
+def owner() -> dict[str, Any]:
+    """This process as a registry entry's owner: host, pid and the process's start time (a pid reused
+    by another process does not count as the owner)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid())}
+
+
+def _started(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return round(psutil.Process(pid).create_time(), 2)
+    except Exception:  # no such process, or psutil cannot read it
+        return None
+
+
+def owner_alive(who: Any, touched: float) -> bool:
+    """Whether an entry's owner still runs: on this host, its process (same pid and start time); on
+    another, a heartbeat within LEASE_S. An entry without an owner is an earlier kernel's."""
+    if not isinstance(who, dict):
+        return False
+    if who.get("host") == socket.gethostname():
+        started = _started(int(who.get("pid") or 0)) if who.get("pid") else None
+        return started is not None and (who.get("started") is None or abs(started - who["started"]) < 1.0)
+    return time.time() - touched < LEASE_S
+
+
+def _write(path: Path, entry: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(entry))
+    tmp.replace(path)
 
 
 def _trial_of(out: Any, knobs: Knobs, w: Watch) -> Any:

@@ -16,7 +16,6 @@ mode did not take ends that trial with a status and a message; nothing else is l
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import socket
@@ -34,7 +33,6 @@ from ..core.measure import TrialResult, environment, now_iso
 from ..core.progress import Poller, TrialProgress
 from ..core.workload import Workload
 
-POLL_S = 0.1  # how often the caller reads the job's progress file
 PROGRESS_FILE = "progress.json"
 
 
@@ -76,22 +74,12 @@ def trial_job(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _progress_writer(path: Path) -> Any:
+    from .watcher import write_progress  # the one progress format every watcher reads
+
     def write(phase: str, done: int, total: int) -> None:
-        tmp = path.with_suffix(".tmp")
-        with contextlib.suppress(OSError):
-            tmp.write_text(json.dumps([phase, done, total]))
-            os.replace(tmp, path)
+        write_progress(path, phase, done, total)
 
     return write
-
-
-def read_progress(path: Path) -> tuple[str, int, int] | None:
-    """The job's last (phase, done, total), or None before it wrote any."""
-    try:
-        phase, done, total = json.loads(path.read_text())
-        return str(phase), int(done), int(total)
-    except (OSError, ValueError, TypeError):
-        return None
 
 
 def local_modules(*objects: Any) -> list[Any]:
@@ -146,22 +134,53 @@ def by_value(workload: Workload) -> Iterator[None]:
 
 def executor_for(executor: Any, env: dict[str, str | None]) -> Any:
     """The executor that starts the trial's process with `env`: the workbench's own (given the env
-    through its `with_env` when it has one), else a local FreshProcess."""
+    through its `with_env` when it has one; a submitit SLURM executor through a copy whose job script
+    sets it, `slurm_setup`), else a local FreshProcess. ValueError, before anything is submitted, for
+    an executor that cannot set a job's environment: the knob would be dropped silently."""
     if executor is None:
         from .fresh import FreshProcess
 
         return FreshProcess(env)
-    if env and hasattr(executor, "with_env"):
+    if not env:
+        return executor
+    if hasattr(executor, "with_env"):
         return executor.with_env(env)
-    return executor
+    ex = with_setup(executor, env)
+    if ex is None:
+        names = ", ".join(sorted(env))
+        raise ValueError(f"these knobs start the trial's process with {names} set, and {type(executor).__name__} "
+                         "cannot set a job's environment (no with_env(env), not a submitit SLURM executor): run "
+                         "the knob without the executor (a fresh local process), or give the executor a "
+                         "with_env(env) method returning one that starts its jobs with env")
+    return ex
+
+
+def with_setup(executor: Any, env: dict[str, str | None]) -> Any:
+    """A copy of a submitit SLURM executor (AutoExecutor(cluster="slurm") or SlurmExecutor) whose job
+    script exports `env` before the job's Python starts (submitit's `setup` lines, quoted), else None.
+    A path in `env` (the allocator's library) was found on this machine: the node must have it at the
+    same path (a shared image); the job checks the mode took and fails the trial saying so if not."""
+    import copy
+    import shlex
+
+    inner = getattr(executor, "_executor", executor)
+    if type(inner).__name__ != "SlurmExecutor" or not isinstance(getattr(inner, "parameters", None), dict):
+        return None
+    ex = copy.deepcopy(executor)
+    target = getattr(ex, "_executor", ex)
+    lines = [f"export {k}={shlex.quote(v)}" if v is not None else f"unset {k}" for k, v in sorted(env.items())]
+    target.parameters["setup"] = [*target.parameters.get("setup", []), *lines]
+    return ex
 
 
 def run_elsewhere(executor: Any, workload: Workload, knobs: Knobs, *, progress: TrialProgress,
                   cancel: threading.Event | None, run: dict[str, Any], here: Callable[..., TrialResult]) -> TrialResult:
     """Run one trial through `executor` (None: a FreshProcess started with the knobs' process
     environment); never raises for a failing trial (a job that cannot start or dies is a status).
-    `here` is what the job calls in its process (runner.run_here, passed in: no import circle)."""
+    `here` is what the job calls in its process (runner.run_here, passed in: no import circle).
+    The job is watched by the one watcher (watcher.watch), as a cluster's jobs are."""
     from ..core.phases import TrialInterrupted
+    from .watcher import JobFailed, Watch, watch
 
     env = process_env(knobs, context(knobs, workload.device))
     ex = executor_for(executor, env)
@@ -179,32 +198,21 @@ def run_elsewhere(executor: Any, workload: Workload, knobs: Knobs, *, progress: 
                            where="process", traceback=tb)
 
     progress.set("starting a process", 0, total)
+    w = Watch(None, folder / PROGRESS_FILE, time.monotonic())
     try:
         try:
             with by_value(workload):
-                job = ex.submit(trial_job, payload)
+                w.job = ex.submit(trial_job, payload)
         except Exception as e:  # cannot start, cannot pickle: this trial fails, nothing else
             return failed("error", f"the trial's process could not start ({where}): {type(e).__name__}: {e}")
         try:
-            while not job.done():
-                seen = read_progress(folder / PROGRESS_FILE)
-                if seen is not None:
-                    progress.set(*seen)
-                if cancel is not None and cancel.is_set():
-                    job.cancel()
-                    why = getattr(cancel, "reason", "") or "stopped by the user"
-                    return failed("interrupted", f"{why} (its process was ended)")
-                time.sleep(POLL_S)
-            out = job.result()
+            out = watch(w.job, w, progress, cancel)
         except KeyboardInterrupt:
-            with contextlib.suppress(Exception):
-                job.cancel()
-            raise TrialInterrupted(failed("interrupted", "interrupted by the user (its process was ended)")) from None
-        except Exception as e:  # crashed, killed, raised: the job's text is the message
-            text = str(e).strip()
-            head = text.splitlines()[0] if text else type(e).__name__
-            return failed("error", f"the trial's process ended without a result ({where}): {head}", text)
-        return received(out, knobs, where, getattr(job, "job_id", None))
+            raise TrialInterrupted(failed("interrupted", f"interrupted by the user: {w.stopped or 'cancelled'}")) from None
+        except JobFailed as e:  # crashed, killed, raised, cancelled: the job's text is the message
+            cause = e.__cause__
+            return failed(e.status, f"{e.message} ({where})", str(cause).strip() if cause is not None else "")
+        return received(out, knobs, where, getattr(w.job, "job_id", None))
     finally:
         progress.set("done", total, total)
         shutil.rmtree(folder, ignore_errors=True)

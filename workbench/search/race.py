@@ -39,6 +39,7 @@ from ..results.stats import Comparison
 
 SAME_MARGIN = MARGIN  # the one "same speed" margin (results/rules.py), by the name the race has always used
 MAX_ROUNDS = 4  # alternating rounds per race
+HALT_S = 20.0  # Ctrl-C in tune(parallel=N): how long the watchers get to cancel their jobs and end their trials
 # Seconds for one interleaved comparison in a race: what one more round of its two sides' trials would
 # cost, at least 2 s (two builds, warm-ups and a first look) and at most 10 s
 RACE_INTERLEAVE_S = (2.0, 10.0)
@@ -128,15 +129,42 @@ class Ctx:
         from ..launch.runner import PARALLEL_THREAD_NAME
 
         out: list[TrialResult | None] = []
-        with concurrent.futures.ThreadPoolExecutor(self.parallel, thread_name_prefix=PARALLEL_THREAD_NAME) as pool:
+        pool = concurrent.futures.ThreadPoolExecutor(self.parallel, thread_name_prefix=PARALLEL_THREAD_NAME)
+        futures: list[concurrent.futures.Future[TrialResult | None]] = []
+        try:
             for i in range(0, len(knobs), self.parallel):
                 if not self.used:  # the first trial alone: its time is every estimate's reference
                     out.append(self.run(knobs[i]))
                     batch = knobs[i + 1:i + self.parallel]
                 else:
                     batch = knobs[i:i + self.parallel]
-                out += [f.result() for f in [pool.submit(self.run, k) for k in batch]]
+                futures = [pool.submit(self.run, k) for k in batch]
+                out += [f.result() for f in futures]
+        except KeyboardInterrupt:  # Ctrl-C: cancel every job in flight, record their trials, then stop
+            self._halt(futures)
+            raise
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         return out
+
+    def _halt(self, futures: list[Any]) -> None:
+        """Ctrl-C during a parallel batch: the jobs in flight are cancelled and their watchers end their
+        trials (recorded as interrupted) within HALT_S; a trial not started yet never starts."""
+        import concurrent.futures
+
+        from ..launch.runner import ROUTES
+
+        for f in futures:
+            f.cancel()
+        workload = getattr(self.bench, "workload", None)
+        jobs = ROUTES.get(workload) if workload is not None else None
+        if jobs is None:
+            return
+        jobs.cancel_all()
+        try:
+            concurrent.futures.wait(futures, timeout=HALT_S)
+        finally:
+            jobs.resume()
 
     def _once(self, knobs: Knobs) -> TrialResult | None:
         r = self.budget.trial(self.bench.run, knobs, purpose=self.purpose, stop_early=self.stop_early)  # the start: whole

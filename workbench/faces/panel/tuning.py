@@ -38,6 +38,19 @@ class Either(threading.Event):
     def reason(self) -> str:
         return getattr(self.first, "reason", "") if self.first is not None else ""
 
+    @property
+    def expired(self) -> bool:
+        """Set by the budget's deadline alone (not Stop): a job still queued then waits (cluster.watch)."""
+        return (bool(getattr(self.first, "expired", False)) and not self.second.is_set()
+                and not super().is_set())
+
+    def __getattr__(self, name: str) -> Any:
+        """The deadline's own parts (`postpone`, `queue`, `waited`): a job's queue wait reaches the budget
+        through the panel's Stop as it does without it; AttributeError without a deadline."""
+        if name in ("postpone", "queue", "waited") and self.__dict__.get("first") is not None:
+            return getattr(self.__dict__["first"], name)
+        raise AttributeError(name)
+
 
 class PanelBench:
     """`bench` for tune() in the panel: `run` adds the panel's progress and Stop; all else is bench's."""
