@@ -76,6 +76,7 @@ NOT_OURS = {
     "get_length_grouped_indices",  # transformers' (group_by_length's sampler, docs/measurement.md)
     "estimated_stepping_batches",  # Lightning's Trainer attribute (docs/lightning.md: what from_lightning refuses)
     "include_num_input_tokens_seen",  # transformers' TrainingArguments flag (docs/lightning.md)
+    "slurm_setup",  # submitit's parameter: the setup lines a process knob's environment travels in
     "make_bench",  # a reader's factory in the CLI and torchrun examples (`mypkg.train:make_bench`)
 }
 EXTERNAL_ROOTS = {"torch", "np", "numpy", "pd", "pandas", "alt", "altair", "os", "sys", "transformers", "accelerate",
@@ -124,6 +125,8 @@ def package_names() -> frozenset[str]:
     from workbench.core.knobs import KNOBS
 
     names |= set(KNOBS)
+    for file in sorted((ROOT / "tests").glob("test_*.py")):  # the pages cite the tests behind a promise by name
+        names |= set(re.findall(r"^def (test_\w+)", file.read_text(encoding="utf-8"), re.M))
     return frozenset(names)
 
 
