@@ -470,6 +470,32 @@ def test_jobs_left_behind_are_recorded_or_marked_lost(tmp_path):
     assert len(bench.trials) == 0
 
 
+def test_a_left_behind_job_in_a_folder_others_can_write_is_not_loaded(tmp_path):
+    """The registry is a file on disk: a job whose folder sits under a folder others can write to is recorded
+    as lost, naming the folder, and its result pickle is never loaded."""
+    submitit = pytest.importorskip("submitit")
+    from submitit.core import utils
+
+    bench_on(concurrent.futures.ThreadPoolExecutor(1), tmp_path)
+    jobs_dir = tmp_path / "runs" / "TinyNet.jobs"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone may write here (no sticky bit): a pickle could have been swapped
+    folder = shared / "submitit"
+    folder.mkdir()
+    done = TrialResult(knobs=wb.Knobs(batch_size=16), status="ok", samples_per_s=100.0, step_times_s=(0.1, 0.1),
+                       samples_per_step=16, env={"host": "n9"})
+    utils.cloudpickle_dump(("success", done), submitit.LocalJob(folder=folder, job_id="111").paths.result_pickle)
+    (jobs_dir / "job-111.json").write_text(
+        json.dumps({"kind": "trial", "job_id": "111", "executor": "LocalJob", "folder": str(folder),
+                    "knobs": {"batch_size": 16}, "started_at": "", "progress_file": None}))
+    with pytest.warns(UserWarning, match="earlier kernel"):
+        again = bench_on(concurrent.futures.ThreadPoolExecutor(1), tmp_path)
+    (t,) = again.trials
+    assert t.status == "error" and "lost" in t.message and str(shared) in t.message
+    assert t.samples_per_s is None  # the pickle's figures never reached the log
+
+
 def test_a_second_kernel_on_the_folder_leaves_the_first_ones_live_jobs_alone(fake_slurm, tmp_path):
     from workbench.launch import jobs
 

@@ -41,11 +41,11 @@ from .cluster import (
     job_call,
     job_id_of,
     new_progress_file,
-    private_folder,
     quiet_sacct,
     slurm_state,
     watch,
 )
+from .folders import owned_private_folder
 
 BEAT_S = 10.0  # how often a watcher touches its registry entry (its owner's heartbeat)
 LEASE_S = 120.0  # an entry from another host untouched this long: its owner is gone
@@ -65,7 +65,7 @@ class Jobs:
         self.device = device
         self.counts_queue = counts_queue
         if log_path is not None:
-            self.dir = private_folder(log_path.parent / f"{log_path.stem}.jobs")
+            self.dir = owned_private_folder(log_path.parent / f"{log_path.stem}.jobs")
         else:
             self.dir = Path(tempfile.mkdtemp(prefix="workbench-jobs-"))  # mkdtemp makes it 0700
             weakref.finalize(self, shutil.rmtree, self.dir, ignore_errors=True)  # removed with this Jobs, or at exit
@@ -232,12 +232,16 @@ class Jobs:
                 _cancel_entry(entry)
                 Path(entry["_path"]).unlink(missing_ok=True)
                 continue
-            job = _rebuild(entry)
+            why = f"a {entry.get('executor')} job cannot be re-attached after a restart"
+            try:
+                job = _rebuild(entry)
+            except ValueError as e:  # its folder is not this user's all the way down: its pickles are not loaded
+                job, why = None, str(e)
             knobs = Knobs.from_dict(entry.get("knobs") or {}, keep_unknown=True)
             w = Watch(job, Path(entry.get("progress_file") or self.dir / "none.json"), time.monotonic())
             if job is None:
-                r = failed_trial(knobs, "error", f"job {entry.get('job_id')} is lost: a {entry.get('executor')} job "
-                                 "cannot be re-attached after a restart", w, entry.get("started_at", ""))
+                r = failed_trial(knobs, "error", f"job {entry.get('job_id')} is lost: {why}", w,
+                                 entry.get("started_at", ""))
                 self._settle(entry, r, record, lock)
                 lines.append(f"job {entry.get('job_id')}: lost")
                 continue
@@ -362,10 +366,13 @@ def _trial_of(out: Any, knobs: Knobs, w: Watch) -> Any:
 
 
 def _rebuild(entry: dict[str, Any]) -> Any:
-    """A submitit job object for a registry entry (None for an executor that cannot be re-attached)."""
+    """A submitit job object for a registry entry (None for an executor that cannot be re-attached).
+    ValueError when the entry's folder is not this user's all the way down: a registry is a file on disk,
+    and the job object would load the result pickle from that folder."""
     kind, folder, jid = entry.get("executor"), entry.get("folder"), entry.get("job_id")
     if not folder or not jid or kind not in ("SlurmJob", "LocalJob"):
         return None
+    owned_private_folder(folder)
     try:
         import submitit
     except ImportError:
@@ -374,7 +381,10 @@ def _rebuild(entry: dict[str, Any]) -> Any:
 
 
 def _cancel_entry(entry: dict[str, Any]) -> None:
-    job = _rebuild(entry)
+    try:
+        job = _rebuild(entry)
+    except ValueError:  # not this user's folder: nothing of it is loaded, nor cancelled
+        return
     if job is not None and job_id_of(job):
         from .cluster import stop_job
 
