@@ -23,7 +23,7 @@ from torch.utils.data import Dataset, TensorDataset
 import workbench as wb
 from workbench.core.knobs import knob_names
 from workbench.faces import panel as panel_module
-from workbench.faces.charts import chart_data
+from workbench.faces.charts import chart_data, chart_title
 from workbench.faces.panel import GROUPS, Panel
 from workbench.results.stats import ANSWER_WORDS, MIN_EFFECT
 
@@ -349,7 +349,7 @@ def test_a_long_log_updates_the_chart_data_and_shows_the_default_view(bench):
         drawn = chart_data(p.chart)
         assert last.trial_id in set(drawn["trial_id"]) and redraws == []  # a data update, not a new chart
         assert LAST_N <= len(drawn) < len(bench.trials)
-        assert f"of {len(bench.trials)} trials" in p.chart.spec["title"]["text"]
+        assert f"of {len(bench.trials)} trials" in chart_title(p.chart.spec)
         assert len(p.trial_pick.options) == len(drawn)
         assert p.table.value.count("<tr") == len(drawn) + 1  # a header row and one per trial drawn
     finally:
