@@ -10,6 +10,12 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 # One inductor cache for every compile in tests and notebooks (cold ~20 s, warm ~2 s here).
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.inductor-cache
+# Which torch build: pip's own choice by default (on this machine, the CPU wheel pip finds for torch==2.13.0;
+# from PyPI on Linux x86-64, the CUDA build, with its nvidia-* wheels). Choose one with PyTorch's index:
+#   make lab TORCH_INDEX=https://download.pytorch.org/whl/cpu     (CPU only: a smaller download)
+#   make lab TORCH_INDEX=https://download.pytorch.org/whl/cu128   (that CUDA version's build)
+TORCH_INDEX ?=
+TORCH_FROM := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 # JupyterLab refuses to start as root unless told.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--ServerApp.allow_root=True,)
 
@@ -19,13 +25,13 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--ServerApp.allow_root=True,)
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# constraints.txt pins torch==2.13.0 (CPU build) for the set-up path; the package accepts torch>=2.4.
-	$(BIN)/python -m pip install -q -c constraints.txt torch -e '.[notebook]'
+	# constraints.txt pins torch==2.13.0 for the set-up path (TORCH_INDEX picks its build); the package accepts torch>=2.4.
+	$(BIN)/python -m pip install -q $(TORCH_FROM) -c constraints.txt torch -e '.[notebook]'
 	touch $@
 
 # The developers' install on top: the test extra (it pulls the tensorboard extra and transformers too).
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -c constraints.txt torch -e '.[notebook,test]'
+	$(BIN)/python -m pip install -q $(TORCH_FROM) -c constraints.txt torch -e '.[notebook,test]'
 	touch $@
 
 env: $(VENV)/.installed

@@ -16,6 +16,7 @@ from workbench.faces.charts import (
     PICK,
     chart_data,
     chart_frame,
+    chart_title,
     comparison_chart,
     on_trial_pick,
     picked_trial,
@@ -69,7 +70,8 @@ def test_comparison_chart_has_band_baseline_linked_views_and_full_tooltip(log: R
     assert band["y"]["field"] == "throughput_low" and band["y2"]["field"] == "throughput_high"
     assert "baseline" in json.dumps(throughput[1]["transform"])
     # one click selection, used by all three views (linked)
-    (pick,) = spec["params"]  # altair hoists a concat's selection to the top, bound to the points view
+    (pick,) = [p for p in spec["params"] if "select" in p]  # hoisted to the top, bound to the points view
+    assert [p["name"] for p in spec["params"] if "select" not in p] == ["wb_title"]  # the title, a parameter
     assert pick["name"] == "trial_pick" and pick["views"] == [throughput[2]["name"]]
     for view in (throughput[2], spec["vconcat"][1], spec["vconcat"][2]):
         assert "trial_pick" in json.dumps(view["encoding"]["opacity"])
@@ -171,10 +173,10 @@ def test_the_chart_states_the_total_and_draws_all_on_request():
     df = long_results().frame()
     spec = comparison_chart(df).to_dict()
     drawn = chart_data(spec)
-    assert len(drawn) < len(df) and f"{len(drawn)} of {len(df)} trials" in spec["title"]["text"]
-    assert "last=None" in spec["title"]["text"]
+    assert len(drawn) < len(df) and f"{len(drawn)} of {len(df)} trials" in chart_title(spec)
+    assert "last=None" in chart_title(spec)
     everything = comparison_chart(df, last=None).to_dict()
-    assert len(chart_data(everything)) == len(df) and everything["title"]["text"] == f"{len(df)} trials"
+    assert len(chart_data(everything)) == len(df) and chart_title(everything) == f"{len(df)} trials"
 
 
 def test_update_chart_replaces_only_the_data_and_the_title():
@@ -182,6 +184,9 @@ def test_update_chart_replaces_only_the_data_and_the_title():
 
     log = long_results(10)
     jc = alt.JupyterChart(comparison_chart(ResultLog(None).frame()))
+    sent = []  # what the kernel sends the page: never the whole spec (a re-embed) on a data update
+    send = jc.send_state
+    jc.send_state = lambda key=None: (sent.append(key), send(key))[1]
     assert not update_chart(jc, log.frame())  # from the empty placeholder: a new chart
     charts = []
     jc.observe(lambda change: charts.append(change), names="chart")
@@ -190,8 +195,10 @@ def test_update_chart_replaces_only_the_data_and_the_title():
         log.append(fake(wb.Knobs(batch_size=24), step_ms=9.0))
         assert update_chart(jc, log.frame())
     assert charts == []  # no new altair chart per trial
-    assert len(chart_data(jc)) == 13 and "13 trials" in jc.spec["title"]["text"]
-    strip = ("datasets", "title")
+    assert len(chart_data(jc)) == 13 and "13 trials" in chart_title(jc.spec)
+    assert "spec" not in sent[-6:] and sent[-2:] == ["_py_to_js_updates", "_params"]
+    assert len(jc._py_to_js_updates[0]["value"]) == 13 and jc.params.wb_title == chart_title(jc.spec)
+    strip = ("datasets", "params")
     assert {k: v for k, v in jc.spec.items() if k not in strip} == {k: v for k, v in before.items() if k not in strip}
     fresh = comparison_chart(log.frame()).to_dict()  # the same picture a new chart would give
     assert chart_data(fresh).equals(chart_data(jc))

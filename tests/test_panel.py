@@ -23,8 +23,8 @@ from torch.utils.data import Dataset, TensorDataset
 import workbench as wb
 from workbench.core.knobs import knob_names
 from workbench.faces import panel as panel_module
-from workbench.faces.charts import chart_data
-from workbench.faces.panel import GROUPS, Panel
+from workbench.faces.charts import chart_data, chart_title
+from workbench.faces.panel import GROUPS, Panel, mixed_threads_html
 from workbench.results.stats import ANSWER_WORDS, MIN_EFFECT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,6 +219,12 @@ def test_programmatic_runs_land_in_the_same_chart_and_table(panel: Panel, bench:
     assert list(chart_data(panel.chart)["label"]) == ["defaults", "batch_size=16"]
     assert "batch_size=16" in panel.table.value
     assert not panel.busy  # a run from code does not queue a panel trial
+    assert "wb-mixed-threads" not in panel.table.value  # every trial from a cell: nothing mixed
+    panel.controls["batch_size"].value = 12  # a trial on the panel's thread
+    assert panel.wait(WAIT_S)
+    assert panel.started_here == {bench.trials[-1].trial_id}
+    assert "wb-mixed-threads" in panel.table.value and "ten percent" in panel.table.value
+    assert mixed_threads_html(bench.results, panel.started_here, "cuda") == ""  # the OpenMP and arena effect: CPU
 
 
 @pytest.mark.slow
@@ -349,7 +355,7 @@ def test_a_long_log_updates_the_chart_data_and_shows_the_default_view(bench):
         drawn = chart_data(p.chart)
         assert last.trial_id in set(drawn["trial_id"]) and redraws == []  # a data update, not a new chart
         assert LAST_N <= len(drawn) < len(bench.trials)
-        assert f"of {len(bench.trials)} trials" in p.chart.spec["title"]["text"]
+        assert f"of {len(bench.trials)} trials" in chart_title(p.chart.spec)
         assert len(p.trial_pick.options) == len(drawn)
         assert p.table.value.count("<tr") == len(drawn) + 1  # a header row and one per trial drawn
     finally:

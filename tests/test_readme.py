@@ -42,4 +42,4 @@ def test_every_readme_python_block_runs_in_order(tmp_path, monkeypatch, capsys):
     base, change = scope["base"], scope["change"]
     assert base.ok and change.ok and bench.baseline.trial_id == base.trial_id
     assert df.loc[base.trial_id, "baseline"] and df.loc[base.trial_id, "label"] == "defaults"
-    assert df.loc[change.trial_id, "label"] == "channels_last"  # labelled by its knobs, not "baseline"
+    assert df.loc[change.trial_id, "label"] == f"batch_size={2 * base.knobs.batch_size}"  # by its knobs

@@ -80,6 +80,22 @@ def move_to(batch: Any, device: torch.device, *, non_blocking: bool = False, cha
     return batch
 
 
+def is_lazy(t: torch.Tensor) -> bool:
+    """An uninitialized parameter or buffer of a Lazy module (its shape comes with the first forward)."""
+    return isinstance(t, (nn.parameter.UninitializedParameter, nn.parameter.UninitializedBuffer))
+
+
+def any_tensor(batch: Any, test: Callable[[torch.Tensor], bool]) -> bool:
+    """True when some tensor in a (nested) tuple/list/dict batch passes `test`."""
+    if isinstance(batch, torch.Tensor):
+        return bool(test(batch))
+    if isinstance(batch, dict):
+        return any(any_tensor(v, test) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return any(any_tensor(v, test) for v in batch)
+    return False
+
+
 def batch_size_of(batch: Any) -> int:
     """Samples in a batch: the leading dimension of its first tensor (1 if it has none)."""
     if isinstance(batch, torch.Tensor):
@@ -224,6 +240,10 @@ class Workload:
         # model (or its training) never leak into trials.
         self.pristine = copy.deepcopy(model).to("cpu")
         self.has_conv = any(isinstance(m, (nn.Conv2d, nn.Conv3d, nn.Conv1d)) for m in model.modules())
+        # channels_last acts on 4-D tensors only: True when a parameter or buffer is one; else a sample
+        # batch decides (`see_batch`), None until one was seen
+        tensors = (*self.pristine.parameters(), *self.pristine.buffers())
+        self.four_d: bool | None = True if any(not is_lazy(t) and t.dim() == 4 for t in tensors) else None
         self.blocks = blocks_of(self.pristine)
         self.token_data = has_token_batches(self.spec)  # the length knobs act only on token batches
         self.forward_params = forward_params(self.pristine)
@@ -232,9 +252,15 @@ class Workload:
 
     def context_kwargs(self) -> dict[str, Any]:
         """What the knobs' hooks know of this workload (besides the device): knobs.Context's fields."""
-        return {"spec": self.spec, "blocks": self.blocks, "has_conv": self.has_conv, "token_data": self.token_data,
+        return {"spec": self.spec, "blocks": self.blocks, "has_conv": self.has_conv, "four_d": self.four_d,
+                "token_data": self.token_data,
                 "forward_params": self.forward_params, "max_positions": self.max_positions,
                 "longest_tokens": self.longest_tokens}
+
+    def see_batch(self, batch: Any) -> None:
+        """Take in what a sample batch shows before any trial: whether it holds a 4-D floating-point tensor."""
+        if not self.four_d:
+            self.four_d = any_tensor(batch, lambda t: t.dim() == 4 and t.is_floating_point())
 
     def longest_tokens(self) -> int | None:
         """The longest sample, in tokens (over the samples the length knobs read: tokens.length_pool),

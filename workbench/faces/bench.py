@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -31,21 +30,13 @@ from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel
 from ..results import Comparison, ResultLog
 from ..results.comparison import real_run
 from ..results.stats import MARGIN, Noise
+from .reloaded import announce, fingerprint, reload_text, stamp
 from .scaling import Scaling
 from .surface import DEPRECATED, knobs_of, log_path, outcome_of, require_notebook, wait_for
+from .unchanged import inert_note, unchanged, warn_at_caller, with_note
 
 DEFAULT_LOG_DIR = "workbench-runs"
 LOUD_NOTES = ("amp='fp16' on CPU",)  # notes worth a warning in the caller's cell, not only in `notes`
-
-
-def warn_at_caller(message: str) -> None:
-    """A UserWarning attributed to the first frame outside this package (the user's cell or script),
-    so the notebook shows the user's call, not the trial thread's internals."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # workbench/
-    frame, level = sys._getframe(1), 2
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 class Workbench:
@@ -109,7 +100,9 @@ class Workbench:
         self._probe()
         # A workshop: each participant appends to a file of their own under the shared folder.
         self.participant = participant
+        self.fingerprint = fingerprint(self.workload.pristine)  # each trial carries it (reloaded.py)
         self._log_to(log)
+        announce(reload_text(self.log, self.fingerprint))  # an old log: what was reloaded, and the baseline
         self._lock = threading.Lock()  # one trial at a time, whoever asks (cell or panel thread)
         self._append_lock = threading.Lock()
         self._jobs, self._jobs_device, self._counts_queue = None, str(device), budget_counts_queue
@@ -123,6 +116,7 @@ class Workbench:
         under this workbench's participant folder when it has a participant."""
         self.log = ResultLog(log_path(log, self.name, self.participant), participant=self.participant)
         self.log.defaults = self.defaults  # labels name what differs from this workbench's defaults
+        self.log.model = self.fingerprint  # speedups and verdicts from this model's trials only
 
     def _jobs_now(self) -> Any:
         """The jobs of the current `executor` (None: trials run here); made anew when it was replaced."""
@@ -153,6 +147,7 @@ class Workbench:
         except StopIteration:
             raise ValueError("the data yields no batch: the dataset is shorter than one batch") from None
         batch = move_to(batch, wl.device)
+        wl.see_batch(batch)  # what the knobs' `inert` hooks know before any trial (4-D tensors)
         model = wl.fresh_model().train()
         try:
             loss = wl.compute_loss(model, batch, stage)
@@ -209,6 +204,7 @@ class Workbench:
             hopeless = self._expect_slow(k)  # a known hopeless trial, with this machine's earlier factor
             if hopeless:  # one warning: the note (if any), then what to expect here
                 loud = [f"{loud[0]}. {hopeless}" if loud else hopeless]
+            loud += [n for n in [inert_note(self, k)] if n]  # a knob that changes nothing in this step
             for note in loud:
                 warn_at_caller(note)
         trace_dir = (self.log.path.parent if self.log.path is not None else None) if trace else None
@@ -226,7 +222,7 @@ class Workbench:
                                   trace_dir=trace_dir, collective_timeout_s=self.collective_timeout_s,
                                   stop=self._stop_rule(k) if stop_early else None)
             try:
-                result = wait_for(future)
+                result = with_note(wait_for(future), inert_note(self, k))
                 if not result.ok:  # the bar ends in the trial's status, not the runner's "done"
                     state.set(result.status, state.done, state.total)
                 return self._record(result)
@@ -276,6 +272,7 @@ class Workbench:
         against this workbench's defaults (the card says what the table says)."""
         result.extra.setdefault("step", self.step_shape.to_record())
         result.extra.setdefault("label", result.knobs.label(self.defaults))
+        stamp(result, self.fingerprint)
         with self._append_lock:  # the one writer of the log, whichever thread a trial ended on
             return self.log.append(result)
 
@@ -395,7 +392,10 @@ class Workbench:
         if method == "interleave" and not rounds:
             rounds = "auto"
         interleave = {"auto": None, "trials": False, "interleave": True}[method]
-        c, note = None, ""
+        c, note = unchanged(self, ra, rb, margin), ""  # the same step on both sides: "same", nothing measured
+        if c is not None:
+            self.log.record_comparison(c, ra.knobs, rb.knobs)
+            return c
         if rounds and ra.ok and rb.ok:  # the allocator compared: both sides in fresh processes, pinned
             ra, rb, note = self._pinned(ra, rb)
         if rounds == "auto" and interleave is not False and ra.ok and rb.ok:  # a failed trial: compare says why

@@ -12,6 +12,7 @@ live chart and the exported one are the same picture. altair is imported only by
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,7 @@ MARKS_LEGEND = ["point: one trial's samples/s · band: where a repeat of it woul
 LAST_N = 30  # the default chart: the baseline, the last LAST_N trials and the best of each configuration
 DATASET = "trials"  # the chart's one dataset, by a fixed name so a data update can replace it
 PICK = "trial_pick"  # the click selection; a JupyterChart reports it as chart.selections.trial_pick
+TITLE = "wb_title"  # the title's text, a parameter: a data update sets it in the page without a re-embed
 WIDTH = 560  # px; the three views share it so their columns line up
 EMPTY_TEXT = "No trials yet: change a knob in the panel, or call bench.run()"
 
@@ -125,9 +127,18 @@ def comparison_chart(results: pd.DataFrame, *, width: int = WIDTH, last: int | N
     kinds = tuple(k for k in KINDS if k in set(data["kind"]))
     chart = _chart_shape(tuple(data.columns), width, kinds).copy(deep=False)  # the views are built once
     chart.usermeta = {"workbench": _shape_key(data)}  # update_chart swaps data only while this holds
-    chart.title = alt.Title(view_title(len(data), len(results)), anchor="start", fontSize=12, fontWeight="normal")
+    chart = chart.add_params(alt.param(name=TITLE, value=view_title(len(data), len(results))))
+    chart.title = alt.Title(alt.ExprRef(TITLE), anchor="start", fontSize=12, fontWeight="normal")
     chart.datasets = {DATASET: _records(data)}
     return chart
+
+
+def chart_title(spec: dict[str, Any]) -> str:
+    """The title text a chart's spec shows (the TITLE parameter's value, or a literal title)."""
+    title = (spec.get("title") or {}).get("text")
+    if isinstance(title, str):
+        return title
+    return next((p.get("value", "") for p in spec.get("params", []) if p.get("name") == TITLE), "")
 
 
 def _shape_key(data: pd.DataFrame) -> dict[str, list[str]]:
@@ -209,20 +220,30 @@ def _records(data: pd.DataFrame) -> list[dict[str, Any]]:
 def update_chart(jupyter_chart: Any, results: pd.DataFrame, *, last: int | None = LAST_N) -> bool:
     """Show `results` in `jupyter_chart` (an altair JupyterChart of `comparison_chart`).
 
-    When the chart already draws trials, only its data and title change: the spec it holds gets
-    the new rows (built in milliseconds, not a new altair chart per trial). Otherwise (the first
-    trial, an empty log) it gets a new chart. Returns True when it was a data update.
+    When the chart already draws trials of the same shape, only its rows and title change, and the page
+    is sent only those: the rows through the widget's data channel (`_py_to_js_updates`, which the page
+    applies to the running Vega view) and the title through its parameter. A new `spec` would make the
+    page re-embed the whole chart (compile, parse, lay out three views: 0.3-2 s of browser CPU per trial
+    on a 2-core machine; benchmarks/README.md "Panel latency"). The kernel's `spec` still gets the new
+    rows (without sending them again), so `chart.spec` always holds what the page draws. Otherwise (the
+    first trial, an empty log, a new kind of trial for the legend) it gets a new chart. Returns True when
+    it was a data update.
     """
     spec = getattr(jupyter_chart, "spec", None) or {}
     data = chart_frame(chart_view(results, last))
     same_shape = (spec.get("usermeta") or {}).get("workbench") == (None if data.empty else _shape_key(data))
-    if data.empty or DATASET not in (spec.get("datasets") or {}) or not same_shape:  # e.g. a first failed trial
+    titled = any(p.get("name") == TITLE for p in spec.get("params", []))
+    if data.empty or DATASET not in (spec.get("datasets") or {}) or not same_shape or not titled:
         jupyter_chart.chart = comparison_chart(results, last=last)
         return False
-    new = dict(spec)
-    new["datasets"] = {DATASET: _records(data)}
-    new["title"] = {**spec.get("title", {}), "text": view_title(len(data), len(results))}
-    jupyter_chart.spec = new
+    rows, title = _records(data), view_title(len(data), len(results))
+    params = [{**p, "value": title} if p.get("name") == TITLE else p for p in spec.get("params", [])]
+    new = {**spec, "datasets": {DATASET: rows}, "params": params}
+    with jupyter_chart._lock_property(spec=json.loads(json.dumps(new))):  # kept here, not re-sent: no re-embed
+        jupyter_chart.spec = new
+    jupyter_chart._py_to_js_updates = [{"namespace": "data", "name": DATASET, "scope": [], "value": rows}]
+    if TITLE in getattr(jupyter_chart.params, "trait_names", lambda: [])():
+        setattr(jupyter_chart.params, TITLE, title)  # the page's signal (the chart's param channel)
     return True
 
 

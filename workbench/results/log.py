@@ -31,6 +31,7 @@ from ..core.knobs import Knobs
 from ..core.measure import TrialResult
 from . import series
 from .comparison import real_run
+from .models import of_model, same_model, with_others
 from .records import MAX_LINE_BYTES, LoggedComparison, bad_lines_text, default_participant, read_records
 from .stats import Comparison, Noise
 from .table import Table
@@ -149,6 +150,7 @@ class ResultLog:
         self.comparisons: list[LoggedComparison] = []  # comparisons that measured, in the order they ended
         self._baseline_id: int | None = None
         self.defaults: Knobs | None = None  # a workbench's default knobs: labels name what differs from them
+        self.model: str | None = None  # a workbench's model fingerprint: only its trials are compared (models.py)
         self._observers: list[Callable[[TrialResult], None]] = []
         self._offset = 0  # bytes of the file already read into `trials`
         self._unsaved: list[bytes] = []  # records a failed write kept in memory (written with the next append)
@@ -389,18 +391,26 @@ class ResultLog:
     def decided(self, a_knobs: Knobs, b_knobs: Knobs) -> LoggedComparison | None:
         """The latest decided (not undecided) logged comparison of B's knobs against A's, either way round
         (a B-against-A one is returned as it was logged: check `.a_knobs`)."""
+        ours = {r.trial_id for r in self.compared}
         for c in reversed(self.comparisons):
-            if c.answer != "undecided" and {c.a_knobs, c.b_knobs} == {a_knobs, b_knobs} and a_knobs != b_knobs:
+            if c.answer != "undecided" and {c.a_knobs, c.b_knobs} == {a_knobs, b_knobs} and a_knobs != b_knobs and (
+                    self.model is None or {c.a, c.b} <= ours):  # a comparison of another model's trials: not this one's
                 return c
         return None
 
     # ---- baseline ---------------------------------------------------------------------------
     @property
     def baseline(self) -> TrialResult | None:
-        """The explicit baseline, else the first ok trial (a real run's row is never the default baseline)."""
-        if self._baseline_id is not None:
-            return self.get(self._baseline_id)
-        return next((r for r in self.trials if r.ok and not real_run(r)), None)
+        """The explicit baseline, else the first ok trial (of this log's `model` when it has one; a real run's
+        row is never the default baseline)."""
+        if self._baseline_id is not None and same_model(base := self.get(self._baseline_id), self.model):
+            return base
+        return next((r for r in self.trials if r.ok and not real_run(r) and same_model(r, self.model)), None)
+
+    @property
+    def compared(self) -> list[TrialResult]:
+        """The trials that speedups, verdicts and noise come from: those of this log's `model` (all without one)."""
+        return of_model(self.trials, self.model)
 
     def set_baseline(self, trial_id: int) -> None:
         """Make an ok trial the reference for speedups and verdicts; persisted as a "baseline" line."""
@@ -416,7 +426,7 @@ class ResultLog:
     @property
     def noise(self) -> Noise:
         """Between-trial noise learnt from this log's repeats of identical knobs (prior until then)."""
-        return self._table.sync(self.trials).noise()
+        return self._table.sync(self.compared).noise()
 
     def frame(self) -> pd.DataFrame:
         """One row per trial: summary columns first, then every knob, notes and environment.
@@ -429,19 +439,20 @@ class ResultLog:
         would land (95%, from the between-trial noise); `df.attrs["noise"]` holds that noise.
         Kept up to date as trials arrive: a new trial adds its row, a new noise re-judges cheaply.
         """
-        table = self._table.sync(self.trials)
+        table = self._table.sync(self.compared)
         df = table.frame(self.baseline, table.noise(), self.defaults)
-        return self._with_decided(df) if self.comparisons else df
+        return with_others(self._with_decided(df) if self.comparisons else df, self.trials, self.model, self.defaults)
 
     def _with_decided(self, df: pd.DataFrame) -> pd.DataFrame:
         """Rows whose knobs a logged comparison decided against the baseline's take its verdict; the
         columns `decided_speedup` (that comparison's B/A ratio) and `decided_by` say which."""
         base = self.baseline
         df["decided_speedup"], df["decided_by"] = np.nan, ""
-        if base is None or len(df) != len(self.trials):
+        compared = self.compared
+        if base is None or len(df) != len(compared):
             return df
         flip = {"faster": "slower", "slower": "faster"}  # the comparison may have run the other way round
-        for i, r in enumerate(self.trials):
+        for i, r in enumerate(compared):
             c = self.decided(base.knobs, r.knobs) if r.ok and r.trial_id != base.trial_id else None
             if c is not None:
                 df.loc[i, "verdict"] = c.answer if c.b_knobs == r.knobs else flip.get(c.answer, c.answer)

@@ -129,7 +129,7 @@ def _knobs_of(rec: dict[str, Any]) -> Knobs:
     return knobs
 
 
-METHODS = ("trials", "interleaved")
+METHODS = ("trials", "interleaved", "unchanged")  # unchanged: the same step on both sides, not measured
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ class LoggedComparison:
     b: int | None
     a_knobs: Knobs
     b_knobs: Knobs
-    method: str  # "trials" or "interleaved"
+    method: str  # "trials", "interleaved" or "unchanged" (the knobs that differ change nothing in the step)
     answer: str  # "faster", "slower", "same" or "undecided"
     speedup: float
     low: float
@@ -167,6 +167,8 @@ class LoggedComparison:
         secs = f", {self.seconds:.0f} s" if self.seconds is not None else ""
         if self.method == "interleaved":
             return f"interleaved, {self.turns} pairs of turns{secs}"
+        if self.method == "unchanged":
+            return "not measured: the same step"
         return f"trials, {self.rounds} round{'s' if self.rounds != 1 else ''}{secs}"
 
     def to_record(self) -> dict[str, Any]:

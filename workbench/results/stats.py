@@ -247,7 +247,8 @@ class Comparison:
     margin: float = MARGIN  # "same speed" means the interval lies within ±margin
     seconds: float | None = None  # wall time the rounds of this comparison took
     max_rounds: int | None = None  # rounds="auto": the most rounds it could run (None: a fixed design)
-    method: str = "trials"  # "trials" (separate trials) or "interleaved" (turns of a few steps in one process)
+    method: str = "trials"  # "trials" (separate trials), "interleaved" (turns of a few steps in one process), or
+    # "unchanged" (the knobs that differ change nothing in the step: same, not measured; faces/unchanged.py)
     rate: str = "samples/s"  # the rate compared: "tokens/s" when the sides pad or pack token batches differently
     turns: int = 0  # interleaved: pairs of turns (A B or B A) behind the verdict
     turn_steps: int = 0  # interleaved: optimizer steps in each turn
@@ -278,6 +279,8 @@ class Comparison:
         return self.answer
 
     def _evidence(self) -> str:
+        if self.method == "unchanged":  # faces/unchanged.py: the knobs that differ change nothing in the step
+            return "not measured: both sides run the same step"
         if self.method == "interleaved":
             secs = f", {self.seconds:.0f} s" if self.seconds is not None else ""
             return (f"{self.turns} pairs of interleaved turns of {self.turn_steps} step"
@@ -322,6 +325,8 @@ class Comparison:
         interval = f"{(self.low - 1) * 100:+.1f}% … {(self.high - 1) * 100:+.1f}%"
         tail = f" {self.note}" if self.note else ""
         answer = self.answer
+        if self.method == "unchanged":
+            return f"#{self.b} vs #{self.a}: same: both run the same step, so nothing needs measuring.{tail}"
         if answer == "same":
             return (f"#{self.b} vs #{self.a}: same speed within ±{self.margin:.0%} ({pct:+.1f}%, {CONFIDENCE:.0%} "
                     f"interval {interval}, {self._evidence()}).{tail}")

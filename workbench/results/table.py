@@ -54,7 +54,7 @@ def _sides(trials: Sequence[TrialResult], base: TrialResult, r: TrialResult) -> 
             [t for t in upto if t.knobs == r.knobs and (t.trial_id or 0) <= (r.trial_id or 0)] or [r])
 
 
-def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
+def static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
     """The columns of these trials' rows that depend on nothing else (no baseline, no noise)."""
     rows = []
     for r in trials:
@@ -83,6 +83,8 @@ def _static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
         row["queue_s"] = job.get("queue_s") if isinstance(job, dict) else None  # waited in the queue (not measured)
         row["process_mode"] = r.env.get("allocator", "")  # the allocator its process ran in, read back
         row["participant"] = r.participant
+        model = r.extra.get("model") if isinstance(r.extra, dict) else None  # its model's fingerprint (models.py)
+        row["model"] = model if isinstance(model, str) else ""
         row["trace_path"] = r.trace_path
         row["started_at"] = r.started_at
         rows.append(row)
@@ -146,7 +148,7 @@ class Table:
                     self.noise_tracker.add(r)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", FutureWarning)  # all-NA columns in a small part
-                    part = _static_frame(new)
+                    part = static_frame(new)
                     self.static = part if self.static is None else pd.concat([self.static, part], ignore_index=True)
             return self
 

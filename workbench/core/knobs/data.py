@@ -77,6 +77,10 @@ def pin_note(value: bool, ctx: Context) -> str | None:
     return None
 
 
+def pin_inert(value: bool, ctx: Context) -> str | None:
+    return None if pins(ctx) else f"nothing is copied to an accelerator on {ctx.device_type}, so no buffer is pinned"
+
+
 def pin_code(k: Any) -> dict[str, list[str]]:
     if not k.pin_memory:
         return {}
@@ -97,6 +101,12 @@ def persistent_note(value: bool, ctx: Context) -> str | None:
     return "persistent_workers is a no-op with data='cached'" if value and ctx.knobs.data == "cached" else None
 
 
+def persistent_inert(value: bool, ctx: Context) -> str | None:
+    if ctx.knobs.num_workers == 0:
+        return "with num_workers=0 there are no worker processes to keep"
+    return "data='cached' reuses one batch, so no worker runs" if ctx.knobs.data == "cached" else None
+
+
 def persistent_code(k: Any) -> dict[str, list[str]]:
     return {"loader_args": ["persistent_workers=True"]} if k.persistent_workers else {}
 
@@ -114,6 +124,12 @@ def prefetch_note(value: int | None, ctx: Context) -> str | None:
     if value is not None and ctx.knobs.num_workers == 0:
         return "prefetch_factor is a no-op with num_workers=0 (the main process loads)"
     return None
+
+
+def prefetch_inert(value: int | None, ctx: Context) -> str | None:
+    if ctx.knobs.num_workers == 0:
+        return "with num_workers=0 the main process loads each batch when asked (nothing is fetched ahead)"
+    return "data='cached' reuses one batch, so nothing is fetched ahead" if ctx.knobs.data == "cached" else None
 
 
 def prefetch_code(k: Any) -> dict[str, list[str]]:
@@ -144,6 +160,11 @@ def grouped_check(value: bool, ctx: Context) -> None:
         raise ValueError("group_by_length=True needs a dataset with a length: an IterableDataset of unknown length "
                          "cannot be sorted into length groups; use a map-style dataset, or set group_by_length=False")
     tokens.lengths_of(ctx.spec.dataset, [0])  # raises naming what it needs when samples carry no lengths
+
+
+def tokens_inert(value: Any, ctx: Context) -> str | None:
+    """The length knobs act on token batches (input_ids) only."""
+    return None if ctx.token_data else "the batches hold no input_ids (the length knobs act on token sequences)"
 
 
 def grouped_note(value: bool, ctx: Context) -> str | None:
@@ -289,24 +310,24 @@ class DataKnobs:
     num_workers: int = declare(0, loader=workers_loader, traits=workers_traits, code=workers_code, kind="int",
         minimum=0, group="Data pipeline", widget="slider", maximum="workers", probe=1, fuzz=Fuzz(range(0, 3), (-1,)),
         help="DataLoader worker processes; 0 = load in the main process (start near half the cores)")
-    pin_memory: bool = declare(False, loader=pin_loader, move=pin_move, note=pin_note, code=pin_code, kind="bool",
+    pin_memory: bool = declare(False, loader=pin_loader, move=pin_move, note=pin_note, inert=pin_inert, code=pin_code, kind="bool",
         group="Data pipeline", widget="checkbox", probe=True, fuzz=Fuzz((False, True)),
         help="page-locked host buffers for faster async host->device copies")
     persistent_workers: bool = declare(False, loader=persistent_loader, traits=persistent_traits,
-        note=persistent_note, code=persistent_code, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
+        note=persistent_note, inert=persistent_inert, code=persistent_code, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
         fuzz=Fuzz((False, True)), help="keep workers alive across epochs (needs num_workers > 0)")
-    prefetch_factor: int | None = declare(None, loader=prefetch_loader, traits=prefetch_traits, note=prefetch_note,
+    prefetch_factor: int | None = declare(None, loader=prefetch_loader, traits=prefetch_traits, note=prefetch_note, inert=prefetch_inert,
         code=prefetch_code, kind="int", minimum=1, optional=True, group="Data pipeline", widget="dropdown",
         options=(None, 1, 2, 4, 8), probe=4, fuzz=Fuzz((None, 1, 2, 3, 4), (0,)),
         help="batches buffered per worker; None = torch's default (2); costs host memory")
-    group_by_length: bool = declare(False, loader=grouped_loader, check_run=grouped_check, note=grouped_note,
+    group_by_length: bool = declare(False, loader=grouped_loader, check_run=grouped_check, note=grouped_note, inert=tokens_inert,
         code=grouped_code, kind="bool", group="Data pipeline", widget="checkbox", probe=True, fuzz=Fuzz((False, True)),
         help="batches of similar lengths (the Trainer's length-grouped sampler): less padding on token data")
-    pad_to_multiple_of: int | None = declare(None, loader=pad_loader, check_run=pad_check, note=pad_note, code=pad_code,
+    pad_to_multiple_of: int | None = declare(None, loader=pad_loader, check_run=pad_check, note=pad_note, inert=tokens_inert, code=pad_code,
         kind="int", minimum=1, optional=True, group="Data pipeline", widget="dropdown", options=(None, 8, 64), probe=8,
         fuzz=Fuzz((None, 1, 8, 64), (0,)),  # 64 pads past the transformer demo's positions: refused, naming the fix
         help="pad token batches to a multiple of this length (fewer distinct shapes: tensor cores, fewer recompiles)")
-    packing: bool = declare(False, loader=packing_loader, check_run=packing_check, note=packing_note,
+    packing: bool = declare(False, loader=packing_loader, check_run=packing_check, note=packing_note, inert=tokens_inert,
         code=packing_code, kind="bool", group="Data pipeline", widget="checkbox", probe=True,
         fuzz=Fuzz((False,)),  # True needs a model that takes position_ids (tests/test_hf.py); the demos do not
         help="padding-free packing: each batch as one row with position_ids (the model must take position_ids)")

@@ -110,6 +110,10 @@ def selective_note(value: str, ctx: Context) -> str | None:
     return None
 
 
+def selective_inert(value: str, ctx: Context) -> str | None:
+    return None if ctx.knobs.checkpoint else "no block is checkpointed (checkpoint=()), so nothing is recomputed"
+
+
 def selective_code(k: Any) -> dict[str, list[str]]:
     if k.checkpoint_mode == "full" or not k.checkpoint:
         return {}
@@ -149,7 +153,7 @@ class MemoryKnobs:
         fuzz=Fuzz("blocks", ("no.such.block", "")),
         help="block names wrapped in torch.utils.checkpoint: recompute activations in backward")
     checkpoint_mode: str = declare("full", interleave=True, kind="choice", choices=CHECKPOINT_MODES, group="Memory", widget="dropdown",
-        probe="selective", checkpoint_kwargs=selective_options, note=selective_note, code=selective_code,
+        probe="selective", checkpoint_kwargs=selective_options, note=selective_note, inert=selective_inert, code=selective_code,
         fuzz=Fuzz(CHECKPOINT_MODES, ("some",)),
         help="full = recompute everything in checkpointed blocks; selective = keep "
         "matmul/conv outputs, recompute the cheap ops")

@@ -36,6 +36,11 @@ def ddp_note(name: str, default: Any) -> Callable[[Any, Context], str | None]:
     return note
 
 
+def one_process(value: Any, ctx: Context) -> str | None:
+    """The distributed knobs' `inert` hook: with world_size=1 one process runs the step, without DDP or FSDP2."""
+    return "world_size=1: one process runs the step, without DDP or FSDP2" if ctx.knobs.world_size == 1 else None
+
+
 def ddp_arg(
     name: str, arg: str, default: Any
 ) -> tuple[Callable[[Any, Context], dict[str, Any]], Callable[[Any], dict[str, list[str]]]]:
@@ -282,6 +287,7 @@ def ddp_flag(name: str, arg: str, *, help: str) -> Any:
         widget="checkbox",
         probe=True,
         note=ddp_note(name, False),
+        inert=one_process,
         ddp_kwargs=kwargs,
         code=code,
         fuzz=Fuzz((False, True)),
@@ -299,19 +305,19 @@ class ParallelKnobs:
         help="processes under DDP or FSDP2 (see strategy): one per GPU (NCCL), or gloo CPU "
         "processes with 1 thread each unless cpu_threads says otherwise")
     strategy: str = declare("ddp", kind="choice", choices=STRATEGIES, group="Distributed", widget="dropdown",
-        probe="fsdp2", note=strategy_note, check_run=strategy_check, code=fsdp_code, fuzz=Fuzz(STRATEGIES, ("fsdp", "zero3")),
+        probe="fsdp2", note=strategy_note, check_run=strategy_check, inert=one_process, code=fsdp_code, fuzz=Fuzz(STRATEGIES, ("fsdp", "zero3")),
         help='data parallelism at world_size > 1: "ddp" replicates the model and all-reduces '
         'gradients; "fsdp2" shards parameters, gradients and optimizer state (fully_shard, torch >= 2.6)')
     ddp_no_sync: bool = declare(False, kind="bool", group="Distributed", widget="checkbox", probe=True,
-        parallel=no_sync_parallel, note=no_sync_note, code=no_sync_code, fuzz=Fuzz((False, True)),
+        parallel=no_sync_parallel, note=no_sync_note, inert=one_process, code=no_sync_code, fuzz=Fuzz((False, True)),
         help="skip the gradient all-reduce on all but the last accumulation micro-batch")
     ddp_bucket_cap_mb: int | None = declare(None, kind="int", minimum=1, optional=True, group="Distributed",
-        widget="dropdown", options=(None, 1, 5, 25, 100), probe=5, note=ddp_note("ddp_bucket_cap_mb", None),
+        widget="dropdown", options=(None, 1, 5, 25, 100), probe=5, note=ddp_note("ddp_bucket_cap_mb", None), inert=one_process,
         ddp_kwargs=BUCKET[0], code=BUCKET[1], fuzz=Fuzz((None, 1, 25), (0,)),
         help="DDP gradient bucket size in MB; None = torch's 25 (the first bucket "
         "is 1 MB); bigger = fewer all-reduces, later start")
     ddp_comm_hook: str = declare("none", kind="choice", choices=COMM_HOOKS, group="Distributed", widget="dropdown",
-        probe="fp16", note=ddp_note("ddp_comm_hook", "none"), parallel=comm_hook_parallel, check_run=comm_hook_check,
+        probe="fp16", note=ddp_note("ddp_comm_hook", "none"), inert=one_process, parallel=comm_hook_parallel, check_run=comm_hook_check,
         code=comm_hook_code, fuzz=Fuzz(COMM_HOOKS, ("int8",)),
         help='compress gradients before the all-reduce; "bf16" needs NCCL on CUDA (gloo refuses it), "fp16" runs on both')
     ddp_gradient_as_bucket_view: bool = ddp_flag("ddp_gradient_as_bucket_view", "gradient_as_bucket_view",
@@ -321,7 +327,7 @@ class ParallelKnobs:
     ddp_find_unused_parameters: bool = ddp_flag("ddp_find_unused_parameters", "find_unused_parameters",
         help="DDP walks the graph each step for parameters without gradients")
     ddp_broadcast_buffers: bool = declare(True, kind="bool", group="Distributed", widget="checkbox", probe=False,
-        note=ddp_note("ddp_broadcast_buffers", True), ddp_kwargs=broadcast_kwargs, code=broadcast_code,
+        note=ddp_note("ddp_broadcast_buffers", True), inert=one_process, ddp_kwargs=broadcast_kwargs, code=broadcast_code,
         fuzz=Fuzz((True, False)), help="DDP broadcasts rank 0's buffers (BatchNorm statistics) every forward")
     fsdp_reshard_after_forward: bool = declare(True, parallel=fsdp_option("reshard_after_forward"), code=RESHARD_CODE,
         kind="bool", group="Distributed", widget="checkbox", probe=False, fuzz=Fuzz((True,), ("yes",)),

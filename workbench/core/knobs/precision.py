@@ -139,6 +139,13 @@ def channels_last_note(value: bool, ctx: Context) -> str | None:
     return None
 
 
+def channels_last_inert(value: bool, ctx: Context) -> str | None:
+    """NHWC changes the layout of 4-D tensors only (conv weights, image batches): none here, nothing changes."""
+    if ctx.four_d is False:
+        return "the model and its batches hold no 4-D tensor (no Conv2d, no image batch), so no tensor changes layout"
+    return None
+
+
 def channels_last_code(k: Any) -> dict[str, list[str]]:
     if not k.channels_last:
         return {}
@@ -168,6 +175,10 @@ def cudnn_note(value: bool, ctx: Context) -> str | None:
     if value and ctx.device_type != "cuda":
         return "cudnn_benchmark is a no-op without CUDA (cuDNN autotunes convolutions on NVIDIA GPUs only)"
     return None
+
+
+def cudnn_inert(value: bool, ctx: Context) -> str | None:
+    return "cuDNN runs on NVIDIA GPUs only, and this step runs on " + ctx.device_type if ctx.device_type != "cuda" else None
 
 
 def cudnn_code(k: Any) -> dict[str, list[str]]:
@@ -221,11 +232,11 @@ class PrecisionKnobs:
         fuzz=Fuzz(MATMUL_PRECISIONS, ("low",)),
         help="torch.set_float32_matmul_precision: allow TF32/bf16 for float32 matmuls")
     channels_last: bool = declare(False, interleave=True, on_model=channels_last_model, move=channels_last_move,
-        note=channels_last_note, code=channels_last_code, kind="bool", group="Precision & compile", widget="checkbox",
+        note=channels_last_note, inert=channels_last_inert, code=channels_last_code, kind="bool", group="Precision & compile", widget="checkbox",
         probe=True, fuzz=Fuzz((False, True)),
         help="NHWC memory format for the model and 4-D inputs (convnets, best with AMP)")
     cudnn_benchmark: bool = declare(False, interleave=True, kind="bool", group="Precision & compile", widget="checkbox", probe=True,
-        settings=cudnn_settings, note=cudnn_note, code=cudnn_code, fuzz=Fuzz((False, True)),
+        settings=cudnn_settings, note=cudnn_note, inert=cudnn_inert, code=cudnn_code, fuzz=Fuzz((False, True)),
         help="torch.backends.cudnn.benchmark: autotune conv algorithms for fixed shapes (GPU)")
     cpu_threads: int | None = declare(None, interleave=True, kind="int", minimum=1, optional=True, group="CPU", widget="dropdown",
         options="cores", settings=threads_settings, note=threads_note, code=threads_code,

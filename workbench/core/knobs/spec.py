@@ -85,6 +85,7 @@ class Context:
     blocks: Mapping[str, int] = field(default_factory=dict)  # checkpoint candidates (bench.blocks)
     notes: list[str] = field(default_factory=list)
     has_conv: bool = True
+    four_d: bool | None = None  # the model or a sample batch holds a 4-D tensor (None: not known yet)
     loader_timeout_s: float = 0.0
     checkpoint_kwargs: dict[str, Any] = field(default_factory=dict)  # merged checkpoint_kwargs hooks
     token_data: bool = False  # the batches hold input_ids (the length knobs act only then)
@@ -120,6 +121,10 @@ class KnobSpec:
       check_run(value, ctx): raise ValueError naming the fix when the knob cannot run on this device
       traits(value, ctx) -> dict: what the runner must know (TRAITS: compiles, workers, ...)
       note(value, ctx) -> str | None: "runs but does nothing here" sentences
+      inert(value, ctx) -> str | None: why this value changes nothing in this workload's step (its
+        tensors, the device, the other knobs in ctx.knobs), known before any trial; None when it may change
+        the step. Two configurations that differ only in inert knobs run the same step (inert.py):
+        `compare` answers "same" without measuring, and `run` says so before the trial
       process_env(value, ctx) -> dict: variables the trial's process must start with (None values: unset);
         read by the C library or the loader at start-up only, so a trial whose process differs runs in a
         fresh one (workbench/launch/fresh.py)
@@ -156,6 +161,7 @@ class KnobSpec:
     check_run: Callable[[Any, Context], None] | None = None
     traits: Callable[[Any, Context], dict[str, Any]] | None = None
     note: Callable[[Any, Context], str | None] | None = None
+    inert: Callable[[Any, Context], str | None] | None = None
     process_env: Callable[[Any, Context], dict[str, str | None]] | None = None
     process_differs: Callable[[Any, Context], str | None] | None = None
     code: Callable[[Any], dict[str, list[str]]] | None = None

@@ -18,6 +18,7 @@ prints how to use the workbench from code instead.
 
 from __future__ import annotations
 
+import html
 import threading
 import time
 import weakref
@@ -83,6 +84,20 @@ def has_frontend() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
+def mixed_threads_html(df: Any, started_here: set[int], device: str) -> str:
+    """On CPU, a line under the table when it holds ok trials started in this panel (on its trial thread) and
+    others (a cell's run inline on the main thread): their figures can differ by ten percent or more either way
+    from the thread alone (docs/measurement.md "Against your own loop"), so their verdicts mix two settings."""
+    ok = set(df.loc[df["status"] == "ok", "trial_id"]) if len(df) else set()
+    if device != "cpu" or not (ok & started_here) or not (ok - started_here):
+        return ""
+    text = ("This table mixes trials started in the panel (on its own trial thread) with trials started from cells "
+            "(on the main thread, like your own loop). On a CPU the thread alone can move a figure by ten percent or "
+            "more either way (docs/measurement.md, 'Against your own loop'): compare trials started the same way, "
+            "e.g. bench.compare(a, b, rounds=3) in a cell.")
+    return f'<p class="wb-mixed-threads" style="font-size:12px;color:#8d6e00">{html.escape(text)}</p>'
+
+
 class Panel:
     """The widgets, the worker thread that runs trials, and the redraw-on-append observer.
 
@@ -98,11 +113,11 @@ class Panel:
             raise ValueError(f"debounce_s must be >= 0 and repeat_rounds >= 1, got {debounce_s}, {repeat_rounds}")
         alt.JupyterChart.enable_offline()  # bundle the Vega JS from vl-convert: no CDN needed
         self.bench = bench
-        self.debounce_s = debounce_s
-        self.repeat_rounds = repeat_rounds
+        self.debounce_s, self.repeat_rounds = debounce_s, repeat_rounds
         self.last_repeat: dict[str, Any] | None = None  # the latest "repeat to confirm" outcome
-        self._device = bench.device.type
-        self._has_conv = bench.workload.has_conv
+        self._device, self._has_conv = bench.device.type, bench.workload.has_conv
+        self.started_here: set[int] = set()  # ids of the trials this panel ran (on the trial thread)
+        self._running_on: threading.Thread | None = None  # the queue's thread while it runs a trial
 
         # ---- controls: one widget per knob, description = knob name --------------------------
         self.knob_controls = KnobControls(W, bench)
@@ -311,11 +326,13 @@ class Panel:
         self._set_status("starting", f"{what}starting: {label}" + (f" (warning: {hopeless})" if hopeless else ""))
         try:
             with Poller(self.trial_progress, self._progress):  # widgets set from the poller's thread
+                self._running_on = threading.current_thread()  # its trial is logged (and drawn) from this thread
                 result = self.bench.run(knobs, progress=self.trial_progress, cancel=self.queue.cancel)
         except (ValueError, TypeError) as e:  # knobs the workload cannot take (unknown block, batch too big)
             self._set_status("error", f"not run: {e}")
             return None
         finally:
+            self._running_on = None
             self.stop_button.button_style = ""  # nothing left to stop
         self.progress.bar_style = "success" if result.ok else "danger"
         if result.ok:  # the poller may not have seen the last step before "done"
@@ -407,6 +424,9 @@ class Panel:
     # ---- drawing -----------------------------------------------------------------------------
     def _on_trial(self, result: TrialResult) -> None:
         """ResultLog observer (new trial or new baseline): redraw; never break the caller's run."""
+        if self._running_on is threading.current_thread():  # this panel's own trial, not a cell's
+            self.started_here.add(result.trial_id or 0)
+            self._set_status("done", PHASES["done"])  # the trial has ended: say so now, not at the poller's next look
         try:
             self.redraw()
         except Exception as e:
@@ -420,7 +440,8 @@ class Panel:
             df = self.bench.results  # kept up to date by the log: cheap on a long log
             update_chart(self.chart, df)  # new rows into the same chart (a new chart only at the first trial)
             shown = chart_view(df)  # the table and picker list what the chart draws, not 10,000 rows
-            self.table.value = table_html(shown, df.attrs.get("noise")) + noise_html(df.attrs.get("noise"), self.bench.trials)
+            self.table.value = (table_html(shown, df.attrs.get("noise")) + noise_html(df.attrs.get("noise"), self.bench.trials)
+                                + mixed_threads_html(df, self.started_here, self._device))
             self.trace_line.value = trace_html(self.bench.trials)
             picked = self.trial_pick.value
             options = [(f"#{r.trial_id} {r.label} ({r.status})", int(r.trial_id)) for r in shown.iloc[::-1].itertuples()]
