@@ -600,7 +600,7 @@ def test_slurm_pending_job_shows_its_reason_and_a_stop_cancels_it(slurm, tmp_pat
 
 def test_parallel_needs_an_executor(make_bench):
     with pytest.raises(ValueError, match="needs an executor"):
-        make_bench().tune(budget=3, parallel=2, progress=False)
+        make_bench().tune(n_trials=3, parallel=2, progress=False)
 
 
 @pytest.mark.slow
