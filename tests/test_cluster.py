@@ -734,3 +734,55 @@ def test_slurm_ctrl_c_during_a_parallel_tune_returns_and_leaves_no_job(tmp_path,
             p.kill()
         for line in named_jobs(name):
             subprocess.run(["scancel", line.split("|")[0]])
+
+
+# ---- held jobs: several trials inside one job (held.py) ---------------------------------------
+def test_a_held_worker_runs_two_trials_in_one_job_and_unpickles_the_workload_once(tmp_path):
+    from workbench.launch.held import held
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        ex = held(pool, idle_s=5)
+        bench = bench_on(ex, tmp_path)
+        a = bench.run(progress=False)
+        b = bench.run(wb.Knobs(batch_size=32), progress=False)
+        assert a.ok and b.ok, (a.message, b.message)
+        assert len(ex.workers()) == 1  # the second trial went to the first trial's worker
+        assert a.extra["job"]["held"] == {"task": 1, "workload_loads": 1}
+        assert b.extra["job"]["held"] == {"task": 2, "workload_loads": 1}  # no second unpickling
+        assert b.extra["job"]["queue_s"] is not None and b.extra["job"]["start_s"] is not None  # reported apart
+        assert b.samples_per_step == 32  # its own knobs: the trial is its own, the worker is shared
+        ex.close()
+        assert pool.submit(lambda: None).result() is None  # the worker's thread left the pool: it ended
+
+
+def test_a_held_worker_ends_after_its_idle_timeout(tmp_path):
+    from workbench.launch.held import held
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        ex = held(pool, idle_s=0.3)
+        r = bench_on(ex, tmp_path).run(progress=False)
+        assert r.ok, r.message
+        job = ex.workers()[0]
+        assert job.result(timeout=10) == {"tasks": 1, "workload_loads": 1}  # it returned: nothing runs
+        r2 = bench_on(ex, tmp_path).run(progress=False)  # a closed worker takes no task: a new one starts
+        assert r2.ok and r2.extra["job"]["held"]["task"] == 1, r2.message
+
+
+def test_a_held_task_whose_worker_died_is_one_failed_trial(tmp_path, monkeypatch):
+    from workbench.launch import held as held_mod
+    from workbench.launch import watcher
+
+    monkeypatch.setattr(watcher, "RESULT_GRACE_S", 0.5)
+
+    class Dies:  # a worker job that ends at once without running its inbox
+        folder = None
+
+        def submit(self, fn, *args, **kwargs):
+            f = concurrent.futures.Future()
+            f.set_result({"tasks": 0, "workload_loads": 0})
+            return f
+
+    ex = held_mod.held(Dies(), idle_s=5)
+    monkeypatch.setattr(ex, "_idle", lambda: None)  # every task goes to a fresh (dead) worker
+    r = bench_on(ex, tmp_path).run(progress=False)
+    assert r.status == "error" and "without writing its result" in r.message, r.message
