@@ -8,6 +8,7 @@ import functools
 import json
 import platform
 import shutil
+import statistics
 import subprocess
 import threading
 import time
@@ -786,3 +787,48 @@ def test_a_held_task_whose_worker_died_is_one_failed_trial(tmp_path, monkeypatch
     monkeypatch.setattr(ex, "_idle", lambda: None)  # every task goes to a fresh (dead) worker
     r = bench_on(ex, tmp_path).run(progress=False)
     assert r.status == "error" and "without writing its result" in r.message, r.message
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_slurm_held_job_runs_two_trials_then_a_cancel_leaves_nothing_running(slurm, tmp_path):
+    from workbench.launch.held import held
+
+    ex = held(slurm, idle_s=30)
+    bench = bench_on(ex, tmp_path)
+    a = bench.run(progress=False)
+    b = bench.run(progress=False, batch_size=32)
+    assert a.ok and b.ok, (a.message, b.message)
+    assert a.extra["job"]["id"] == b.extra["job"]["id"] == a.env["slurm_job_id"]  # one job, two trials
+    assert b.extra["job"]["held"] == {"task": 2, "workload_loads": 1}  # torch and the workload loaded once
+    stop = threading.Event()
+    bench.steps = 100000
+    threading.Timer(2.0, stop.set).start()
+    c = bench.run(progress=False, cancel=stop, stop_early=False)
+    assert c.status == "interrupted" and "cancelled" in c.message, c.message
+    ex.close()
+    jobs = {str(j.job_id) for j in [*ex.workers()]} | {a.extra["job"]["id"], c.extra["job"]["id"]}
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-t", "PENDING,RUNNING", "-j", ",".join(jobs), "-o", "%i"],
+                             capture_output=True, text=True).stdout.split()
+        if not out:
+            break
+        time.sleep(0.5)
+    assert not out, f"jobs still pending or running: {out}"
+
+
+def test_tune_on_an_executor_says_the_wall_time_to_expect_from_what_it_measured(fake_slurm, tmp_path, capsys):
+    from workbench.search.jobtime import expect_line
+
+    fake_slurm.queue_s = 0.2
+    bench = bench_on(fake_slurm, tmp_path)
+    first = expect_line(bench.trials, 40, 2)
+    assert "unknown until the first job starts" in first  # no figure before any job ran
+    res = bench.tune(n_trials=2, budget_s=40, parallel=2, confirm=False, explain=False)
+    said = capsys.readouterr().out
+    assert first in said and res.jobs[0] == first
+    assert "in the queue" in res.jobs[1] and "of job start-up" in res.jobs[1] and "jobs:" in str(res)
+    queue = statistics.median(t.extra["job"]["queue_s"] for t in bench.trials)
+    again = expect_line(bench.trials, 40, 2)
+    assert f"queue ≈ {queue:.1f} s" in again and "start-up ≈" in again  # measured, medians of this workbench's jobs
