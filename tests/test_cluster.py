@@ -770,8 +770,8 @@ def test_a_held_worker_ends_after_its_idle_timeout(tmp_path):
 
 
 def test_a_held_task_whose_worker_died_is_one_failed_trial(tmp_path, monkeypatch):
-    from workbench.launch import held as held_mod
     from workbench.launch import watcher
+    from workbench.launch.held import held
 
     monkeypatch.setattr(watcher, "RESULT_GRACE_S", 0.5)
 
@@ -783,7 +783,7 @@ def test_a_held_task_whose_worker_died_is_one_failed_trial(tmp_path, monkeypatch
             f.set_result({"tasks": 0, "workload_loads": 0})
             return f
 
-    ex = held_mod.held(Dies(), idle_s=5)
+    ex = held(Dies(), idle_s=5)
     monkeypatch.setattr(ex, "_idle", lambda: None)  # every task goes to a fresh (dead) worker
     r = bench_on(ex, tmp_path).run(progress=False)
     assert r.status == "error" and "without writing its result" in r.message, r.message

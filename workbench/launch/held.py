@@ -31,7 +31,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from .folders import owned_private_folder
+from .folders import owned_private_folder, static_prefix
 from .watcher import BOARD, TERMINAL, SchedulerState, is_slurm, job_id_of, stop_job
 
 IDLE_S = 60.0  # a worker with no task this long exits (its job ends)
@@ -179,9 +179,8 @@ class HeldExecutor:
         self._pool = _pool if _pool is not None else {}
         self._workloads: dict[int, tuple[str, Any]] = _workloads if _workloads is not None else {}
         self._key = _key
-        base = Path(self.folder) if self.folder is not None else None
-        self._root = _root or owned_private_folder((base if base is not None and "%" not in str(base)
-                                                    else Path.home() / ".cache" / "workbench") / "held")
+        base = static_prefix(self.folder) if self.folder is not None else Path.home() / ".cache" / "workbench"
+        self._root = _root or owned_private_folder(base / "held")  # the nodes see it where they see the job folder
         if _pool is None:
             ref = weakref.ref(self)
             atexit.register(lambda: (lambda s: s.close() if s is not None else None)(ref()))
@@ -202,23 +201,34 @@ class HeldExecutor:
         """Write the call to an idle worker's inbox (starting a worker job when none is idle)."""
         for _ in range(3):  # a worker that closed as the task arrived: withdraw it, try the next
             worker = self._idle() or self._start()
-            args_ = args
-            if args and isinstance(args[0], dict) and "workload" in args[0]:
-                key = self._key_of(args[0]["workload"])
-                if key not in worker.workloads:  # pickled inside the caller's by_value: its modules travel too
-                    _write_atomic(worker.inbox / f"workload-{key}.pkl", _dump(args[0]["workload"]))
-                    worker.workloads.add(key)
-                args_ = ({**args[0], "workload": _Ref(key)}, *args[1:])
-            path = worker.inbox / f"task-{time.time_ns()}-{uuid.uuid4().hex[:6]}.pkl"
-            _write_atomic(path, _dump((fn, args_, kwargs)))
-            if not (worker.inbox / "closed").exists():
-                return HeldTask(self, worker, path)
             try:
-                os.rename(path, path.with_suffix(".withdrawn"))
-            except OSError:  # the worker claimed it in its last look: it runs it
-                return HeldTask(self, worker, path)
+                task = self._give(worker, fn, args, kwargs)
+            except BaseException:  # the call cannot be written (pickling): the worker stays free for the next
+                self._released(worker)
+                raise
+            if task is not None:
+                return task
             self._forget(worker)
         raise RuntimeError("held(executor): three workers closed as a task arrived; raise idle_s")
+
+    def _give(self, worker: _Worker, fn: Any, args: tuple, kwargs: dict[str, Any]) -> HeldTask | None:
+        """Write the call into `worker`'s inbox: its task, or None when the worker closed first (withdrawn)."""
+        args_ = args
+        if args and isinstance(args[0], dict) and "workload" in args[0]:
+            key = self._key_of(args[0]["workload"])
+            if key not in worker.workloads:  # pickled inside the caller's by_value: its modules travel too
+                _write_atomic(worker.inbox / f"workload-{key}.pkl", _dump(args[0]["workload"]))
+                worker.workloads.add(key)
+            args_ = ({**args[0], "workload": _Ref(key)}, *args[1:])
+        path = worker.inbox / f"task-{time.time_ns()}-{uuid.uuid4().hex[:6]}.pkl"
+        _write_atomic(path, _dump((fn, args_, kwargs)))
+        if not (worker.inbox / "closed").exists():
+            return HeldTask(self, worker, path)
+        try:
+            os.rename(path, path.with_suffix(".withdrawn"))
+        except OSError:  # the worker claimed it in its last look: it runs it
+            return HeldTask(self, worker, path)
+        return None
 
     def _key_of(self, workload: Any) -> str:
         """The workload's key: one per workload object (kept referenced, so its id is not reused), as a
