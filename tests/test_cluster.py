@@ -832,3 +832,32 @@ def test_tune_on_an_executor_says_the_wall_time_to_expect_from_what_it_measured(
     queue = statistics.median(t.extra["job"]["queue_s"] for t in bench.trials)
     again = expect_line(bench.trials, 40, 2)
     assert f"queue ≈ {queue:.1f} s" in again and "start-up ≈" in again  # measured, medians of this workbench's jobs
+
+
+def test_a_stopped_held_trial_ends_its_worker_job(tmp_path):
+    from workbench.launch.held import held
+
+    class ThreadJobs:  # worker jobs in threads, whose cancel is recorded (scancel's stand-in)
+        folder = None
+
+        def __init__(self):
+            self.cancelled, self.threads = [], []
+
+        def submit(self, fn, *args):
+            f = concurrent.futures.Future()
+            t = threading.Thread(target=lambda: f.set_result(fn(*args)), daemon=True)
+            t.start()
+            self.threads.append(t)
+            f.cancel = lambda: self.cancelled.append(True) or True
+            return f
+
+    jobs = ThreadJobs()
+    ex = held(jobs, idle_s=30)
+    bench = bench_on(ex, tmp_path, steps=2000)
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    r = bench.run(progress=False, cancel=stop, stop_early=False)
+    assert r.status == "interrupted", r.message
+    assert jobs.cancelled and ex.workers() == []  # its worker job was cancelled and is not given more trials
+    jobs.threads[0].join(timeout=30)
+    assert not jobs.threads[0].is_alive()  # the worker honoured its stop file once the trial returned
