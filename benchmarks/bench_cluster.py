@@ -11,7 +11,8 @@
    wall, the queue time the budget reports (`spent.queued_s`: seconds when all its jobs only waited,
    never spent), wall less that queue over budget_s (held to 1.1), the summed job start-up (`start_s`:
    a new Python, imports, unpickling the workload, per trial) and whether the account ever held a
-   negative figure.
+   negative figure; once with a job per trial, then with held jobs (launch/held.py: a worker job runs
+   trial after trial), in the same run, with the machine's load beside each.
 
 The model class is defined in this script (`__main__`): it reaches the job by value.
 Needs a running SLURM (sudo scripts/slurm_up.sh). Run:
@@ -132,14 +133,31 @@ def main(rounds: int = 6) -> None:
 
 
 def tune_wall(budget_s: float = 40.0, parallel: int = 2) -> None:
-    """Part 3: tune(budget_s, parallel) as jobs: wall time, reported queue, start-up, against the budget."""
+    """Part 3: tune(budget_s, parallel) as jobs, held jobs off then on (launch/held.py), in one run: wall
+    time, reported queue, start-up, against the budget."""
     import submitit
 
-    load0 = os.getloadavg()
+    from workbench.launch.held import held
+
     folder = tempfile.mkdtemp(prefix="bench-cluster-tune-")
     ex = submitit.AutoExecutor(os.path.join(folder, "jobs"), cluster="slurm")
     ex.update_parameters(timeout_min=10, slurm_cpus_per_task=1)
-    bench = make_bench(ex, os.path.join(folder, "log"))
+    print(f"machine: {platform.node()}, {os.cpu_count()} cores (shared: other work's load is in the load averages)")
+    off = _tune_once(ex, os.path.join(folder, "off"), "held jobs off (a job per trial)", budget_s, parallel)
+    kept = held(ex, idle_s=60)
+    try:
+        on = _tune_once(kept, os.path.join(folder, "on"), "held jobs on (held(ex, idle_s=60))", budget_s, parallel)
+    finally:
+        kept.close()
+    print(f"wall per trial, on / off: {on[0] / on[1]:.2f} s / {off[0] / off[1]:.2f} s = "
+          f"{(on[0] / on[1]) / (off[0] / off[1]):.2f} (same run, same node; the loads above say what else ran: "
+          "a machine shared with other work)")
+
+
+def _tune_once(ex: object, log: str, label: str, budget_s: float, parallel: int) -> tuple[float, int]:
+    """One tune(budget_s, parallel) on `ex`, printed; its wall seconds and trials."""
+    load0 = os.getloadavg()
+    bench = make_bench(ex, log)
     bench.warmup_steps, bench.steps = 5, 30  # the Workbench's own defaults: a tune's many short trials
     t = time.perf_counter()
     res = bench.tune(budget_s=budget_s, parallel=parallel, explain=False, progress=False)
@@ -149,16 +167,19 @@ def tune_wall(budget_s: float = 40.0, parallel: int = 2) -> None:
     queued = getattr(spent, "queued_s", None)  # a budget without its own account: the trials' waits, summed
     queued = queued if queued is not None else sum(j.get("queue_s") or 0.0 for j in jobs)
     start = sum(j.get("start_s") or 0.0 for j in jobs)
+    workers = len({j.get("id") for j in jobs})
     negative = spent is not None and (any(v < 0 for v in spent.seconds.values())
                                       or any(s < 0 for _k, s, _f in spent.measured))
-    print(f"machine: {platform.node()}, {os.cpu_count()} cores; load average before {load0[0]:.2f}, after "
-          f"{os.getloadavg()[0]:.2f}")
-    print(f"tune(budget_s={budget_s:g}, parallel={parallel}): {len(bench.trials)} trials (jobs), wall {wall:.1f} s, "
-          f"reported queue {queued:.1f} s, wall less queue {wall - queued:.1f} s = "
+    print(f"{label}: load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f}")
+    print(f"  tune(budget_s={budget_s:g}, parallel={parallel}): {len(bench.trials)} trials in {workers} jobs, wall "
+          f"{wall:.1f} s, reported queue {queued:.1f} s, wall less queue {wall - queued:.1f} s = "
           f"{(wall - queued) / budget_s:.2f} x budget_s (cap 1.10)")
     print(f"  job start-up summed over trials (Python, imports, unpickling; inside the budget) {start:.1f} s, "
           f"per trial {start / max(1, len(jobs)):.1f} s; account negative: {negative}")
     print(f"  account: {spent}")
+    for line in res.jobs:
+        print(f"  jobs: {line}")
+    return wall, max(1, len(bench.trials))
 
 
 if __name__ == "__main__":

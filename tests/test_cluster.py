@@ -8,6 +8,7 @@ import functools
 import json
 import platform
 import shutil
+import statistics
 import subprocess
 import threading
 import time
@@ -734,3 +735,129 @@ def test_slurm_ctrl_c_during_a_parallel_tune_returns_and_leaves_no_job(tmp_path,
             p.kill()
         for line in named_jobs(name):
             subprocess.run(["scancel", line.split("|")[0]])
+
+
+# ---- held jobs: several trials inside one job (held.py) ---------------------------------------
+def test_a_held_worker_runs_two_trials_in_one_job_and_unpickles_the_workload_once(tmp_path):
+    from workbench.launch.held import held
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        ex = held(pool, idle_s=5)
+        bench = bench_on(ex, tmp_path)
+        a = bench.run(progress=False)
+        b = bench.run(wb.Knobs(batch_size=32), progress=False)
+        assert a.ok and b.ok, (a.message, b.message)
+        assert len(ex.workers()) == 1  # the second trial went to the first trial's worker
+        assert a.extra["job"]["held"] == {"task": 1, "workload_loads": 1}
+        assert b.extra["job"]["held"] == {"task": 2, "workload_loads": 1}  # no second unpickling
+        assert b.extra["job"]["queue_s"] is not None and b.extra["job"]["start_s"] is not None  # reported apart
+        assert b.samples_per_step == 32  # its own knobs: the trial is its own, the worker is shared
+        ex.close()
+        assert pool.submit(lambda: None).result() is None  # the worker's thread left the pool: it ended
+
+
+def test_a_held_worker_ends_after_its_idle_timeout(tmp_path):
+    from workbench.launch.held import held
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        ex = held(pool, idle_s=0.3)
+        r = bench_on(ex, tmp_path).run(progress=False)
+        assert r.ok, r.message
+        job = ex.workers()[0]
+        assert job.result(timeout=10) == {"tasks": 1, "workload_loads": 1}  # it returned: nothing runs
+        r2 = bench_on(ex, tmp_path).run(progress=False)  # a closed worker takes no task: a new one starts
+        assert r2.ok and r2.extra["job"]["held"]["task"] == 1, r2.message
+
+
+def test_a_held_task_whose_worker_died_is_one_failed_trial(tmp_path, monkeypatch):
+    from workbench.launch import watcher
+    from workbench.launch.held import held
+
+    monkeypatch.setattr(watcher, "RESULT_GRACE_S", 0.5)
+
+    class Dies:  # a worker job that ends at once without running its inbox
+        folder = None
+
+        def submit(self, fn, *args, **kwargs):
+            f = concurrent.futures.Future()
+            f.set_result({"tasks": 0, "workload_loads": 0})
+            return f
+
+    ex = held(Dies(), idle_s=5)
+    monkeypatch.setattr(ex, "_idle", lambda: None)  # every task goes to a fresh (dead) worker
+    r = bench_on(ex, tmp_path).run(progress=False)
+    assert r.status == "error" and "without writing its result" in r.message, r.message
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_slurm_held_job_runs_two_trials_then_a_cancel_leaves_nothing_running(slurm, tmp_path):
+    from workbench.launch.held import held
+
+    ex = held(slurm, idle_s=30)
+    bench = bench_on(ex, tmp_path)
+    a = bench.run(progress=False)
+    b = bench.run(progress=False, batch_size=32)
+    assert a.ok and b.ok, (a.message, b.message)
+    assert a.extra["job"]["id"] == b.extra["job"]["id"] == a.env["slurm_job_id"]  # one job, two trials
+    assert b.extra["job"]["held"] == {"task": 2, "workload_loads": 1}  # torch and the workload loaded once
+    stop = threading.Event()
+    bench.steps = 100000
+    threading.Timer(2.0, stop.set).start()
+    c = bench.run(progress=False, cancel=stop, stop_early=False)
+    assert c.status == "interrupted" and "cancelled" in c.message, c.message
+    ex.close()
+    jobs = {str(j.job_id) for j in [*ex.workers()]} | {a.extra["job"]["id"], c.extra["job"]["id"]}
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-t", "PENDING,RUNNING", "-j", ",".join(jobs), "-o", "%i"],
+                             capture_output=True, text=True).stdout.split()
+        if not out:
+            break
+        time.sleep(0.5)
+    assert not out, f"jobs still pending or running: {out}"
+
+
+def test_tune_on_an_executor_says_the_wall_time_to_expect_from_what_it_measured(fake_slurm, tmp_path, capsys):
+    from workbench.search.jobtime import expect_line
+
+    fake_slurm.queue_s = 0.2
+    bench = bench_on(fake_slurm, tmp_path)
+    first = expect_line(bench.trials, 40, 2)
+    assert "unknown until the first job starts" in first  # no figure before any job ran
+    res = bench.tune(n_trials=2, budget_s=40, parallel=2, confirm=False, explain=False)
+    said = capsys.readouterr().out
+    assert first in said and res.jobs[0] == first
+    assert "in the queue" in res.jobs[1] and "of job start-up" in res.jobs[1] and "jobs:" in str(res)
+    queue = statistics.median(t.extra["job"]["queue_s"] for t in bench.trials)
+    again = expect_line(bench.trials, 40, 2)
+    assert f"queue ≈ {queue:.1f} s" in again and "start-up ≈" in again  # measured, medians of this workbench's jobs
+
+
+def test_a_stopped_held_trial_ends_its_worker_job(tmp_path):
+    from workbench.launch.held import held
+
+    class ThreadJobs:  # worker jobs in threads, whose cancel is recorded (scancel's stand-in)
+        folder = None
+
+        def __init__(self):
+            self.cancelled, self.threads = [], []
+
+        def submit(self, fn, *args):
+            f = concurrent.futures.Future()
+            t = threading.Thread(target=lambda: f.set_result(fn(*args)), daemon=True)
+            t.start()
+            self.threads.append(t)
+            f.cancel = lambda: self.cancelled.append(True) or True
+            return f
+
+    jobs = ThreadJobs()
+    ex = held(jobs, idle_s=30)
+    bench = bench_on(ex, tmp_path, steps=2000)
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    r = bench.run(progress=False, cancel=stop, stop_early=False)
+    assert r.status == "interrupted", r.message
+    assert jobs.cancelled and ex.workers() == []  # its worker job was cancelled and is not given more trials
+    jobs.threads[0].join(timeout=30)
+    assert not jobs.threads[0].is_alive()  # the worker honoured its stop file once the trial returned

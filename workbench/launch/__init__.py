@@ -11,4 +11,9 @@
     cluster.py   Workbench(..., executor=ex): every trial a job (submitit/SLURM or any executor)
     jobs.py      Jobs: one workbench's trials on an executor, submitted, watched, recorded
     watcher.py   the one job watcher (every executor): progress file, batched scheduler states, faults
+    held.py      held(ex): worker jobs that run trial after trial (no job start per trial)
 """
+
+from .held import held
+
+__all__ = ["held"]

@@ -46,6 +46,7 @@ from .cluster import (
     watch,
 )
 from .folders import owned_private_folder
+from .watcher import has_scheduler
 
 BEAT_S = 10.0  # how often a watcher touches its registry entry (its owner's heartbeat)
 LEASE_S = 120.0  # an entry from another host untouched this long: its owner is gone
@@ -298,6 +299,9 @@ class Jobs:
         self.halted.set()
         for job in list(self.in_flight.values()):
             stop_job(job)
+        close = getattr(self.executor, "close", None)  # a held executor's idle workers end too (held.py)
+        if callable(close):
+            close()
 
     def resume(self) -> None:
         """Trials may run again after `cancel_all` (its watchers have ended)."""
@@ -312,7 +316,7 @@ class _Waits:
         self.account, self.key = account, object()
         if account is not None:
             account.waiting(self.key)
-            if not is_slurm(w.job):
+            if not has_scheduler(w.job):
                 account.running(self.key)
 
     def running(self) -> None:

@@ -69,6 +69,12 @@ def write_progress(path: Path, phase: str, done: int, total: int) -> bool:
         return False
 
 
+def has_scheduler(job: Any) -> bool:
+    """Whether a scheduler says when `job` runs: a SLURM job, or a job giving its own `scheduler_state()`
+    (a held task: its worker's state, held.py). Other jobs run at once: their wait is start-up."""
+    return is_slurm(job) or callable(getattr(job, "scheduler_state", None))
+
+
 def is_slurm(job: Any) -> bool:
     """Whether `job` is a SLURM job (submitit's SlurmJob): its state then comes from squeue/scontrol."""
     return type(job).__name__ == "SlurmJob" and shutil.which("squeue") is not None
@@ -217,6 +223,8 @@ class Watch:
         """What the trial records about its job (`extra["job"]`)."""
         d: dict[str, Any] = {"id": self.job_id, "executor": type(self.job).__name__, "queue_s": self.queue_s,
                              "start_s": self.start_s}
+        if getattr(self.job, "held_info", None):  # a held task: its number in its worker, workloads unpickled
+            d["held"] = dict(self.job.held_info)
         if self.sched is not None and self.sched.node:
             d["node"] = self.sched.node
         if self.host:
@@ -246,10 +254,12 @@ class Watch:
 
     def ask(self, now: float) -> SchedulerState | None:
         """The scheduler's state (SLURM: at most once per ASK_EVERY_S); None for other executors."""
-        if not is_slurm(self.job):
+        own = getattr(self.job, "scheduler_state", None)
+        if not is_slurm(self.job) and not callable(own):
             return None
         if self.sched is None or now - self.asked_at >= ASK_EVERY_S:  # BOARD batches and spaces the queries
-            self.sched, self.asked_at = BOARD.state(self.job_id), now
+            self.sched = own() if callable(own) else BOARD.state(self.job_id)
+            self.asked_at = now
             if self.t_running is None and self.sched.state in ("RUNNING", "COMPLETING", "COMPLETED"):
                 self.t_running = now
         return self.sched
@@ -343,9 +353,9 @@ def watch(job: Any, w: Watch, progress: TrialProgress, cancel: threading.Event |
             snap = w.read_progress()
             sched = w.ask(now)
             progress.set(w.phase(snap, sched), int((snap or {}).get("done", 0)), int((snap or {}).get("total", 0)))
-            if not ran and (snap is not None or w.t_running is not None or not is_slurm(job)):
+            if not ran and (snap is not None or w.t_running is not None or not has_scheduler(job)):
                 ran = True
-                if w.t_running is None and is_slurm(job):  # progress before squeue said RUNNING
+                if w.t_running is None and has_scheduler(job):  # progress before squeue said RUNNING
                     w.t_running = now
                 if on_running is not None:
                     on_running()

@@ -36,6 +36,7 @@ from ..results.protocol import Bench
 from ..results.rules import ANSWERS
 from ..results.stats import Comparison
 from .fit import DEFAULT_HEADROOM, FitResult, fit_memory, memory_ceiling, renamed  # the memory rescue lives in fit.py
+from .jobtime import expect_line, jobs_line
 from .race import SAME_MARGIN, Ctx, Entry, admit, answer_of, confirm_winner, near_misses, race, settled
 
 STAGES = ("process", "data", "precision", "kernels", "yours", "compile", "batch", "ddp")  # "yours": @wb.knob knobs with choices
@@ -168,6 +169,7 @@ class TuneResult:
     budget_s: float | None = None
     explanation: Any = None  # the winner explained against the start (bench.explain); None when the start won
     spent: Spend | None = None  # how the seconds went: race, confirm, explain; trials kept out or stopped by the budget
+    jobs: tuple[str, ...] = ()  # on an executor: the wall time said before the first trial, then its jobs' queue and start-up
 
     @property
     def speedup(self) -> float | None:
@@ -194,7 +196,8 @@ class TuneResult:
         budget = f"{self.trials_used} trials, {self.seconds:.0f} s" + (f" of {self.budget_s:.0f} s" if self.budget_s else "")
         verdict = f" ({self.confirmation})" if self.confirmation is not None else ""
         spent = f"\n  budget: {self.spent}" if self.spent is not None and self.budget_s else ""
-        return f"Tuned in {budget}: {self.best_knobs}\n  {sp} vs the start; answer: {self.answer}{verdict}{spent}"
+        jobs = "".join(f"\n  jobs: {line}" for line in self.jobs[1:])
+        return f"Tuned in {budget}: {self.best_knobs}\n  {sp} vs the start; answer: {self.answer}{verdict}{spent}{jobs}"
 
     def __str__(self) -> str:
         cols = ["stage", "change", "trial", "samples_per_s", "speedup", "decision"]
@@ -410,6 +413,7 @@ def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = 
     ceiling = memory_ceiling(bench, max_bytes)
     ctx = Ctx(bench, limit, budget, None if ceiling is None else ceiling * (1 - headroom), max_bytes,
               stop_early=stop_early, parallel=parallel)
+    said = _say_wall_time(bench, budget.budget_s, parallel)
     k0 = start or bench.defaults
     ctx.start = first = Entry("start", "the start", k0)
     ctx.purpose = "start"
@@ -419,7 +423,7 @@ def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = 
     ctx.row(first, r, "start" if r.ok else f"start failed: {r.status}")
     if not r.ok:
         return TuneResult(k0, r, r, pd.DataFrame(ctx.rows), ctx.used, limit, "undecided", None, budget.elapsed(),
-                          budget.budget_s, spent=budget.spent)
+                          budget.budget_s, spent=budget.spent, jobs=_jobs_after(bench, said))
     if not budget.fits_trial(k0):
         ctx.rows.append({"stage": "budget", "change": "", "trial": None, "samples_per_s": None, "speedup": None,
                          "decision": f"the start alone took {budget.elapsed():.1f} s of budget_s={budget.budget_s:g}: no other "
@@ -453,7 +457,26 @@ def tune(bench: Bench, n_trials: int | None = None, *, budget_s: float | None = 
     best = leader if answer == "faster" else first
     why = _explain(ctx, r, best.trials[-1]) if explain and best is not first and hasattr(bench, "explain") else None
     return TuneResult(best.knobs, best.trials[-1], r, pd.DataFrame(ctx.rows), ctx.used, limit, answer, c,
-                      budget.elapsed(), budget.budget_s, why, budget.spent)
+                      budget.elapsed(), budget.budget_s, why, budget.spent, _jobs_after(bench, said))
+
+
+def _say_wall_time(bench: Bench, budget_s: float | None, parallel: int) -> tuple[str, int] | None:
+    """On an executor: print, before the first trial, the wall time to expect (jobtime.expect_line,
+    from this workbench's jobs so far); (that line, the trial count it was said at)."""
+    if getattr(bench, "executor", None) is None:
+        return None
+    trials = list(getattr(bench, "trials", []))
+    line = expect_line(trials, budget_s, parallel)
+    print(line)
+    return line, len(trials)
+
+
+def _jobs_after(bench: Bench, said: tuple[str, int] | None) -> tuple[str, ...]:
+    """The line said before, and how this call's jobs' queue wait and start-up went (apart)."""
+    if said is None:
+        return ()
+    after = jobs_line(list(getattr(bench, "trials", []))[said[1]:])
+    return (said[0], after) if after else (said[0],)
 
 
 __all__ = ["ANSWERS", "PAIRS", "SAME_MARGIN", "STAGES", "FitResult", "TuneResult", "fit_memory", "stage_axes", "stage_options", "tune"]
