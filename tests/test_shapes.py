@@ -273,3 +273,25 @@ def test_the_shape_columns_go_through_the_log_and_bad_values_are_refused():
     for bad in ({"shapes": -1}, {"shapes": 2.5}, {"shape_warmup_s": "slow"}):
         with pytest.raises(BadRecord, match="shape"):
             parse_record(json.dumps({**r.to_record(), **bad}))
+
+
+def test_the_exported_script_warms_up_over_the_shapes_and_its_window_meets_none(capsys):
+    """What we export is what we measured: the script of a trial whose shapes varied repeats a sample one
+    timed window long, read once in warm-up, and says how many shapes its window met first (none)."""
+    bench = token_bench()
+    r = bench.run(progress=False)
+    assert r.ok and r.shapes > 1 and r.extra["shapes"]["pass_batches"] > 0, r.extra.get("shapes")
+    code = bench.to_code(r, steps=24)
+    assert code == r.to_code(steps=24, seed=bench.workload.seed)  # the trial's own export says the same
+    torch.manual_seed(0)
+    ns = {"model": PlanCached(), "dataset": Skewed(), "collate_fn": pad_longest, "__name__": "__exported__",
+          "make_optimizer": lambda p: torch.optim.SGD(p, lr=0.1)}
+    exec(compile(code, "<exported>", "exec"), ns)
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    met = ns["shapes"]
+    assert len(met) > 1 and f"{len(met)} input shapes, 0 first seen in the timed window" in summary, summary
+    assert ns["new_in_window"] == 0 and ns["warmup_steps"] >= ns["num_steps"] - ns["warmup_steps"]
+    fixed = wb.Knobs(batch_size=8)
+    assert wb.Knobs.to_code(fixed, shapes={"distinct": 1, "pass_batches": 12}) == fixed.to_code()  # one shape: as before
+    plain = fixed.to_code(shapes={"distinct": 5})  # varied, no repeated sample (iterable data): counted and said
+    assert "batch_sampler" not in plain and "first calls are in the figure" in plain
