@@ -293,8 +293,8 @@ def test_the_exported_script_warms_up_over_the_shapes_and_its_window_meets_none(
     assert ns["new_in_window"] == 0 and ns["warmup_steps"] >= ns["num_steps"] - ns["warmup_steps"]
     fixed = wb.Knobs(batch_size=8)
     assert wb.Knobs.to_code(fixed, shapes={"distinct": 1, "pass_batches": 12}) == fixed.to_code()  # one shape: as before
-    plain = fixed.to_code(shapes={"distinct": 5})  # varied, no repeated sample (iterable data): counted and said
-    assert "batch_sampler" not in plain and "first calls are in the figure" in plain
+    plain = fixed.to_code(shapes={"distinct": 5})  # varied, no repeated sample (iterable data): timed apart
+    assert "batch_sampler" not in plain and "first_s, t0, seen0 = first_s + spent" in plain
 
 
 def test_diagnose_next_knobs_offer_pad_to_multiple_of_when_first_calls_are_costly(monkeypatch):
@@ -334,3 +334,18 @@ def test_the_verdict_keeps_its_knobs_when_first_calls_are_cheap_and_says_bucketi
                          step_times_s=(0.01,) * 4)  # already padded to it: not offered again, bucketing said
     again = with_shape_cost(v, pad, padded)
     assert "pad_to_multiple_of" not in again.next_knobs and "bucketing" in again.why
+
+
+def test_without_a_repeated_sample_the_scripts_window_times_first_calls_apart(capsys):
+    """Varied shapes the script cannot repeat (no sample recorded): the steps of its window that meet a new
+    shape leave the figure, their seconds said apart (each holds one FIRST_S sleep at least)."""
+    bench = token_bench()
+    code = bench.to_code(wb.Knobs(batch_size=8), shapes={"distinct": 9}, steps=20)
+    assert "batch_sampler" not in code
+    torch.manual_seed(0)
+    ns = {"model": PlanCached(), "dataset": Skewed(), "collate_fn": pad_longest, "__name__": "__exported__",
+          "make_optimizer": lambda p: torch.optim.SGD(p, lr=0.1)}
+    exec(compile(code, "<exported>", "exec"), ns)
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert ns["new_in_window"] > 0 and ns["first_s"] >= FIRST_S, (ns["new_in_window"], ns["first_s"])
+    assert f"{ns['new_in_window']} first seen in the timed window ({ns['first_s']:.2f} s one-time, left out)" in summary

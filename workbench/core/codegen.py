@@ -435,7 +435,11 @@ def micro_batch(p: Program) -> list[str]:
         body = ["shape = shape_of(batch)",
                 "if shape not in shapes:  # a new input shape: its first call is a one-time cost",
                 "    shapes.add(shape)",
-                "    new_in_window += step >= warmup_steps  # a first call inside the timed window", *body]
+                "    if step >= warmup_steps:  # inside the timed window: its step is timed apart",
+                "        new_in_window += 1",
+                "        if first_call is None:",
+                "            sync()",
+                "            first_call = (time.perf_counter(), seen)", *body]
     contexts = p.extra["forward"]
     compute = [f"with {', '.join(contexts)}:", "    " + compute_loss] if contexts else [compute_loss]
     scaled = "loss / accum_steps" if p.accum > 1 else "loss"
@@ -457,7 +461,13 @@ def optimizer_step(p: Program) -> list[str]:
     update = (["scaler.unscale_(optimizer)  # the hooks below see the true gradients"]
               if p.extra["before_step"] and scaler else []) + p.extra["before_step"]
     update += ["scaler.step(optimizer)", "scaler.update()"] if scaler else ["optimizer.step()"]
-    update += ["optimizer.zero_grad(set_to_none=True)", "step += 1", "if step == warmup_steps:  # the timed window starts",
+    update += ["optimizer.zero_grad(set_to_none=True)"]
+    if p.varied:  # the step that met a new shape leaves the timed window: its seconds and samples
+        update += ["if first_call is not None:  # it met a new shape: its time and samples leave the timed window",
+                   "    sync()", "    spent = time.perf_counter() - first_call[0]",
+                   "    first_s, t0, seen0 = first_s + spent, t0 + spent, seen0 + seen - first_call[1]",
+                   "    first_call = None"]
+    update += ["step += 1", "if step == warmup_steps:  # the timed window starts",
                "    sync()", "    t0, seen0 = time.perf_counter(), seen", "if step == num_steps:", "    break"]
     return update
 
@@ -502,6 +512,7 @@ def loop(p: Program) -> list[str]:
            "t0, seen0 = time.perf_counter(), 0", f"{p.model}.train()"]
     if p.varied:
         out.insert(-1, "shapes, new_in_window = set(), 0  # input shapes met; those first met in the timed window")
+        out.insert(-1, "first_s, first_call = 0.0, None  # seconds of those steps; (start, samples) of the one running")
     if p.ddp:
         out += ["epoch = 0", "while step < num_steps:", "    sampler.set_epoch(epoch)  # a new shuffle each epoch",
                 "    epoch += 1", "    for batch in loader:"]
@@ -520,8 +531,8 @@ def loop(p: Program) -> list[str]:
                 "dist.destroy_process_group()"]
     elif p.varied:
         out += ['print(f"{(seen - seen0) / (time.perf_counter() - t0):.1f} samples/s over {num_steps - warmup_steps} '
-                'timed steps; "', '      f"{len(shapes)} input shapes, {new_in_window} first seen in the timed window'
-                + ('")' if shape_pass(p) else ' (their first calls are in the figure)")')]
+                'timed steps; "', '      f"{len(shapes)} input shapes, {new_in_window} first seen in the timed window '
+                '({first_s:.2f} s one-time, left out)")']
     else:
         out.append('print(f"{(seen - seen0) / (time.perf_counter() - t0):.1f} samples/s '
                    'over {num_steps - warmup_steps} timed steps")')
