@@ -349,3 +349,5 @@ def test_without_a_repeated_sample_the_scripts_window_times_first_calls_apart(ca
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     assert ns["new_in_window"] > 0 and ns["first_s"] >= FIRST_S, (ns["new_in_window"], ns["first_s"])
     assert f"{ns['new_in_window']} first seen in the timed window ({ns['first_s']:.2f} s one-time, left out)" in summary
+    timed = ns["num_steps"] - ns["warmup_steps"] - ns["left_out"]
+    assert 0 < ns["left_out"] <= ns["new_in_window"] and f"over {timed} timed steps" in summary, summary

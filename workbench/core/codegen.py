@@ -466,7 +466,7 @@ def optimizer_step(p: Program) -> list[str]:
         update += ["if first_call is not None:  # it met a new shape: its time and samples leave the timed window",
                    "    sync()", "    spent = time.perf_counter() - first_call[0]",
                    "    first_s, t0, seen0 = first_s + spent, t0 + spent, seen0 + seen - first_call[1]",
-                   "    first_call = None"]
+                   "    first_call, left_out = None, left_out + 1"]
     update += ["step += 1", "if step == warmup_steps:  # the timed window starts",
                "    sync()", "    t0, seen0 = time.perf_counter(), seen", "if step == num_steps:", "    break"]
     return update
@@ -512,7 +512,7 @@ def loop(p: Program) -> list[str]:
            "t0, seen0 = time.perf_counter(), 0", f"{p.model}.train()"]
     if p.varied:
         out.insert(-1, "shapes, new_in_window = set(), 0  # input shapes met; those first met in the timed window")
-        out.insert(-1, "first_s, first_call = 0.0, None  # seconds of those steps; (start, samples) of the one running")
+        out.insert(-1, "first_s, first_call, left_out = 0.0, None, 0  # those steps: seconds; (start, samples) of one; count")
     if p.ddp:
         out += ["epoch = 0", "while step < num_steps:", "    sampler.set_epoch(epoch)  # a new shuffle each epoch",
                 "    epoch += 1", "    for batch in loader:"]
@@ -530,8 +530,8 @@ def loop(p: Program) -> list[str]:
                 "del step_model" if p.fsdp else "del step_model, ddp_model",
                 "dist.destroy_process_group()"]
     elif p.varied:
-        out += ['print(f"{(seen - seen0) / (time.perf_counter() - t0):.1f} samples/s over {num_steps - warmup_steps} '
-                'timed steps; "', '      f"{len(shapes)} input shapes, {new_in_window} first seen in the timed window '
+        out += ['print(f"{(seen - seen0) / (time.perf_counter() - t0):.1f} samples/s over '
+                '{num_steps - warmup_steps - left_out} timed steps; "', '      f"{len(shapes)} input shapes, {new_in_window} first seen in the timed window '
                 '({first_s:.2f} s one-time, left out)")']
     else:
         out.append('print(f"{(seen - seen0) / (time.perf_counter() - t0):.1f} samples/s '
