@@ -67,11 +67,11 @@ class Program:
     warmup: int
     setup: str | None
     lost: list[str] = field(default_factory=list)  # what the script could not carry over (its header says)
-    shapes: dict[str, Any] = field(default_factory=dict)  # the trial's input shapes (extra["shapes"]), {} if one
+    shapes: dict[str, Any] = field(default_factory=dict)  # the trial's input shapes (extra["shapes"]), {} if unknown
 
     @property
     def varied(self) -> bool:
-        """Whether the trial's input shapes varied (the script then counts the shapes its steps meet)."""
+        """Whether the trial's input shapes varied: the script then keeps its steps' first calls out of its figure."""
         distinct = self.shapes.get("distinct")
         return isinstance(distinct, int) and distinct > 1 and not self.ddp
 
@@ -114,8 +114,9 @@ def knobs_to_code(knobs: Any, *, model: str = "model", dataset: str = "dataset",
     cannot carry over (a lambda or closure `step_fn`) is said at its top and warned about.
     `shapes` (the trial's `extra["shapes"]`, or its `shapes` count): when the trial's input shapes varied,
     the script counts the shapes its steps meet, and when the trial repeated a fixed sample of batches
-    (`pass_batches`) its loop repeats one too, read once in warm-up (`shape_pass`): its summary line says
-    how many shapes were first seen in the timed window (0 there), as a trial keeps first calls apart.
+    (`pass_batches`) its loop repeats one too, read once in warm-up (`shape_pass`); a window step that meets
+    a new shape anyway is timed apart between syncs and left out of the figure. Its summary line says how
+    many shapes were first seen in the timed window and their seconds, as a trial keeps first calls apart.
     """
     if type(knobs).__name__ != "Knobs" or not callable(getattr(knobs, "to_dict", None)):
         raise TypeError(f"knobs_to_code takes a Knobs value, got {type(knobs).__name__}")
