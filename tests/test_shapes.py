@@ -273,3 +273,81 @@ def test_the_shape_columns_go_through_the_log_and_bad_values_are_refused():
     for bad in ({"shapes": -1}, {"shapes": 2.5}, {"shape_warmup_s": "slow"}):
         with pytest.raises(BadRecord, match="shape"):
             parse_record(json.dumps({**r.to_record(), **bad}))
+
+
+def test_the_exported_script_warms_up_over_the_shapes_and_its_window_meets_none(capsys):
+    """What we export is what we measured: the script of a trial whose shapes varied repeats a sample one
+    timed window long, read once in warm-up, and says how many shapes its window met first (none)."""
+    bench = token_bench()
+    r = bench.run(progress=False)
+    assert r.ok and r.shapes > 1 and r.extra["shapes"]["pass_batches"] > 0, r.extra.get("shapes")
+    code = bench.to_code(r, steps=24)
+    assert code == r.to_code(steps=24, seed=bench.workload.seed)  # the trial's own export says the same
+    torch.manual_seed(0)
+    ns = {"model": PlanCached(), "dataset": Skewed(), "collate_fn": pad_longest, "__name__": "__exported__",
+          "make_optimizer": lambda p: torch.optim.SGD(p, lr=0.1)}
+    exec(compile(code, "<exported>", "exec"), ns)
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    met = ns["shapes"]
+    assert len(met) > 1 and f"{len(met)} input shapes, 0 first seen in the timed window" in summary, summary
+    assert ns["new_in_window"] == 0 and ns["warmup_steps"] >= ns["num_steps"] - ns["warmup_steps"]
+    fixed = wb.Knobs(batch_size=8)
+    assert wb.Knobs.to_code(fixed, shapes={"distinct": 1, "pass_batches": 12}) == fixed.to_code()  # one shape: as before
+    plain = fixed.to_code(shapes={"distinct": 5})  # varied, no repeated sample (iterable data): timed apart
+    assert "batch_sampler" not in plain and "first_s, t0, seen0 = first_s + spent" in plain
+
+
+def test_diagnose_next_knobs_offer_pad_to_multiple_of_when_first_calls_are_costly(monkeypatch):
+    """A first call costing ~5 steady steps per shape: the verdict's next knobs hold the shapes section's
+    pad_to_multiple_of, with the measured cost in its evidence."""
+    import sys
+
+    monkeypatch.setattr(sys.modules[__name__], "FIRST_S", 0.12)
+    bench = token_bench()
+    r = bench.run(progress=False)
+    assert r.ok and costly(r.extra["shapes"], r.step_time_s), (r.extra["shapes"], r.step_time_s)
+    d = bench.diagnose(profile=False, memory=False, flops=False, loader=False)
+    section = d.analyses["input shapes"]
+    m = section.offer["pad_to_multiple_of"]
+    assert d.next_knobs["pad_to_multiple_of"] == m, str(d.verdict)
+    shown = f"{section.shapes} input shapes x {section.per_shape_s * 1e3:,.0f} ms"
+    assert any(shown in e for e in d.verdict.evidence), d.verdict.evidence
+    assert f"pad_to_multiple_of={m} leaves" in d.verdict.why and f"pad_to_multiple_of={m!r}" in str(d.verdict)
+
+
+def test_the_verdict_keeps_its_knobs_when_first_calls_are_cheap_and_says_bucketing_without_an_offer():
+    from types import SimpleNamespace
+
+    from workbench.core.measure import TrialResult
+    from workbench.diagnose.verdict import Verdict, with_shape_cost
+
+    base = TrialResult(knobs=wb.Knobs(), status="ok", samples_per_s=100.0, step_times_s=(0.01,) * 4)
+    v = Verdict("compute", "the step itself", ("MFU 3%",), {"amp": "bf16"}, "tensor units")
+    cheap = SimpleNamespace(shapes=9, per_shape_s=0.015, offer={"pad_to_multiple_of": 16}, options=None)
+    assert with_shape_cost(v, cheap, base) == v and with_shape_cost(v, None, base) == v  # 1.5 steps: not costly
+    dear = SimpleNamespace(shapes=9, per_shape_s=0.18, offer={}, options=None)  # not token data: no knob to offer
+    out = with_shape_cost(v, dear, base)
+    assert out.next_knobs == {"amp": "bf16"} and "bucketing" in out.why and "9 input shapes x 180 ms" in out.evidence[-1]
+    pad = SimpleNamespace(shapes=9, per_shape_s=0.18, offer={"pad_to_multiple_of": 64}, options=None)
+    assert with_shape_cost(v, pad, base).next_knobs == {"amp": "bf16", "pad_to_multiple_of": 64}
+    padded = TrialResult(knobs=wb.Knobs(pad_to_multiple_of=64), status="ok", samples_per_s=100.0,
+                         step_times_s=(0.01,) * 4)  # already padded to it: not offered again, bucketing said
+    again = with_shape_cost(v, pad, padded)
+    assert "pad_to_multiple_of" not in again.next_knobs and "bucketing" in again.why
+
+
+def test_without_a_repeated_sample_the_scripts_window_times_first_calls_apart(capsys):
+    """Varied shapes the script cannot repeat (no sample recorded): the steps of its window that meet a new
+    shape leave the figure, their seconds said apart (each holds one FIRST_S sleep at least)."""
+    bench = token_bench()
+    code = bench.to_code(wb.Knobs(batch_size=8), shapes={"distinct": 9}, steps=20)
+    assert "batch_sampler" not in code
+    torch.manual_seed(0)
+    ns = {"model": PlanCached(), "dataset": Skewed(), "collate_fn": pad_longest, "__name__": "__exported__",
+          "make_optimizer": lambda p: torch.optim.SGD(p, lr=0.1)}
+    exec(compile(code, "<exported>", "exec"), ns)
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert ns["new_in_window"] > 0 and ns["first_s"] >= FIRST_S, (ns["new_in_window"], ns["first_s"])
+    assert f"{ns['new_in_window']} first seen in the timed window ({ns['first_s']:.2f} s one-time, left out)" in summary
+    timed = ns["num_steps"] - ns["warmup_steps"] - ns["left_out"]
+    assert 0 < ns["left_out"] <= ns["new_in_window"] and f"over {timed} timed steps" in summary, summary

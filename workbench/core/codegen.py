@@ -67,6 +67,13 @@ class Program:
     warmup: int
     setup: str | None
     lost: list[str] = field(default_factory=list)  # what the script could not carry over (its header says)
+    shapes: dict[str, Any] = field(default_factory=dict)  # the trial's input shapes (extra["shapes"]), {} if unknown
+
+    @property
+    def varied(self) -> bool:
+        """Whether the trial's input shapes varied: the script then keeps its steps' first calls out of its figure."""
+        distinct = self.shapes.get("distinct")
+        return isinstance(distinct, int) and distinct > 1 and not self.ddp
 
     @property
     def ddp(self) -> bool:
@@ -89,7 +96,8 @@ class Program:
 def knobs_to_code(knobs: Any, *, model: str = "model", dataset: str = "dataset", loss_fn: str = "loss_fn",
                   step_fn: str = "step_fn", optimizer: str = "make_optimizer", steps: int = 100,
                   shuffle: bool | None = None, drop_last: bool | None = None, seed: int | None = None,
-                  warmup: int = 5, setup: str | None = None, shape: StepShape | None = None) -> str:
+                  warmup: int = 5, setup: str | None = None, shape: StepShape | None = None,
+                  shapes: Any = None) -> str:
     """Python source of a training loop for `steps` optimizer steps under these knobs.
 
     `shape` is the workload's step (batch format, loss source, sampling: `Workbench.step_shape`);
@@ -104,6 +112,11 @@ def knobs_to_code(knobs: Any, *, model: str = "model", dataset: str = "dataset",
     code placed after the imports that defines the user's objects; otherwise the script lists what
     it needs there and stops, naming each missing one, when run without them. A step the script
     cannot carry over (a lambda or closure `step_fn`) is said at its top and warned about.
+    `shapes` (the trial's `extra["shapes"]`, or its `shapes` count): when the trial's input shapes varied,
+    the script counts the shapes its steps meet, and when the trial repeated a fixed sample of batches
+    (`pass_batches`) its loop repeats one too, read once in warm-up (`shape_pass`); a window step that meets
+    a new shape anyway is timed apart between syncs and left out of the figure. Its summary line says how
+    many shapes were first seen in the timed window and their seconds, as a trial keeps first calls apart.
     """
     if type(knobs).__name__ != "Knobs" or not callable(getattr(knobs, "to_dict", None)):
         raise TypeError(f"knobs_to_code takes a Knobs value, got {type(knobs).__name__}")
@@ -120,7 +133,8 @@ def knobs_to_code(knobs: Any, *, model: str = "model", dataset: str = "dataset",
     p = Program(knobs, extra, shape, m, _identifier(dataset, "dataset"), _identifier(loss_fn, "loss_fn"),
                 _identifier(step_fn, "step_fn"), _identifier(optimizer, "optimizer"), steps,
                 shape.shuffle if shuffle is None else bool(shuffle),
-                shape.drop_last if drop_last is None else bool(drop_last), seed, warmup, setup)
+                shape.drop_last if drop_last is None else bool(drop_last), seed, warmup, setup,
+                shapes=_shapes_info(shapes))
     if shape.step_fn_problem:
         p.lost.append(shape.step_fn_problem)
         warnings.warn(f"to_code(): {shape.step_fn_problem}. The script calls {p.step_fn}(model, batch) and stops "
@@ -134,12 +148,31 @@ def knobs_to_code(knobs: Any, *, model: str = "model", dataset: str = "dataset",
     return "\n".join(out) + "\n"
 
 
+def _shapes_info(shapes: Any) -> dict[str, Any]:
+    """knobs_to_code's `shapes` as a dict: a trial's extra["shapes"], or a count of distinct shapes; {} for none."""
+    if isinstance(shapes, dict):
+        return dict(shapes)
+    if isinstance(shapes, int) and not isinstance(shapes, bool):
+        return {"distinct": shapes}
+    if shapes is not None:
+        raise TypeError(f"shapes must be a trial's extra['shapes'] dict or a count, got {type(shapes).__name__}")
+    return {}
+
+
+def trial_shapes(result: Any) -> Any:
+    """What a trial recorded of its input shapes, for knobs_to_code's `shapes`: extra["shapes"], else its count."""
+    info = result.extra.get("shapes") if isinstance(getattr(result, "extra", None), dict) else None
+    return info if isinstance(info, dict) else getattr(result, "shapes", None)
+
+
 # ---- the sections, in program order -------------------------------------------------------------
 def trial_to_code(result: Any, **kwargs: Any) -> str:
     """Plain-PyTorch code reproducing one trial (`TrialResult.to_code`): its knobs with the allocator mode its
     process ran in (`pinned_knobs`), and the step it ran (batch format, loss, sampling: stamped by the
-    Workbench that logged it, `extra["step"]`) unless `shape=` says otherwise. Keywords: `knobs_to_code`'s."""
+    Workbench that logged it, `extra["step"]`) unless `shape=` says otherwise, over the input shapes it met.
+    Keywords: `knobs_to_code`'s."""
     kwargs.setdefault("shape", StepShape.from_record(result.extra.get("step")))
+    kwargs.setdefault("shapes", trial_shapes(result))
     return knobs_to_code(result.pinned_knobs(), **kwargs)
 
 
@@ -271,6 +304,10 @@ def helpers(p: Program) -> list[str]:
            "        if isinstance(value, torch.Tensor) or n != 1:",
            "            return n",
            "    return 1"]
+    if p.varied:
+        out += ["", "", "def shape_of(batch):",
+                '    """Every tensor\'s shape in the batch, as one key: a step\'s first call on a new one is a one-time cost."""',
+                "    return repr(each_tensor(lambda t: tuple(t.shape), batch))"]
     if p.shape.loss == "model":
         out += ["", "", "def model_loss(output):",
                 '    """The loss the model computes itself: output.loss (Hugging Face), output["loss"], or the output."""',
@@ -284,7 +321,9 @@ def data(p: Program) -> list[str]:
     """The DataLoader (each rank its own shard under DDP) with the knobs' loader keywords."""
     out: list[str] = []
     args = [p.dataset, f"batch_size={p.k.batch_size}"]
-    if p.ddp:  # each rank reads its own shard; set_epoch reshuffles every epoch, alike on all ranks
+    if shape_pass(p):
+        out, args = shape_sample(p), [p.dataset, "batch_sampler=sample"]
+    elif p.ddp:  # each rank reads its own shard; set_epoch reshuffles every epoch, alike on all ranks
         out += ["", f"sampler = DistributedSampler({p.dataset}, shuffle={p.shuffle}, seed={int(p.seed or 0)})"]
         args.append("sampler=sampler")
     elif p.shape.sampler:
@@ -295,12 +334,38 @@ def data(p: Program) -> list[str]:
         args.append(f"shuffle={p.shuffle}" if given is None else f"shuffle={p.shuffle} if {given} is None else False")
     if p.shape.collate_fn and "collate_fn=collate_fn" not in p.extra["loader_args"]:
         args.append("collate_fn=collate_fn")
-    if p.drop_last:
+    if p.drop_last and not shape_pass(p):
         args.append("drop_last=True")
-    if p.seed is not None and not p.ddp and not p.shape.sampler:
+    if p.seed is not None and not p.ddp and not p.shape.sampler and not shape_pass(p):
         args.append(f"generator=torch.Generator().manual_seed({int(p.seed)})")
-    out += ["", "", "loader = DataLoader(" + ", ".join(args + list(dict.fromkeys(p.extra["loader_args"]))) + ")"]
+    out += ([] if shape_pass(p) else ["", ""]) + ["loader = DataLoader(" + ", ".join(args + list(dict.fromkeys(p.extra["loader_args"]))) + ")"]
     return out
+
+
+def shape_pass(p: Program) -> int:
+    """Timed steps of the fixed sample of batches the loop repeats (0: it repeats none). When the trial's
+    input shapes varied over a sample it repeated (`pass_batches`: token data's length-stratified window),
+    the script repeats one too, one timed window long, and warm-up reads it once first (`warmup_line`),
+    so the window meets no shape for the first time. Not with your sampler or a knob's, nor under DDP."""
+    if not p.varied or not p.shapes.get("pass_batches") or p.shape.sampler or \
+            any(arg.startswith("sampler=") for arg in p.extra["loader_args"]):
+        return 0
+    warm = min(script_warmup(p.k, p.warmup), p.steps - 1)
+    return max(0, min(p.steps - warm, p.steps // 2))
+
+
+def shape_sample(p: Program) -> list[str]:
+    """The sample the loop repeats (shape_pass): the first batches of the seeded order, as index lists."""
+    bs, batches = p.k.batch_size, shape_pass(p) * p.accum
+    order = (f"torch.randperm(len({p.dataset}), generator=torch.Generator().manual_seed({int(p.seed or 0)})).tolist()"
+             if p.shuffle else f"list(range(len({p.dataset})))")
+    return ["", "", f"# Input shapes vary: the trial met {p.shapes['distinct']} distinct shapes, each one's first call a "
+            "one-time cost per process", "# (plans, autotune, recompiles). As the trial did, the loop repeats a fixed "
+            "sample of batches one timed", "# window long, and warm-up reads it once first: the timed window meets "
+            "no shape for the first time.", f"order = {order}",
+            f"sample = [order[i:i + {bs}] for i in range(0, len(order) - {bs} + 1, {bs})][:{batches}]  # sample "
+            "indices per batch", f"sample *= max(1, len({p.dataset}) // ({bs} * len(sample)))  # repeated up to "
+            "one epoch's length, as the trial's"]
 
 
 def model_and_optimizer(p: Program) -> list[str]:
@@ -367,6 +432,15 @@ def micro_batch(p: Program) -> list[str]:
     before, compute_loss = forward(p)
     body = [f"batch = each_tensor(lambda t: t.to(device{move}), batch)",
             "seen += samples_in(batch)"] + p.extra["batch"] + before
+    if p.varied:  # read on the host before the move: reading .shape never waits for the device
+        body = ["shape = shape_of(batch)",
+                "if shape not in shapes:  # a new input shape: its first call is a one-time cost",
+                "    shapes.add(shape)",
+                "    if step >= warmup_steps:  # inside the timed window: its step is timed apart",
+                "        new_in_window += 1",
+                "        if first_call is None:",
+                "            sync()",
+                "            first_call = (time.perf_counter(), seen)", *body]
     contexts = p.extra["forward"]
     compute = [f"with {', '.join(contexts)}:", "    " + compute_loss] if contexts else [compute_loss]
     scaled = "loss / accum_steps" if p.accum > 1 else "loss"
@@ -388,7 +462,13 @@ def optimizer_step(p: Program) -> list[str]:
     update = (["scaler.unscale_(optimizer)  # the hooks below see the true gradients"]
               if p.extra["before_step"] and scaler else []) + p.extra["before_step"]
     update += ["scaler.step(optimizer)", "scaler.update()"] if scaler else ["optimizer.step()"]
-    update += ["optimizer.zero_grad(set_to_none=True)", "step += 1", "if step == warmup_steps:  # the timed window starts",
+    update += ["optimizer.zero_grad(set_to_none=True)"]
+    if p.varied:  # the step that met a new shape leaves the timed window: its seconds and samples
+        update += ["if first_call is not None:  # it met a new shape: its time and samples leave the timed window",
+                   "    sync()", "    spent = time.perf_counter() - first_call[0]",
+                   "    first_s, t0, seen0 = first_s + spent, t0 + spent, seen0 + seen - first_call[1]",
+                   "    first_call, left_out = None, left_out + 1"]
+    update += ["step += 1", "if step == warmup_steps:  # the timed window starts",
                "    sync()", "    t0, seen0 = time.perf_counter(), seen", "if step == num_steps:", "    break"]
     return update
 
@@ -406,6 +486,9 @@ def script_warmup(knobs: Any, warmup: int = 5) -> int:
 def warmup_line(p: Program) -> str:
     """`warmup_steps = N  # why`: the steady warm-up of a trial, capped to leave one timed step."""
     warm = min(script_warmup(p.k, p.warmup), p.steps - 1)
+    if shape_pass(p):
+        return (f"warmup_steps = {p.steps - shape_pass(p)}  # not timed: start-up, compilation, then one pass over "
+                "the sample the timed window repeats (every input shape's first call)")
     if warm <= p.warmup:
         return f"warmup_steps = {warm}  # not timed: start-up, compilation"
     told = traits(p.k)
@@ -428,6 +511,9 @@ def loop(p: Program) -> list[str]:
            f"num_steps = {p.steps}", warmup_line(p),
            "step = micro = seen = 0" if p.accum > 1 else "step = seen = 0",
            "t0, seen0 = time.perf_counter(), 0", f"{p.model}.train()"]
+    if p.varied:
+        out.insert(-1, "shapes, new_in_window = set(), 0  # input shapes met; those first met in the timed window")
+        out.insert(-1, "first_s, first_call, left_out = 0.0, None, 0  # those steps: seconds; (start, samples) of one; count")
     if p.ddp:
         out += ["epoch = 0", "while step < num_steps:", "    sampler.set_epoch(epoch)  # a new shuffle each epoch",
                 "    epoch += 1", "    for batch in loader:"]
@@ -444,6 +530,10 @@ def loop(p: Program) -> list[str]:
                 "dist.barrier()",
                 "del step_model" if p.fsdp else "del step_model, ddp_model",
                 "dist.destroy_process_group()"]
+    elif p.varied:
+        out += ['print(f"{(seen - seen0) / (time.perf_counter() - t0):.1f} samples/s over '
+                '{num_steps - warmup_steps - left_out} timed steps; "', '      f"{len(shapes)} input shapes, {new_in_window} first seen in the timed window '
+                '({first_s:.2f} s one-time, left out)")']
     else:
         out.append('print(f"{(seen - seen0) / (time.perf_counter() - t0):.1f} samples/s '
                    'over {num_steps - warmup_steps} timed steps")')

@@ -32,7 +32,7 @@ from .data import (
 )
 from .profile import profile_step
 from .threads import thread_check, thread_frame
-from .verdict import Verdict, allocator_fix, cite_phases, decide
+from .verdict import Verdict, allocator_fix, cite_phases, decide, with_shape_cost
 
 
 @dataclass
@@ -264,6 +264,7 @@ def _gathered(bench: Bench, knobs: Knobs, base: TrialResult, data: DataCheck, th
     compile_info = base.extra.get("compile") if knobs.compile != "off" else None
     verdict = cite_phases(decide(knobs, data, threads, device=wl.device, ops=ops, mfu=mfu, has_conv=wl.has_conv,
                                  compile_info=compile_info, measured_fix=allocator_fix(bench.trials, knobs)), stages)  # the evidence cites the phase split
+    verdict = with_shape_cost(verdict, results.get("input shapes"), base)  # a large one-time shape cost: its knob too
     return Diagnosis(knobs=knobs, data=data, threads=threads, verdict=verdict, stages=stages, ops=ops,
                      compile=_compile_lines(bench), problems=problems, trace_path=trace_path, spent=budget.spent,
                      budget_notes=budget.notes, analyses=results, **fields)

@@ -12,6 +12,7 @@ import torch
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult
 from ..core.phases import KERNEL_SHARE
+from ..core.shapes import COSTLY_STEPS, costly
 from ..core.system import available_allocators, keeps_freed_memory
 from .data import DATA_WAIT_LIMIT, DataCheck
 
@@ -58,6 +59,45 @@ def phase_split(stages: pd.DataFrame | None) -> str | None:
         return None
     parts = ", ".join(f"{row.stage} {row.share:.0%}" for row in stages.itertuples())
     return f"the profiled step splits into {parts} (eager, profiler ranges)"
+
+
+def with_shape_cost(verdict: Verdict, cost: Any, base: TrialResult) -> Verdict:
+    """The verdict with the one-time cost of new input shapes when it is large (core/shapes.costly: each
+    shape's first call over COSTLY_STEPS steady steps), whatever the bottleneck: a real run pays it once per
+    distinct shape in every process. `cost` is the "input shapes" analysis (diagnose/shapes.ShapeCost);
+    its offer (`pad_to_multiple_of`, token data) joins the next knobs, else the why says bucketing. The
+    verdict as it is when the cost is small, unmeasured, or the analysis did not run."""
+    per, n, step_s = getattr(cost, "per_shape_s", None), getattr(cost, "shapes", 0), base.step_time_s
+    if per is None or not step_s or not costly({"distinct": n, "per_shape_s": per}, step_s):
+        return verdict
+    line = (f"{n} input shapes x {per * 1e3:,.0f} ms of first calls = {n * per:,.1f} s one-time "
+            f"({per / step_s:,.0f} steady steps each; rule: over {COSTLY_STEPS:g}), kept out of the window")
+    offer = dict(getattr(cost, "offer", None) or {})
+    if offer and all(getattr(base.knobs, k, None) != v for k, v in offer.items()):
+        knob, m = next(iter(offer.items()))
+        left = _shapes_left(cost, m)
+        fix = (f"new input shapes cost {per * 1e3:,.0f} ms each on their first calls, once per shape per process: "
+               f"{knob}={m} leaves {left}")
+        return replace(verdict, evidence=(*verdict.evidence, line), next_knobs={**verdict.next_knobs, **offer},
+                       why=f"{verdict.why}; and {fix}" if verdict.why else fix)
+    fix = (f"new input shapes cost {per * 1e3:,.0f} ms each on their first calls, once per shape per process: "
+           "bucketing the inputs into a few fixed sizes (pad to fixed lengths) leaves fewer shapes")
+    return replace(verdict, evidence=(*verdict.evidence, line), why=f"{verdict.why}; and {fix}" if verdict.why else fix)
+
+
+def _shapes_left(cost: Any, multiple: int) -> str:
+    """'3 shapes in one pass over your data (≈0.4 s once, against 16: ≈1.9 s)' at pad_to_multiple_of=`multiple`,
+    from the analysis' options table (the same figures as its section); 'fewer shapes' when it has none."""
+    table = getattr(cost, "options", None)
+    if table is None or table.empty:
+        return "fewer shapes"
+    row, now = table[table["pad_to_multiple_of"] == multiple], table.iloc[0]
+    if row.empty:
+        return "fewer shapes"
+    left, once = int(row["shapes_per_pass"].iloc[0]), row["one_time_s"].iloc[0]
+    paid = f" (≈{once:,.1f} s once, against {int(now['shapes_per_pass'])}: ≈{now['one_time_s']:,.1f} s)" \
+        if once is not None and now["one_time_s"] is not None else ""
+    return f"{left} shapes in one pass over your data{paid}"
 
 
 def data_evidence(data: DataCheck) -> list[str]:

@@ -280,7 +280,7 @@ class Workbench:
         """The training script of a trial (id or result), a Knobs value, or (None) the best trial so
         far: the step this workbench measured (its batch format, loss and sampling), the knobs' code,
         seeded like the trials. None takes the fastest finished trial. Keywords go to `knobs_to_code` (steps, warmup, model=..., setup=...)."""
-        from ..core.codegen import knobs_to_code
+        from ..core.codegen import knobs_to_code, trial_shapes
 
         style = kwargs.pop("style", "loop")
         if style not in ("loop", "trainer"):
@@ -291,6 +291,8 @@ class Workbench:
         if isinstance(trial, int) and not isinstance(trial, bool):
             trial = self.log.get(trial)
         if isinstance(trial, TrialResult):
+            if style == "loop":  # the input shapes it met (codegen.trial_shapes) go along
+                kwargs.setdefault("shapes", trial_shapes(trial))
             trial = trial.pinned_knobs()  # the allocator mode its process ran in, carried into the script
         if not isinstance(trial, Knobs):
             raise TypeError(f"to_code takes a trial id, a TrialResult or a Knobs value, got {type(trial).__name__}")
