@@ -471,6 +471,30 @@ def test_jobs_left_behind_are_recorded_or_marked_lost(tmp_path):
     assert len(bench.trials) == 0
 
 
+def test_a_killed_kernel_not_yet_reaped_is_not_an_owner():
+    """A SIGKILLed kernel stays a zombie until its parent (the Jupyter server) reaps it: same pid, same start
+    time, but it runs nothing, so its jobs are an earlier kernel's to re-attach."""
+    import signal
+    import sys
+
+    import psutil
+
+    from workbench.launch import jobs
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        who = {"host": jobs.owner()["host"], "pid": p.pid, "started": jobs._started(p.pid)}
+        assert jobs.owner_alive(who, time.time())
+        p.send_signal(signal.SIGKILL)
+        t = time.monotonic()
+        while psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() - t < 10:
+            time.sleep(0.05)
+        assert not jobs.owner_alive(who, time.time())  # killed, not yet reaped
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_a_left_behind_job_in_a_folder_others_can_write_is_not_loaded(tmp_path):
     """The registry is a file on disk: a job whose folder sits under a folder others can write to is recorded
     as lost, naming the folder, and its result pickle is never loaded."""
@@ -730,6 +754,63 @@ def test_slurm_ctrl_c_during_a_parallel_tune_returns_and_leaves_no_job(tmp_path,
         assert named_jobs(name) == []  # nothing left running
         trials = slow_bench(None, tmp_path).trials
         assert [t.status for t in trials].count("interrupted") >= 2  # the cancelled jobs' trials are recorded
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for line in named_jobs(name):
+            subprocess.run(["scancel", line.split("|")[0]])
+
+
+RESTART_SCRIPT = """
+import sys, torch, submitit, workbench as wb
+from conftest import SleepNet, tiny_data
+ex = submitit.AutoExecutor(sys.argv[1], cluster="slurm")
+ex.update_parameters(timeout_min=5, slurm_cpus_per_task=1, name=sys.argv[2])
+bench = wb.Workbench(SleepNet(0.05), tiny_data(256), loss_fn=torch.nn.CrossEntropyLoss(), knobs=wb.Knobs(batch_size=16),
+                     log=sys.argv[3], executor=ex, steps=int(sys.argv[4]), warmup_steps=1)
+bench.run(progress=False, stop_early=False)
+"""
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_slurm_a_restarted_kernel_reattaches_its_job_in_flight(slurm, tmp_path):
+    """A kernel SIGKILLed while its trial's job runs: a new Workbench on the folder says so, watches the job
+    again, and records its trial once, ok with its figures, when the job ends; nothing is left behind."""
+    import signal
+    import sys
+    import uuid
+
+    name = f"wb-restart-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "kernel.py").write_text(RESTART_SCRIPT)
+    # 150 steps x 50 ms: the job still runs ~8 s after the kernel dies (SleepNet: the clock sets it)
+    p = subprocess.Popen([sys.executable, str(tmp_path / "kernel.py"), str(tmp_path / "jobs"), name,
+                          str(tmp_path / "runs"), "150"])
+    jobs_dir = tmp_path / "runs" / "SleepNet.jobs"
+    try:
+        t = time.monotonic()
+        while not any(j.endswith("|RUNNING") for j in named_jobs(name)) and time.monotonic() - t < 120:
+            assert p.poll() is None, "the kernel ended before its job ran"
+            time.sleep(0.2)
+        (job,) = named_jobs(name)
+        assert job.endswith("|RUNNING") and len(list(jobs_dir.glob("job-*.json"))) == 1
+        p.send_signal(signal.SIGKILL)  # the kernel dies with no chance to clean up
+        p.wait(timeout=10)
+        with pytest.warns(UserWarning, match=r"earlier kernel: job \d+: re-attached \(running\)"):
+            again = slow_bench(slurm, tmp_path, steps=150)
+        t = time.monotonic()
+        while not again.trials and time.monotonic() - t < 120:
+            time.sleep(0.2)
+        (r,) = again.trials
+        assert r.ok, r.message
+        assert r.extra["job"]["reattached"] and r.extra["job"]["id"] == job.split("|")[0] == r.env["slurm_job_id"]
+        assert r.samples_per_s > 0 and len(r.step_times_s) > 0  # the job's own figures, not a stand-in
+        assert list(jobs_dir.iterdir()) == []  # its registry entry and progress file are gone with the trial recorded
+        t = time.monotonic()
+        while named_jobs(name) and time.monotonic() - t < 30:
+            time.sleep(0.5)  # the job wrote its result; SLURM ends it (COMPLETING) a moment later
+        assert named_jobs(name) == [] and len(again.trials) == 1  # nothing left running, the trial once
+        assert [t.extra["job"]["id"] for t in slow_bench(None, tmp_path).trials] == [r.extra["job"]["id"]]  # logged once
     finally:
         if p.poll() is None:
             p.kill()

@@ -335,10 +335,13 @@ def owner() -> dict[str, Any]:
 
 
 def _started(pid: int) -> float | None:
+    """The start time of process `pid` (seconds since the epoch); None when it is gone, a zombie (killed,
+    not yet reaped by its parent: it runs nothing), or unreadable."""
     try:
         import psutil
 
-        return round(psutil.Process(pid).create_time(), 2)
+        proc = psutil.Process(pid)
+        return None if proc.status() == psutil.STATUS_ZOMBIE else round(proc.create_time(), 2)
     except Exception:  # no such process, or psutil cannot read it
         return None
 
