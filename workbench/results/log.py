@@ -31,7 +31,7 @@ from ..core.knobs import Knobs
 from ..core.measure import TrialResult
 from . import series
 from .comparison import real_run
-from .models import of_model, same_model, with_others
+from .models import MODEL_KEY, model_of, of_model, same_model, with_others
 from .records import MAX_LINE_BYTES, LoggedComparison, bad_lines_text, default_participant, read_records
 from .stats import Comparison, Noise
 from .table import Table
@@ -337,6 +337,8 @@ class ResultLog:
         once (see `save`); it never loses the measured result.
         """
         participant = result.participant or self.participant
+        if self.model is not None and not model_of(result):  # appended here without one: this log's model
+            result = replace(result, extra={**(result.extra or {}), MODEL_KEY: self.model})
         numbered: list[TrialResult] = []
 
         def number() -> bytes:

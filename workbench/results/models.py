@@ -4,8 +4,9 @@ Each trial carries the fingerprint of the model it measured (`TrialResult.extra[
 Workbench: faces/reloaded.py). A log told its workbench's fingerprint (`ResultLog.model`) takes its baseline,
 noise, speedups and verdicts from that model's trials alone; the trials of another model (the model was edited
 since they ran, or an older workbench wrote them without a fingerprint) stay in the log and in the table,
-with their `model` column, no speedup and no verdict. A log without a fingerprint (`model` None) compares
-every trial, as a shared workshop folder does.
+with their `model` column, no speedup and no verdict. A trial appended in this process without a fingerprint
+(`bench.log.append(...)`) takes the log's: it was given to this workbench. A log without a fingerprint
+(`model` None) compares every trial, as a shared workshop folder does.
 """
 
 from __future__ import annotations
@@ -53,5 +54,6 @@ def with_others(df: pd.DataFrame, trials: Sequence[TrialResult], model: str | No
     out = pd.concat([df, rest], ignore_index=True) if len(df) else rest
     out = out.sort_values("trial_id", kind="stable").reset_index(drop=True)
     out["baseline"] = out["baseline"].fillna(False).astype(bool)
+    out["mode_differs"] = out["mode_differs"].fillna(False).astype(bool) if "mode_differs" in out else False
     out.attrs = df.attrs
     return out
