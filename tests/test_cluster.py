@@ -413,10 +413,15 @@ def test_ctrl_c_during_a_parallel_tune_cancels_every_job_and_returns(fake_slurm,
         time.sleep(0.3)
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, as the kernel delivers it: KeyboardInterrupt in the main thread
 
+    # a shell's background job inherits SIGINT ignored; a kernel (and this test) wants Ctrl-C
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_once_two_wait, daemon=True).start()
     t = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        bench.tune(n_trials=6, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            bench.tune(n_trials=6, parallel=2, axes=("batch",), confirm=False, explain=False, progress=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - t < 30  # not hung on the watchers
     waiting = fake_slurm.submitted[1:]
     assert len(waiting) >= 2 and all(j.cancelled for j in waiting)
@@ -714,7 +719,8 @@ def test_slurm_two_kernels_on_one_folder_record_a_job_once(slurm, tmp_path):
 
 
 CTRL_C_SCRIPT = """
-import sys, torch, submitit, workbench as wb
+import signal, sys, torch, submitit, workbench as wb
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's background job inherits SIGINT ignored
 from conftest import SleepNet, tiny_data
 ex = submitit.AutoExecutor(sys.argv[1], cluster="slurm")
 ex.update_parameters(timeout_min=5, slurm_cpus_per_task=1, name=sys.argv[2])
