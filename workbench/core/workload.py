@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
 
+from .devicefacts import DeviceFacts, facts_here
+
 StepFn = Callable[[nn.Module, Any], torch.Tensor]
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 
@@ -231,6 +233,9 @@ class Workload:
         if not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.device = resolve_device(device)
+        # What the space, the knobs' rules and MFU know of the device trials run on: this machine's, until
+        # a workbench with an executor takes its node's (faces/nodefacts.py)
+        self.facts: DeviceFacts = facts_here(self.device)
         self.spec = loader_spec(data)
         self.loss_fn = loss_fn
         self.step_fn: StepFn | None = step_fn

@@ -17,12 +17,15 @@ from ..core.knobs import Knobs
 from ..core.measure import TrialResult
 
 
-def known_slow(knobs: Knobs, device_type: str) -> tuple[str, dict[str, Any]] | None:
-    """(why it is known to be slow here, the change back to the reference) or None."""
+def known_slow(knobs: Knobs, device_type: str, bf16: bool | None = None) -> tuple[str, dict[str, Any]] | None:
+    """(why it is known to be slow here, the change back to the reference) or None. `bf16`: whether the
+    device has native bf16 units (the device facts'); None asks this machine's CPU."""
     if knobs.amp == "bf16" and device_type == "cpu":
-        from ..core.system import cpu_has_bf16
+        if bf16 is None:
+            from ..core.system import cpu_has_bf16
 
-        if not cpu_has_bf16():
+            bf16 = cpu_has_bf16()
+        if not bf16:
             return "amp='bf16' on a CPU without native bf16 units (emulated)", {"amp": "off"}
     if knobs.amp == "fp16" and device_type == "cpu":
         return "amp='fp16' on CPU (converted to and from fp32 around each op)", {"amp": "off"}
@@ -55,9 +58,10 @@ def _mean(rates: list[float]) -> float:
     return math.exp(sum(map(math.log, rates)) / len(rates))
 
 
-def warning(knobs: Knobs, trials: Sequence[TrialResult], device: str) -> str | None:
-    """The warning before a trial of `knobs` known to be slow on `device`, with this machine's factor."""
-    slow = known_slow(knobs, device.split(":")[0])
+def warning(knobs: Knobs, trials: Sequence[TrialResult], device: str, bf16: bool | None = None) -> str | None:
+    """The warning before a trial of `knobs` known to be slow on `device`, with this machine's factor
+    (`bf16`: the device facts' native bf16 units; None asks this machine's CPU)."""
+    slow = known_slow(knobs, device.split(":")[0], bf16)
     if slow is None:
         return None
     why, back = slow

@@ -83,23 +83,30 @@ def flops_per_step(workload: Workload, knobs: Knobs) -> int:
 
 @trial_threaded
 def peak_flops(workload: Workload, knobs: Knobs) -> tuple[float | None, str]:
-    """(peak FLOP/s, where it came from) for this device and the knobs' compute dtype."""
-    device = workload.device
+    """(peak FLOP/s, where it came from) for the device the trials run on and the knobs' compute dtype.
+
+    The device is the workload's facts' (core/devicefacts.py: the node's with an executor): a GPU by its
+    data sheet, else a matmul measured on it; a CPU by a matmul measured here with the trial's threads.
+    """
+    device, facts = workload.device, workload.facts
     dtype = compute_dtype(knobs)
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
+    if facts.type == "cuda":
+        name = facts.name
         peak = gpu_peak_flops(name, dtype)
         if peak is not None:
             return peak, f"{name} data sheet, dense {dtype}"
+        if device.type != "cuda":  # the facts are a node's this process cannot run a matmul on
+            return None, f"no data-sheet peak for {name} ({dtype}), and no CUDA device here to measure one"
         return measured_matmul_flops(device, dtype, n=4096), f"measured {dtype} 4096^2 matmul on {name}"
-    if device.type == "cpu":
+    if device.type == "cpu" and facts.type == "cpu":
         from ..core.knobs import settings as process_settings
 
         with process_settings(knobs):  # the trial's thread count decides the CPU peak
             n_threads = torch.get_num_threads()
             peak = measured_matmul_flops(device, "bf16" if dtype == "bf16" else "fp32")
         return peak, f"measured {dtype if dtype == 'bf16' else 'fp32'} 1024^2 matmul, {n_threads} thread(s)"
-    return None, f"no peak known for {device.type}"
+    return None, f"no peak known for {facts.type}" + (f" (trials run on {facts.type}, this process on {device.type})"
+                                                      if facts.type != device.type else "")
 
 
 def mfu_frame(flops: int, result: TrialResult, peak: float | None, source: str) -> pd.DataFrame:

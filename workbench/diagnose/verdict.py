@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from ..core.devicefacts import DeviceFacts, facts_here
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult
 from ..core.phases import KERNEL_SHARE
@@ -174,9 +175,13 @@ def _recompile_verdict(knobs: Knobs, compile_info: dict[str, Any]) -> Verdict:
 
 def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: torch.device,
            ops: pd.DataFrame | None = None, mfu: float | None = None, has_conv: bool = False,
-           compile_info: dict[str, Any] | None = None, measured_fix: str | None = None) -> Verdict:
+           compile_info: dict[str, Any] | None = None, measured_fix: str | None = None,
+           facts: DeviceFacts | None = None) -> Verdict:
     """Walk the decision tree: failure → compile fallback → recompiles → data → threads → page faults (compute,
-    next knob the allocator mode) → sync → memory → compute. `measured_fix`: what the log measured of the allocator modes on these knobs (`allocator_fix`)."""
+    next knob the allocator mode) → sync → memory → compute. `measured_fix`: what the log measured of the allocator modes on these knobs (`allocator_fix`).
+    `facts`: the device the trials run on (bench.facts: the node's with an executor); None reads `device` here."""
+    facts = facts or facts_here(device)
+    device = facts.device
     base: TrialResult = data.baseline
     cores = int(threads["cores"])
     if not base.ok and base.status == "oom":
@@ -219,8 +224,8 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
                            f"sync-type ops take {sync_share:.0%} of the time"), {},
                            "remove .item()/.cpu()/print(tensor) and data-dependent ifs from the step")
 
-    if device.type == "cuda" and base.peak_memory_bytes:
-        total = torch.cuda.get_device_properties(device).total_memory
+    if device.type == "cuda" and base.peak_memory_bytes and facts.memory_bytes:
+        total = facts.memory_bytes
         if base.peak_memory_bytes > MEMORY_FULL * total:
             return Verdict("memory", f"the step uses {base.peak_memory_bytes / total:.0%} of device memory",
                            tuple(evidence), {"amp": "bf16"} if knobs.amp == "off" else {},
@@ -230,11 +235,9 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
     # Compute-bound: the data keeps up; make the step itself cheaper.
     if mfu is not None:
         evidence.append(f"MFU {mfu:.0%} of the {'measured' if device.type == 'cpu' else 'data-sheet'} peak")
-    from .threads import cpu_has_bf16
-
-    bf16_ok = device.type != "cpu" or cpu_has_bf16()
+    bf16_ok = device.type != "cpu" or facts.bf16
     if knobs.amp == "off" and bf16_ok:
-        dtype = "bf16" if (device.type != "cuda" or torch.cuda.is_bf16_supported()) else "fp16"
+        dtype = "bf16" if (device.type != "cuda" or facts.bf16) else "fp16"
         return Verdict("compute", "the step itself is the bottleneck (the data keeps up)", tuple(evidence),
                        {"amp": dtype}, "lower-precision matmuls/convs use tensor units and halve activation memory")
     if has_conv and knobs.amp != "off" and not knobs.channels_last:

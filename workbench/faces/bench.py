@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from ..core.devicefacts import DeviceFacts
 from ..core.earlystop import StopRule
 from ..core.knobs import Knobs, device_notes
 from ..core.measure import TrialResult
@@ -30,6 +31,7 @@ from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel
 from ..results import Comparison, ResultLog
 from ..results.comparison import real_run
 from ..results.stats import MARGIN, Noise
+from .nodefacts import NodeFacts
 from .reloaded import announce, fingerprint, reload_text, stamp
 from .scaling import Scaling
 from .surface import DEPRECATED, knobs_of, log_path, outcome_of, require_notebook, wait_for
@@ -87,6 +89,8 @@ class Workbench:
         # without a GPU) is resolved there; here the one-step check runs on what this machine has.
         self.workload = Workload(model, data, loss_fn=loss_fn, optimizer=optimizer, step_fn=step_fn,
                                  device=local_device(device) if executor is not None else device, seed=seed)
+        self._here: DeviceFacts = self.workload.facts  # this machine's; `facts` is the trials' node's
+        self._device_asked = str(device)
         self.name = name or type(model).__name__
         if steps < 2 or warmup_steps < 0:
             raise ValueError(f"steps must be >= 2 (for a median and IQR) and warmup_steps >= 0; got {steps}, {warmup_steps}")
@@ -117,6 +121,7 @@ class Workbench:
         self.log = ResultLog(log_path(log, self.name, self.participant), participant=self.participant)
         self.log.defaults = self.defaults  # labels name what differs from this workbench's defaults
         self.log.model = self.fingerprint  # speedups and verdicts from this model's trials only
+        self._node = NodeFacts(self.log.path.parent if self.log.path is not None else None, self._device_asked)
 
     def _jobs_now(self) -> Any:
         """The jobs of the current `executor` (None: trials run here); made anew when it was replaced."""
@@ -173,6 +178,26 @@ class Workbench:
     def device(self) -> torch.device:
         return self.workload.device
 
+    @property
+    def facts(self) -> DeviceFacts:
+        """What the workbench knows of the device its trials run on (type, name, bf16/fp16/TF32 units, cores,
+        memory): this machine's without an executor; with one, its node's, read by one probe job the first
+        time they are needed for these resources and cached beside the log (faces/nodefacts.py). The
+        workload carries them: tune's space, the knobs' rules, `compare`'s "same" without measuring and
+        MFU read them."""
+        self.workload.facts = self._node.facts(self.executor, self._here)
+        return self.workload.facts
+
+    def probe_node(self) -> DeviceFacts:
+        """Read the executor's node's device facts again with a probe job (after fixing an executor whose
+        probe failed, or after the partition's nodes changed); this machine's without an executor."""
+        self.workload.facts = self._node.facts(self.executor, self._here, again=True)
+        return self.workload.facts
+
+    def _known_facts(self) -> DeviceFacts | None:
+        """The facts if already read (no probe job is submitted for them), else None."""
+        return self._node.known(self.executor, self._here)
+
     def knobs(self, base: Knobs | None = None, **changes: Any) -> Knobs:
         """The workbench's default Knobs (or `base`) with `changes` applied and validated."""
         return (base or self.defaults).replace(**changes)
@@ -197,11 +222,14 @@ class Workbench:
             raise TypeError(f"stop_early must be True or False, got {stop_early!r}")
         k = self.knobs(knobs, **changes)
         check_knobs(self.workload, k)  # a ValueError here, in the caller's thread, records nothing
-        if threading.current_thread() is threading.main_thread():  # a cell or a script: warn there, once
-            loud = [n for n in device_notes(k, self.device.type, has_conv=self.workload.has_conv,
+        # the node's facts (a probe job on first use with an executor) decide the notes below, unless the
+        # knobs are the defaults and the facts are not read yet: nothing is then said before the trial
+        facts = self.facts if k != self.defaults else self._known_facts()
+        if threading.current_thread() is threading.main_thread() and facts is not None:  # a cell or a script: warn there, once
+            loud = [n for n in device_notes(k, facts.type, has_conv=self.workload.has_conv,
                                              token_data=self.workload.token_data)
                     if n.startswith(LOUD_NOTES)]
-            hopeless = self._expect_slow(k)  # a known hopeless trial, with this machine's earlier factor
+            hopeless = self._expect_slow(k, facts)  # a known hopeless trial, with this machine's earlier factor
             if hopeless:  # one warning: the note (if any), then what to expect here
                 loud = [f"{loud[0]}. {hopeless}" if loud else hopeless]
             loud += [n for n in [inert_note(self, k)] if n]  # a knob that changes nothing in this step
@@ -241,13 +269,15 @@ class Workbench:
                     raise
                 raise TrialInterrupted(self._record(result)) from None
 
-    def _expect_slow(self, knobs: Knobs) -> str | None:
-        """The warning before a trial known to be far slower here (bf16 without native units, fp16 on a
-        CPU, CUDA-graph compile without CUDA), with the factor this machine's earlier trials measured
+    def _expect_slow(self, knobs: Knobs, facts: DeviceFacts | None = None) -> str | None:
+        """The warning before a trial known to be far slower where it runs (bf16 without native units, fp16
+        on a CPU, CUDA-graph compile without CUDA: `facts`), with the factor earlier trials there measured
         (hopeless.py); None for any other trial."""
         from ..deciding.hopeless import warning
 
-        return warning(knobs, self.log.trials, str(self.device))
+        facts = facts or self.facts
+        device = str(self.device) if facts.type == self.device.type else facts.type
+        return warning(knobs, self.log.trials, device, bf16=facts.bf16)
 
     def _stop_rule(self, knobs: Knobs) -> StopRule | None:
         """The early-stop rule for a trial of `knobs` against the baseline: None without an ok baseline
@@ -272,6 +302,9 @@ class Workbench:
         against this workbench's defaults (the card says what the table says)."""
         result.extra.setdefault("step", self.step_shape.to_record())
         result.extra.setdefault("label", result.knobs.label(self.defaults))
+        facts = self._known_facts() if self.executor is not None else None
+        if facts is not None:  # whose device facts decided the space and the rules around this trial
+            result.env.setdefault("facts", f"{facts.where}, {facts.type} {facts.name}".strip())
         stamp(result, self.fingerprint)
         with self._append_lock:  # the one writer of the log, whichever thread a trial ended on
             return self.log.append(result)

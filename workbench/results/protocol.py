@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import pandas as pd
 import torch
 
+from ..core.devicefacts import DeviceFacts
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult
 from ..core.workload import Workload
@@ -35,6 +36,9 @@ class Bench(Protocol):
 
     @property
     def device(self) -> torch.device: ...
+
+    @property
+    def facts(self) -> DeviceFacts: ...  # the device the trials run on (the node's with an executor)
 
     @property
     def trials(self) -> list[TrialResult]: ...

@@ -23,9 +23,13 @@ BATCH_GROWTH_LIMIT = 0.8  # never try a batch whose predicted peak exceeds this 
 
 
 def memory_ceiling(bench: Bench, max_bytes: int | None) -> float | None:
-    """The most memory a trial may use: the caller's `max_bytes`, else most of the free device memory."""
+    """The most memory a trial may use: the caller's `max_bytes`, else most of the free device memory (on an
+    executor's node, whose free memory is not known here: most of its total, from its device facts)."""
     if max_bytes is not None:
         return float(max_bytes)
+    facts = bench.facts
+    if not facts.here:
+        return BATCH_GROWTH_LIMIT * facts.memory_bytes if facts.memory_bytes else None
     if bench.device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(bench.device)
         return BATCH_GROWTH_LIMIT * free
@@ -223,7 +227,7 @@ def _rescue(bench: Bench, k: Knobs, effective_batch: int, min_micro: int, max_tr
 
     # 1. AMP: activations in half precision
     if k.amp == "off" and len(rows) < max_trials:
-        amp = "fp16" if bench.device.type == "cuda" and not torch.cuda.is_bf16_supported() else "bf16"
+        amp = "fp16" if bench.facts.type == "cuda" and not bench.facts.bf16 else "bf16"
         r = run("amp", f"amp={amp!r}", k.replace(amp=amp))
         if fits(r):
             return r, k.replace(amp=amp)

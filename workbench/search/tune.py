@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-import torch
 
+from ..core.devicefacts import DeviceFacts
 from ..core.knobs import Knobs, tunable_knobs
 from ..core.measure import TrialResult
 from ..core.shapes import costly
@@ -47,21 +47,13 @@ BUCKET_SIZES_MB = (1, 5, 50, 100)  # DDP bucket sizes raced against torch's 25 M
 
 
 # ---- the search space -------------------------------------------------------------------------
-def _cores() -> int:
-    from ..core.system import usable_cores
-
-    return usable_cores()
-
-
-def _bf16_worth_trying(device: torch.device) -> bool:
-    """bf16 on CUDA with bf16 support, MPS, or a CPU with native bf16 units (else it is emulated)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        from ..core.system import cpu_has_bf16
-
-        return cpu_has_bf16()
-    return True
+def _amp_worth_trying(facts: DeviceFacts) -> str | None:
+    """The autocast dtype the device has units for: bf16 where native (CUDA from compute capability 8.0,
+    MPS, a CPU with AVX512-BF16/AMX; else it is emulated), fp16 on a CUDA GPU with tensor cores but no
+    bf16 (fp16 on a CPU is a trap: converted around each op), else None."""
+    if facts.bf16:
+        return "bf16"
+    return "fp16" if facts.type == "cuda" and facts.fp16 else None
 
 
 def _batch_limit(bench: Bench, max_batch_size: int | None) -> int | None:
@@ -81,11 +73,14 @@ def stage_axes(bench: Bench, stage: str, knobs: Knobs, max_batch_size: int | Non
 
     `axes` keeps only the named axes (e.g. ("workers", "layout", "batch")); None keeps all.
 
-    Changes on one axis exclude each other; changes on different axes combine. Device-aware: no
-    fp16 on CPU (a trap), bf16 only with native units, channels_last only with convolutions,
-    pin_memory / matmul precision / CUDA-graph compile modes only on CUDA, buckets only under DDP.
+    Changes on one axis exclude each other; changes on different axes combine. Device-aware, from the
+    device facts of where the trials run (`bench.facts`: the node's with an executor): no fp16 on CPU
+    (a trap), bf16 only with native units, channels_last only with convolutions, pin_memory and
+    CUDA-graph compile modes only on CUDA, matmul precision only with TF32 units, worker counts from
+    the node's cores, buckets only under DDP.
     """
-    dev, cores, keep, axes = bench.device, _cores(), axes, []
+    facts = bench.facts
+    dev, cores, keep, axes = facts.device, facts.cores, axes, []
     if stage == "process" and faulting(bench, knobs) is not None:
         axes.append(("allocator", [{"allocator": m} for m in available_allocators()]))
     if stage == "data" and knobs.data == "loader":
@@ -106,13 +101,12 @@ def stage_axes(bench: Bench, stage: str, knobs: Knobs, max_batch_size: int | Non
                 else [{"pad_to_multiple_of": 8}]  # costly first calls: a coarse multiple leaves few shapes
             axes += [("length", length), ("pad", pads)]
     elif stage == "precision":
-        if dev.type == "cuda" and not _bf16_worth_trying(dev):
-            axes.append(("amp", [{"amp": "fp16"}]))
-        elif _bf16_worth_trying(dev):
-            axes.append(("amp", [{"amp": "bf16"}]))
+        amp = _amp_worth_trying(facts)
+        if amp is not None:
+            axes.append(("amp", [{"amp": amp}]))
         if bench.workload.has_conv:
             axes.append(("layout", [{"channels_last": True}]))
-        if dev.type == "cuda":
+        if dev.type == "cuda" and facts.tf32:
             axes.append(("matmul", [{"matmul_precision": "high"}]))
     elif stage == "kernels":
         axes.append(("optimizer", [{"optimizer_impl": "foreach"}, {"optimizer_impl": "fused"}]))
@@ -298,7 +292,7 @@ def _explain(ctx: Ctx, start: TrialResult, best: TrialResult) -> Any:
 def faulting(bench: Bench, knobs: Knobs) -> float | None:
     """The page-fault share of CPU time of the latest one-process CPU trial of `knobs` when above the
     diagnosis's ALLOCATOR_SHARE (the allocator is then raced first, each mode in a fresh process)."""
-    if bench.device.type != "cpu" or knobs.world_size > 1 or knobs.allocator is not None:
+    if bench.facts.type != "cpu" or knobs.world_size > 1 or knobs.allocator is not None:
         return None
     last = next((r for r in reversed(bench.trials) if r.ok and r.knobs == knobs), None)
     share = last.extra.get("kernel_share") if last is not None else None

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from ...core.knobs import KNOBS, Knobs, KnobSpec, device_notes, grouped
-from ...core.system import usable_cores
 from ...results.protocol import Bench
 
 # {group: knob names} of the built-in knobs; a panel reads the registry when it is built, so your
@@ -37,7 +36,7 @@ class KnobControls:
     def __init__(self, W: Any, bench: Bench) -> None:
         self.W = W
         self.bench = bench
-        self._device = bench.device.type
+        self._device = bench.facts.type  # where the trials run (an executor's node)
         self._has_conv = bench.workload.has_conv
         self.groups = grouped()  # the registry now: built-in knobs and yours
         # Knobs are read in this order, so a knob can depend on the ones before it (workers on data mode).
@@ -62,7 +61,7 @@ class KnobControls:
 
     # ---- building ------------------------------------------------------------------------------
     def _make_controls(self, W: Any, k: Knobs) -> dict[str, Any]:
-        cores = usable_cores()  # affinity and container quota
+        cores = self.bench.facts.cores  # the trials' machine's: affinity and container quota
         spec = self.bench.workload.spec
         max_batch = len(spec) if not spec.iterable else 1 << 16
         style = {"description_width": "130px"}

@@ -1,0 +1,161 @@
+"""The device facts of the node a workbench's executor runs its trials on (core/devicefacts.py).
+
+Without an executor (or with one whose jobs run on this machine: `FreshProcess`, a thread or process
+pool, submitit's local executor) the facts are this machine's. With one that sends jobs elsewhere, the
+first decision that needs them (tune's space, a knob's "changes nothing here" rule, `compare`'s
+answer without measuring) submits one small probe job (`devicefacts.probe_node`) through the seam's
+`submit` and waits for its answer: the node's device type and name, its bf16/fp16/TF32 units, its cores
+and memory. The answer is kept per executor and resources (the executor's type and its parameters:
+partition, GPUs, CPUs, memory), in memory and in `node-facts.json` beside the log with the date it was
+read; different resources, or facts older than MAX_AGE_DAYS, are probed again. A probe that fails falls
+back to this machine's facts with a warning naming the fix (`bench.probe_node()` once jobs run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..core.devicefacts import DeviceFacts, probe_node
+from ..results.series import write_new
+from .reloaded import announce
+from .unchanged import warn_at_caller
+
+CACHE_FILE = "node-facts.json"  # beside the log: {resources key: {"resources", "facts"}}
+MAX_AGE_DAYS = 7.0  # cached facts older than this are probed again (a partition's nodes get replaced)
+PROBE_WAIT_S = 900.0  # the most a probe may take, queue included, before this machine's facts stand in
+POLL_S = 0.2  # how often the wait asks the probe job whether it is done
+LOCAL = ("FreshProcess", "ThreadPoolExecutor", "ProcessPoolExecutor", "LocalExecutor", "DebugExecutor")
+
+
+def _chain(executor: Any) -> list[Any]:
+    """The executor and those it wraps (held(ex).executor, submitit's AutoExecutor._executor)."""
+    out: list[Any] = []
+    while executor is not None and all(executor is not e for e in out) and len(out) < 8:
+        out.append(executor)
+        executor = getattr(executor, "_executor", None) or getattr(executor, "executor", None)
+    return out
+
+
+def runs_here(executor: Any) -> bool:
+    """Whether `executor`'s jobs run on this machine (no probe needed: its facts are this machine's)."""
+    return any(type(e).__name__ in LOCAL or getattr(e, "cluster", None) in ("local", "debug") for e in _chain(executor))
+
+
+def resources(executor: Any, device: str) -> dict[str, Any]:
+    """What decides the node a job lands on: each wrapped executor's type and its parameters (submitit's
+    partition, gpus_per_node, cpus_per_task, mem_gb, constraint...), and the device asked for."""
+    chain = []
+    for e in _chain(executor):
+        params = getattr(e, "parameters", None)
+        chain.append({"type": type(e).__name__, "parameters": params if isinstance(params, dict) else {}})
+    return {"executor": chain, "device": device}
+
+
+def resources_key(res: dict[str, Any]) -> str:
+    """16 hex digits naming `res` (its JSON, keys sorted; values JSON cannot hold are named by str)."""
+    return hashlib.sha1(json.dumps(res, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _age_days(facts: DeviceFacts) -> float:
+    try:
+        return (_dt.datetime.now() - _dt.datetime.fromisoformat(facts.probed_at)).total_seconds() / 86400
+    except (TypeError, ValueError):
+        return float("inf")
+
+
+class NodeFacts:
+    """One workbench's device facts per executor and resources: memory, then the cache beside the log,
+    else one probe job. `folder` holds the cache (None: memory only); `device` is what the user asked."""
+
+    def __init__(self, folder: Path | None, device: str) -> None:
+        self.path = Path(folder) / CACHE_FILE if folder is not None else None
+        self.device = device
+        self._known: dict[str, DeviceFacts] = {}
+        self._lock = threading.Lock()  # one probe at a time; other threads wait for its answer
+
+    def known(self, executor: Any, local: DeviceFacts) -> DeviceFacts | None:
+        """The facts for `executor` if already read (never submits anything), else None."""
+        if executor is None or runs_here(executor):
+            return local
+        return self._known.get(resources_key(resources(executor, self.device)))
+
+    def facts(self, executor: Any, local: DeviceFacts, *, again: bool = False) -> DeviceFacts:
+        """The facts of the node `executor` runs jobs on (`local`, this machine's, without one); `again`
+        probes even when they are known."""
+        if executor is None or runs_here(executor):
+            return local
+        res = resources(executor, self.device)
+        key = resources_key(res)
+        with self._lock:
+            if not again and key in self._known:
+                return self._known[key]
+            facts = None if again else self._cached(key)
+            if facts is not None:
+                announce(f"Device facts from {facts.line()} (cached in {self.path}): tune's space, the knobs' "
+                         "rules and MFU read them")
+            else:
+                facts = self._probe(executor, res, key, local)
+            self._known[key] = facts
+            return facts
+
+    def _cached(self, key: str) -> DeviceFacts | None:
+        if self.path is None:
+            return None
+        try:
+            entry = json.loads(self.path.read_text()).get(key)
+            facts = DeviceFacts.from_dict(entry["facts"])
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+        return facts if _age_days(facts) <= MAX_AGE_DAYS else None
+
+    def _save(self, key: str, res: dict[str, Any], facts: DeviceFacts) -> None:
+        """Add the facts to the cache file (best effort: a read-only folder only costs a probe next time)."""
+        if self.path is None:
+            return
+        try:
+            table = json.loads(self.path.read_text()) if self.path.exists() else {}
+        except (OSError, ValueError):
+            table = {}
+        if not isinstance(table, dict):
+            table = {}
+        table[key] = {"resources": res, "facts": facts.to_dict()}
+        with contextlib.suppress(OSError):
+            write_new(self.path, json.dumps(table, indent=1, default=str).encode())
+
+    def _probe(self, executor: Any, res: dict[str, Any], key: str, local: DeviceFacts) -> DeviceFacts:
+        """One probe job's facts, saved; this machine's facts with a warning when the job fails."""
+        job = None
+        try:
+            job = executor.submit(probe_node, self.device)
+            deadline = time.monotonic() + PROBE_WAIT_S
+            while not job.done():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no answer within {PROBE_WAIT_S:.0f} s (still queued or running)")
+                time.sleep(POLL_S)
+            facts = DeviceFacts.from_dict(job.result())
+        except KeyboardInterrupt:
+            if job is not None:
+                with contextlib.suppress(Exception):
+                    job.cancel()
+            raise
+        except Exception as e:
+            if job is not None:
+                with contextlib.suppress(Exception):
+                    job.cancel()
+            warn_at_caller(
+                f"the probe job that reads the trials' node's device facts failed ({type(e).__name__}: "
+                f"{str(e).strip()[:300]}): tune's space, the knobs' 'changes nothing here' rules and MFU use this "
+                f"machine's facts ({local.type} {local.name}, {local.units()}, {local.cores} cores) until it "
+                "runs. Fix the executor so that a job runs (its error above), then call bench.probe_node()")
+            return local
+        self._save(key, res, facts)
+        where = f" (saved in {self.path})" if self.path is not None else ""
+        announce(f"Device facts from {facts.line()}{where}: tune's space, the knobs' rules and MFU read them")
+        return facts
