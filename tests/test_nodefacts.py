@@ -19,9 +19,10 @@ import torch
 from conftest import TinyNet, tiny_data
 
 import workbench as wb
-from workbench.core.devicefacts import DeviceFacts, facts_here, probe_node
+from workbench.core.devicefacts import DeviceFacts, facts_here
 from workbench.faces import nodefacts
 from workbench.faces.unchanged import UNCHANGED
+from workbench.launch.cluster import probe_node
 from workbench.search.tune import stage_axes
 
 H100 = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "bf16": True, "fp16": True, "tf32": True,

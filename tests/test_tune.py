@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import sys
@@ -51,9 +52,12 @@ class FakeBench:
     """
 
     def __init__(self, speed, peak, oom_at: float = float("inf"), defaults: wb.Knobs | None = None,
-                 noise: float = 0.0, conv: bool = False, seed: int = 0, wait=None, copy=None) -> None:
+                 noise: float = 0.0, conv: bool = False, seed: int = 0, wait=None, copy=None,
+                 cores: int | None = None) -> None:
         self.workload = Workload(Net(), data(), loss_fn=nn.CrossEntropyLoss(), device="cpu")
         self.workload.has_conv = conv
+        if cores is not None:  # the device facts' cores (tune's worker counts read them)
+            self.workload.facts = dataclasses.replace(self.workload.facts, cores=cores)
         self.device = torch.device("cpu")
         self.defaults = defaults or wb.Knobs(batch_size=16)
         self.log = ResultLog(None)
@@ -80,6 +84,10 @@ class FakeBench:
     @property
     def trials(self):
         return self.log.trials
+
+    @property
+    def facts(self):
+        return self.workload.facts
 
 
 def speed_model(k: wb.Knobs) -> float:
@@ -344,8 +352,7 @@ def test_the_winners_explanation_is_paid_from_the_budget(tmp_path):
 def test_a_data_bound_start_enters_every_worker_count_first(monkeypatch):
     """Issue 35: with a small budget, a start that waits for data races worker counts (with compute
     threads) before precision or kernels, and `steps` says why."""
-    monkeypatch.setattr(tune_mod, "_cores", lambda: 2)
-    bench = FakeBench(speed_model, lambda k: 1000, conv=True, wait=lambda k: 0.0 if k.num_workers else 0.6)
+    bench = FakeBench(speed_model, lambda k: 1000, conv=True, cores=2, wait=lambda k: 0.0 if k.num_workers else 0.6)
     res = tune(bench, n_trials=12, stages=("data", "precision", "kernels"), confirm=False, explain=False)
     why = res.steps[res.steps["decision"].str.startswith("entered first")]
     assert len(why) == 1 and "waits for data 60%" in why["decision"].iloc[0]
@@ -358,8 +365,7 @@ def test_a_data_bound_start_enters_every_worker_count_first(monkeypatch):
 def test_a_start_whose_wait_is_the_copy_does_not_race_workers_first(monkeypatch):
     """Issue 48: workers-first reads the loader's part of the data wait; a wait that is the host->device
     copy's own cost is not theirs to fix."""
-    monkeypatch.setattr(tune_mod, "_cores", lambda: 2)
-    bench = FakeBench(speed_model, lambda k: 1000, conv=True, wait=lambda k: 0.6, copy=lambda k: 0.5)
+    bench = FakeBench(speed_model, lambda k: 1000, conv=True, cores=2, wait=lambda k: 0.6, copy=lambda k: 0.5)
     res = tune(bench, n_trials=6, stages=("data", "precision", "kernels"), confirm=False, explain=False)
     assert not res.steps["decision"].str.startswith("entered first").any()
 
@@ -385,12 +391,11 @@ def test_a_small_budget_carries_candidates_it_could_not_enter_onto_the_leader(mo
     """Issue 35: with budget=12, the first race (the start and every worker count) leaves no room for
     the kernel candidates; the next race offers them on the leader instead of dropping
     them, and the start and leader (two trials each already) sit out its first round."""
-    monkeypatch.setattr(tune_mod, "_cores", lambda: 2)
 
     def speed(k: wb.Knobs) -> float:  # workers help, and the foreach optimizer helps on top of them
         return speed_model(k) / (1.3 if k.optimizer_impl == "foreach" else 1.0)
 
-    bench = FakeBench(speed, lambda k: 1000, conv=True, wait=lambda k: 0.0 if k.num_workers else 0.6)
+    bench = FakeBench(speed, lambda k: 1000, conv=True, cores=2, wait=lambda k: 0.0 if k.num_workers else 0.6)
     res = tune(bench, n_trials=12, stages=("data", "kernels"), confirm=False, explain=False)
     on_leader = res.steps[res.steps["stage"].str.endswith("on the leader") & res.steps["trial"].notna()]
     assert len(on_leader) >= 1

@@ -87,8 +87,7 @@ def test_a_slower_compute_candidate_is_dropped_by_an_interleaved_comparison(kern
 def test_data_pipeline_candidates_race_by_trials(monkeypatch):
     """Workers and prefetch never interleave (their pairs with the start or leader differ in loader knobs);
     they run trials, and their drops say "by trials"; a compute-only candidate (fewer threads) may interleave."""
-    monkeypatch.setattr("workbench.search.tune._cores", lambda: 2)
-    bench = InterleavingBench(speed_model, lambda k: 1000.0, noise=0.02)
+    bench = InterleavingBench(speed_model, lambda k: 1000.0, noise=0.02, cores=2)
     res = tune(bench, n_trials=30, stages=("data",), explain=False)
     assert all(why_not(a, b) is None for a, b, *_ in bench.calls), bench.calls
     assert not any(a.num_workers != b.num_workers or a.prefetch_factor != b.prefetch_factor for a, b, *_ in bench.calls)

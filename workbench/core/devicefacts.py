@@ -4,8 +4,8 @@
 tuner's space (pinned memory, TF32, CUDA graphs, bf16 or fp16, worker counts from the cores), the
 knobs' "changes nothing here" rules, `compare`'s answer without measuring, the MFU's peak and the
 verdicts. The workload carries it (`Workload.facts`). Without an executor it is this machine's
-(`facts_here`); with one it is the node's, reported by a small probe job (`probe_node`, run there;
-faces/nodefacts.py submits it and caches the answer beside the log), so a CPU login node that tunes
+(`facts_here`); with one it is the node's, reported by a small probe job (launch/cluster.py's
+`probe_node`, run there; faces/nodefacts.py submits it and caches the answer beside the log), so a CPU login node that tunes
 for GPU nodes reasons about the GPU nodes.
 
 Core module: imports only torch and the standard library.
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from . import system
-from .measure import _cpu_name, now_iso
+from .measure import cpu_name, now_iso
 
 HERE = "this machine"  # DeviceFacts.where when the facts were read in this process
 
@@ -94,16 +94,6 @@ def _host_memory() -> int:
         return 0
 
 
-def _cpu_fp16() -> bool:
-    """fp16 arithmetic units on this CPU (AMX-FP16, AVX512-FP16), from the kernel's CPU flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = {w for line in f if line.startswith("flags") for w in line.split()}
-    except OSError:
-        return False
-    return bool(flags & {"amx_fp16", "avx512_fp16"})
-
-
 def facts_here(device: torch.device | str = "cpu", *, where: str = HERE) -> DeviceFacts:
     """This process's facts about `device` (a CUDA device is asked about its properties: no kernel runs)."""
     device = torch.device(device)
@@ -118,16 +108,5 @@ def facts_here(device: torch.device | str = "cpu", *, where: str = HERE) -> Devi
     if device.type == "mps":
         return DeviceFacts("mps", "Apple GPU (MPS)", bf16=True, fp16=True, memory_bytes=host_memory, **common)
     if device.type == "cpu":
-        return DeviceFacts("cpu", _cpu_name(), bf16=system.cpu_has_bf16(), fp16=_cpu_fp16(), memory_bytes=host_memory, **common)
+        return DeviceFacts("cpu", cpu_name(), bf16=system.cpu_has_bf16(), fp16=system.cpu_has_fp16(), memory_bytes=host_memory, **common)
     return DeviceFacts(device.type, device.type, memory_bytes=host_memory, **common)
-
-
-def probe_node(device: str | None = "auto") -> dict[str, Any]:
-    """The probe job's body, run on the executor's node: that node's facts about the device a trial there
-    would use ("auto" resolved there, as the trials resolve it), as a dict (DeviceFacts.to_dict)."""
-    from .workload import resolve_device
-
-    dev = resolve_device(device or "auto")
-    job = next((os.environ[v] for v in ("SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID") if os.environ.get(v)), "")
-    host = platform.node().split(".")[0]
-    return facts_here(dev, where=f"node {host}" + (f" (probe job {job})" if job else "")).to_dict()

@@ -319,7 +319,7 @@ def environment(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     elif device.type == "cpu":
-        name = _cpu_name()
+        name = cpu_name()
     else:
         name = device.type
     return {
@@ -333,7 +333,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "platform": platform.platform(terse=True),
         "host": platform.node().split(".")[0],  # the machine (a cluster's trials run on its nodes)
         # the machine, whatever device the trial ran on (a workshop compares machines)
-        "cpu_model": _cpu_name(),
+        "cpu_model": cpu_name(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # e.g. AVX2, AVX512
         "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
         # whether a step's freed memory goes back to the OS (page faults; docs/measurement.md 'Page faults')
@@ -343,7 +343,8 @@ def environment(device: torch.device) -> dict[str, Any]:
     }
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """This machine's CPU model, as the kernel names it ("cpu" when it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -93,12 +93,21 @@ def cpu_has_bf16() -> bool:
     native = compat.cpu_native_bf16()  # torch's private checks, guarded in compat
     if native:
         return True
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_has_fp16() -> bool:
+    """fp16 arithmetic units on this CPU (AMX-FP16, AVX512-FP16, Arm's FP16 extension), from its flags."""
+    return bool(cpu_flags() & {"amx_fp16", "avx512_fp16", "fphp"})
+
+
+def cpu_flags() -> set[str]:
+    """The kernel's CPU flags (x86 `flags`, Arm `Features`); empty when /proc/cpuinfo cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = {w for line in f if line.startswith(("flags", "Features")) for w in line.split()}
+            return {w for line in f if line.startswith(("flags", "Features")) for w in line.split()}
     except OSError:
-        return False
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+        return set()
 
 
 # glibc's malloc, told to keep what a step frees. By default memory freed at the end of a step can

@@ -31,7 +31,7 @@ from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel
 from ..results import Comparison, ResultLog
 from ..results.comparison import real_run
 from ..results.stats import MARGIN, Noise
-from .nodefacts import NodeFacts
+from .nodefacts import NodeFacts, OnNode
 from .reloaded import announce, fingerprint, reload_text, stamp
 from .scaling import Scaling
 from .surface import DEPRECATED, knobs_of, log_path, outcome_of, require_notebook, wait_for
@@ -41,7 +41,7 @@ DEFAULT_LOG_DIR = "workbench-runs"
 LOUD_NOTES = ("amp='fp16' on CPU",)  # notes worth a warning in the caller's cell, not only in `notes`
 
 
-class Workbench:
+class Workbench(OnNode):
     """Measure your model's training step under different knobs; every trial lands in `results`.
 
     `log` is a folder (or a .jsonl file) that every trial is appended to. `participant` names who
@@ -178,26 +178,6 @@ class Workbench:
     def device(self) -> torch.device:
         return self.workload.device
 
-    @property
-    def facts(self) -> DeviceFacts:
-        """What the workbench knows of the device its trials run on (type, name, bf16/fp16/TF32 units, cores,
-        memory): this machine's without an executor; with one, its node's, read by one probe job the first
-        time they are needed for these resources and cached beside the log (faces/nodefacts.py). The
-        workload carries them: tune's space, the knobs' rules, `compare`'s "same" without measuring and
-        MFU read them."""
-        self.workload.facts = self._node.facts(self.executor, self._here)
-        return self.workload.facts
-
-    def probe_node(self) -> DeviceFacts:
-        """Read the executor's node's device facts again with a probe job (after fixing an executor whose
-        probe failed, or after the partition's nodes changed); this machine's without an executor."""
-        self.workload.facts = self._node.facts(self.executor, self._here, again=True)
-        return self.workload.facts
-
-    def _known_facts(self) -> DeviceFacts | None:
-        """The facts if already read (no probe job is submitted for them), else None."""
-        return self._node.known(self.executor, self._here)
-
     def knobs(self, base: Knobs | None = None, **changes: Any) -> Knobs:
         """The workbench's default Knobs (or `base`) with `changes` applied and validated."""
         return (base or self.defaults).replace(**changes)
@@ -269,16 +249,6 @@ class Workbench:
                     raise
                 raise TrialInterrupted(self._record(result)) from None
 
-    def _expect_slow(self, knobs: Knobs, facts: DeviceFacts | None = None) -> str | None:
-        """The warning before a trial known to be far slower where it runs (bf16 without native units, fp16
-        on a CPU, CUDA-graph compile without CUDA: `facts`), with the factor earlier trials there measured
-        (hopeless.py); None for any other trial."""
-        from ..deciding.hopeless import warning
-
-        facts = facts or self.facts
-        device = str(self.device) if facts.type == self.device.type else facts.type
-        return warning(knobs, self.log.trials, device, bf16=facts.bf16)
-
     def _stop_rule(self, knobs: Knobs) -> StopRule | None:
         """The early-stop rule for a trial of `knobs` against the baseline: None without an ok baseline
         measured here (this device), for the baseline's own knobs (a repeat is noise evidence), and for
@@ -302,9 +272,7 @@ class Workbench:
         against this workbench's defaults (the card says what the table says)."""
         result.extra.setdefault("step", self.step_shape.to_record())
         result.extra.setdefault("label", result.knobs.label(self.defaults))
-        facts = self._known_facts() if self.executor is not None else None
-        if facts is not None:  # whose device facts decided the space and the rules around this trial
-            result.env.setdefault("facts", f"{facts.where}, {facts.type} {facts.name}".strip())
+        self._stamp_facts(result)  # on an executor: whose device facts decided the space and rules around it
         stamp(result, self.fingerprint)
         with self._append_lock:  # the one writer of the log, whichever thread a trial ended on
             return self.log.append(result)

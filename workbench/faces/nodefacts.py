@@ -3,7 +3,7 @@
 Without an executor (or with one whose jobs run on this machine: `FreshProcess`, a thread or process
 pool, submitit's local executor) the facts are this machine's. With one that sends jobs elsewhere, the
 first decision that needs them (tune's space, a knob's "changes nothing here" rule, `compare`'s
-answer without measuring) submits one small probe job (`devicefacts.probe_node`) through the seam's
+answer without measuring) submits one small probe job (launch/cluster.py's `probe_node`) through the seam's
 `submit` and waits for its answer: the node's device type and name, its bf16/fp16/TF32 units, its cores
 and memory. The answer is kept per executor and resources (the executor's type and its parameters:
 partition, GPUs, CPUs, memory), in memory and in `node-facts.json` beside the log with the date it was
@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..core.devicefacts import DeviceFacts, probe_node
+from ..core.devicefacts import DeviceFacts
+from ..launch.cluster import probe_node
 from ..results.series import write_new
 from .reloaded import announce
 from .unchanged import warn_at_caller
@@ -159,3 +160,50 @@ class NodeFacts:
         where = f" (saved in {self.path})" if self.path is not None else ""
         announce(f"Device facts from {facts.line()}{where}: tune's space, the knobs' rules and MFU read them")
         return facts
+
+
+class OnNode:
+    """The Workbench's device facts (`facts`, `probe_node`): its workload carries them. A mixin: the class
+    sets `executor`, `workload`, `_node` (a NodeFacts) and `_here` (this machine's facts)."""
+
+    executor: Any
+    workload: Any
+    log: Any
+    _node: NodeFacts
+    _here: DeviceFacts
+
+    @property
+    def facts(self) -> DeviceFacts:
+        """What the workbench knows of the device its trials run on (type, name, bf16/fp16/TF32 units, cores,
+        memory): this machine's without an executor; with one, its node's, read by one probe job the first
+        time they are needed for these resources and cached beside the log. tune's space, the knobs' rules,
+        `compare`'s "same" without measuring, MFU and the verdicts read them."""
+        self.workload.facts = self._node.facts(self.executor, self._here)
+        return self.workload.facts
+
+    def probe_node(self) -> DeviceFacts:
+        """Read the executor's node's device facts again with a probe job (after fixing an executor whose
+        probe failed, or after the partition's nodes changed); this machine's without an executor."""
+        self.workload.facts = self._node.facts(self.executor, self._here, again=True)
+        return self.workload.facts
+
+    def _known_facts(self) -> DeviceFacts | None:
+        """The facts if already read (no probe job is submitted for them), else None."""
+        return self._node.known(self.executor, self._here)
+
+    def _stamp_facts(self, result: Any) -> None:
+        """On an executor, write into a trial's environment whose device facts the workbench decided with
+        (`facts`: "node gpu-17 (probe job 4242), cuda NVIDIA H100 ..."), once they were read."""
+        facts = self._known_facts() if self.executor is not None else None
+        if facts is not None:
+            result.env.setdefault("facts", f"{facts.where}, {facts.type} {facts.name}".strip())
+
+    def _expect_slow(self, knobs: Any, facts: DeviceFacts | None = None) -> str | None:
+        """The warning before a trial known to be far slower where it runs (bf16 without native units, fp16
+        on a CPU, CUDA-graph compile without CUDA: `facts`), with the factor earlier trials there measured
+        (hopeless.py); None for any other trial."""
+        from ..deciding.hopeless import warning
+
+        facts = facts or self.facts
+        here = self.workload.device
+        return warning(knobs, self.log.trials, str(here) if facts.type == here.type else facts.type, bf16=facts.bf16)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import threading
 import time
 import uuid
@@ -369,6 +370,16 @@ def job_call(fn: Callable[..., Any], workload: Workload, device: str | None, arg
         value = fn(wl, *args, **kwargs)
         state.set("done", 1, 1)
     return value, node_environment(wl.device)
+
+
+def probe_node(device: str | None = "auto") -> dict[str, Any]:
+    """The device-facts probe job's body (faces/nodefacts.py submits it): this node's facts about the device
+    a trial here would use ("auto" resolved here, as on_node resolves it), as DeviceFacts.to_dict()."""
+    from ..core.devicefacts import facts_here
+
+    job = next((os.environ[v] for v in ("SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID") if os.environ.get(v)), "")
+    host = platform.node().split(".")[0]
+    return facts_here(resolve_device(device or "auto"), where=f"node {host}" + (f" (probe job {job})" if job else "")).to_dict()
 
 
 def new_progress_file(jobs_dir: Path) -> Path:
