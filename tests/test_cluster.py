@@ -295,6 +295,9 @@ class SlurmJob:
             self.future.set_exception(RuntimeError("cancelled"))
             return
         payload = args[0]  # remote.trial_job's: a measured trial is made up here (no training in threads)
+        if not isinstance(payload, dict):  # another job (the device-facts probe): its own answer
+            self.future.set_result(fn(*args))
+            return
         time.sleep(self.run_s)  # the job's start-up: RUNNING, no progress yet
         with open(payload["progress_path"], "w") as f:
             json.dump(["measuring", 1, 4], f)
