@@ -15,8 +15,7 @@ import json
 import warnings
 
 import pytest
-import torch
-from conftest import TinyNet, tiny_data
+from test_cluster import bench_on
 
 import workbench as wb
 from workbench.core.devicefacts import DeviceFacts, facts_here
@@ -53,14 +52,6 @@ class FakeGPUNode:
 
         fn, args, kwargs = cloudpickle.loads(cloudpickle.dumps((fn, args, kwargs)))
         return self._pool.submit(fn, *args, **kwargs)
-
-
-def bench_on(executor, tmp_path, **kw):
-    kw.setdefault("steps", 3)
-    kw.setdefault("warmup_steps", 1)
-    return wb.Workbench(TinyNet(), tiny_data(256), loss_fn=torch.nn.CrossEntropyLoss(),
-                        optimizer=lambda p: torch.optim.SGD(p, lr=0.05), knobs=wb.Knobs(batch_size=16),
-                        log=tmp_path / "runs", executor=executor, **kw)
 
 
 def axes(bench, stage):
@@ -172,3 +163,12 @@ def test_device_facts_round_trip_and_bad_records_are_refused():
     with pytest.raises(ValueError, match="'type'"):
         DeviceFacts.from_dict({"name": "H100"})
     assert f.cores >= 1 and f.memory_bytes > 0 and f.here and "cores" in f.line()
+
+
+def test_the_thread_check_counts_the_nodes_cores():
+    from workbench.diagnose.threads import thread_check
+
+    node = DeviceFacts.from_dict({**H100, "where": "node gpu-fake"})
+    check = thread_check(wb.Knobs(num_workers=6), facts=node)
+    assert check["cores"] == 8 and check["main_threads"] == 8  # torch's default there: a thread per core
+    assert check["oversubscribed"] and check["suggest_cpu_threads"] == 2

@@ -213,7 +213,7 @@ def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, pr
     elif loader and knobs.data == "loader":
         rate = attempt("loader rate", lambda: loader_rate(wl, knobs, max_s=loader_s))
     data = check_data(base, cached, rate, confirmed)
-    threads = thread_check(knobs)
+    threads = thread_check(knobs, facts=wl.facts)
 
     stages = ops = trace_path = None
     results: dict[str, Any] = {}
