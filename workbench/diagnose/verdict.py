@@ -140,7 +140,9 @@ def _data_fix(knobs: Knobs, threads: dict[str, Any], base: TrialResult, device: 
     copy = base.copy_share or 0.0
     if device.type == "cuda" and not knobs.pin_memory and copy >= COPY_MOST * (base.data_wait_share or 0.0) > 0:
         return {"pin_memory": True}, (f"the host->device copy is {copy:.0%} of the step: from pinned memory it is "
-                                      "faster and overlaps compute (non_blocking); workers would not speed it up")
+                                      "faster, and asynchronous (non_blocking): it does not block the host, which "
+                                      "goes on to load and launch while it runs (it still runs in turn with the "
+                                      "kernels on their stream); workers would not speed it up")
     if workers == 0:
         w = max(1, cores // 2)
         change: dict[str, Any] = {"num_workers": w, "persistent_workers": True}
