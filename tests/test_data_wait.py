@@ -188,9 +188,9 @@ def test_the_queue_a_pageable_copy_waits_behind_is_not_data_wait(stand_in):
 @pytest.mark.fixed_warmup
 @pytest.mark.parametrize("pinned", [True, False])
 def test_a_loader_hidden_under_queued_work_is_not_a_wait(stand_in, pinned):
-    """A 60 ms loader under 150 ms of queued kernels: the host spends 60 ms of each step in the loader,
+    """A 60 ms loader under 200 ms of queued kernels: the host spends 60 ms of each step in the loader,
     the GPU none waiting for it (pinned or pageable: the kernels queued before the copy cover the loader)."""
-    loader_s, kernel_s = 0.06, 0.15
+    loader_s, kernel_s = 0.06, 0.20
     dev = stand_in(pinned=pinned)
     r = _bench(QueuedNet(dev, kernel_s), SlowData(loader_s), steps=8).run()
     assert r.ok, r.message
@@ -198,8 +198,9 @@ def test_a_loader_hidden_under_queued_work_is_not_a_wait(stand_in, pinned):
     assert told["loader_host_s"] >= loader_s  # the host did spend it ...
     # ... under queued work: not a wait (but in the window's first step, which follows the sync that opens
     # the window: nothing is queued there, so that one loader is the device's idle time)
-    assert statistics.median(r.data_wait_s) < 0.2 * loader_s and told["loader_idle_s"] < 0.5 * loader_s
-    assert r.data_wait_share < DATA_WAIT_LIMIT / 2  # the host-time figure read ~40%
+    assert statistics.median(r.data_wait_s) < 0.25 * loader_s and told["loader_idle_s"] < 0.5 * loader_s
+    host_share = told["loader_host_s"] * len(r.data_wait_s) / r.extra["wall_s"]  # the host-time figure: ~30%
+    assert r.data_wait_share < min(DATA_WAIT_LIMIT, host_share / 2)  # the copies and the window's first loader
     assert not check_data(r, None, None).data_bound
     assert _lead(r) == ()  # tune does not put workers first
 
@@ -315,9 +316,10 @@ def test_events_are_recorded_on_the_trials_device_stream(monkeypatch):
     StepClock(dev).mark()
     copies = CopyClock(dev)
     copies.arm()
+    copies.begin()  # the host enters the loader
     with copies.timed():
         pass
-    assert len(_Ev.made) == 3
+    assert len(_Ev.made) == 4
     assert all(e.stream == "stream of cuda:1" and e.device == 1 for e in _Ev.made)
     assert _current["device"] == 0  # the current device is left as it was
 
@@ -385,3 +387,30 @@ def test_a_copy_bound_step_on_cuda_is_told_to_pin_memory_not_to_add_workers():
     loader = _trial(1, 0.10, wait=0.40, copy=0.02)
     v = decide(loader.knobs, check_data(loader, cached, None), threads, device=torch.device("cuda"))
     assert v.next_knobs.get("num_workers", 0) >= 1
+
+
+def test_ranks_merge_the_data_wait_split_step_by_step():
+    """A distributed trial's split is the slowest rank's per step, as its waits are; a rank on the host
+    clock leaves the device figures out."""
+    from dataclasses import asdict
+
+    from workbench.core.phases import RawTrial
+    from workbench.launch.result import assemble
+
+    def report(idle, host):
+        raw = RawTrial(warmup_steps=1, steps=2, startup_s=0.0, warm_times_s=[0.1], warmup_wall_s=0.1, probe_s=0.0,
+                       step_times_s=[0.1, 0.1], waits_s=[0.02, 0.02], losses=[1.0, 1.0], samples=16, wall_s=0.2,
+                       epochs=0, foreign_cores=None, peak_bytes=None, copies_s=[0.01, 0.01], loader_host_s=host,
+                       loader_idle_s=idle, host_idle_s=None if idle is None else [0.0, 0.0])
+        return {"raw": asdict(raw), "own_cores": 0.0, "probe_times_s": [], "comm": {"allreduce_calls": 0,
+                                                                                      "allreduce_bytes": 0}}
+
+    knobs = wb.Knobs(batch_size=8, world_size=2)
+    r = assemble({0: report([0.01, 0.0], [0.05, 0.05]), 1: report([0.0, 0.03], [0.04, 0.06])}, knobs, env={},
+                 started="", notes=[], backend="gloo")
+    told = r.extra["data_wait"]
+    assert told["clock"] == "device events"
+    assert told["loader_idle_s"] == pytest.approx(0.02) and told["loader_host_s"] == pytest.approx(0.055)
+    mixed = assemble({0: report([0.01, 0.0], [0.05, 0.05]), 1: report(None, [0.04, 0.06])}, knobs, env={},
+                     started="", notes=[], backend="gloo")
+    assert mixed.extra["data_wait"]["clock"] == "host" and mixed.extra["data_wait"]["host_idle_s"] is None
