@@ -203,6 +203,10 @@ def test_a_loader_hidden_under_queued_work_is_not_a_wait(stand_in, pinned):
     assert r.data_wait_share < min(DATA_WAIT_LIMIT, host_share / 2)  # the copies and the window's first loader
     assert not check_data(r, None, None).data_bound
     assert _lead(r) == ()  # tune does not put workers first
+    from workbench.diagnose.verdict import data_evidence
+
+    said = [e for e in data_evidence(check_data(r, None, None)) if "in the loader" in e]
+    assert said and "ms of it (the rest ran under kernels queued before it: no wait)" in said[0]
 
 
 @pytest.mark.fixed_warmup
