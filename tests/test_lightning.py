@@ -180,6 +180,45 @@ def test_a_module_compiling_itself_in_configure_model_starts_at_compile_default(
     assert not any(isinstance(m, torch._dynamo.eval_frame.OptimizedModule) for m in bench.workload.pristine.modules())
 
 
+class UsesIndex(Net):
+    """training_step reads batch_idx (a condition that never holds): the compiled step guards on it."""
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx < 0:
+            return None
+        return super().training_step(batch, batch_idx)
+
+
+class CompilesItself(UsesIndex):
+    def configure_model(self):
+        self.net = torch.compile(self.net)
+
+
+def graphs_of_a_compiled_trial(bench, knobs):
+    """(Dynamo's unique graphs, the trial) of one trial in this process, Dynamo's caches emptied first."""
+    from torch._dynamo.utils import counters
+
+    from workbench.launch.runner import run_here
+
+    torch._dynamo.reset()
+    counters.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trial = run_here(bench.workload, knobs, warmup_steps=2, steps=10, measure_memory=False)
+    return counters["stats"]["unique_graphs"], trial
+
+
+@pytest.mark.parametrize("module", [UsesIndex, CompilesItself])
+def test_a_compiled_lightning_trial_compiles_once_not_per_step(module):
+    """batch_idx counted inside the compiled forward recompiled every step (8 graphs, then eager)."""
+    bench = bench_of(module())
+    knobs = bench.knobs(compile="default") if module is UsesIndex else bench.defaults
+    assert knobs.compile == "default"
+    graphs, trial = graphs_of_a_compiled_trial(bench, knobs)
+    assert trial.ok, trial.message
+    assert graphs <= 2, f"{graphs} graphs for one compiled step: a recompile per step"
+
+
 # ---- bad input: a clear error, nothing lost ------------------------------------------------------------
 def test_training_step_returning_none_ends_the_trial_with_the_fix():
     bench = bench_of(Net(skip_from=3))

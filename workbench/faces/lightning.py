@@ -69,25 +69,41 @@ def step_loss(out: Any, batch_idx: int) -> Any:
 
 
 class LightningStep(nn.Module):
-    """The module's `training_step` as a forward: `step(batch)` calls `module.training_step(batch,
-    batch_idx)` on this copy's module (batch_idx counts the calls), and returns its loss."""
+    """The module's `training_step` as a forward: `step(batch, batch_idx)` calls
+    `module.training_step(batch, batch_idx)` on this copy's module and returns its loss.
+
+    `batch_idx` is an argument, counted by `run_step` outside the module: torch.compile treats an int
+    attribute of a module as a constant, so a counter kept (and bumped) inside the compiled forward
+    would recompile the step every step until Dynamo's recompile limit, then run it eagerly. As an
+    argument it is what Lightning's compiled `training_step` sees: a plain int that Dynamo makes dynamic
+    after the second step (two graphs in all)."""
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self.module = module
         module.log = _no_log  # instance attributes shadow LightningModule.log / log_dict on this copy only
         module.log_dict = _no_log
-        self.batch_idx = 0
+        self.calls = 0  # the next batch_idx: read and bumped by run_step, never inside the compiled forward
 
-    def forward(self, batch: Any) -> Any:
-        idx = self.batch_idx
-        self.batch_idx += 1
-        return step_loss(self.module.training_step(batch, idx), idx)
+    def forward(self, batch: Any, batch_idx: int = 0) -> Any:
+        return step_loss(self.module.training_step(batch, batch_idx), batch_idx)
+
+
+def step_of(model: nn.Module) -> LightningStep:
+    """The LightningStep inside a trial's model (under torch.compile's OptimizedModule, DDP, FSDP2)."""
+    found = next((m for m in model.modules() if isinstance(m, LightningStep)), None)
+    if found is None:
+        raise TypeError(f"run_step needs a model built on a LightningStep, got {type(model).__name__}")
+    return found
 
 
 def run_step(model: nn.Module, batch: Any) -> Any:
-    """The step_fn: the (wrapped, compiled) LightningStep on one batch."""
-    return model(batch)
+    """The step_fn: the (wrapped, compiled) LightningStep on one batch; batch_idx counts this copy's
+    calls, on the host, outside the compiled region."""
+    step = step_of(model)
+    idx = step.calls
+    step.calls += 1
+    return model(batch, idx)
 
 
 @dataclass
