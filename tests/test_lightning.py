@@ -219,6 +219,55 @@ def test_a_compiled_lightning_trial_compiles_once_not_per_step(module):
     assert graphs <= 2, f"{graphs} graphs for one compiled step: a recompile per step"
 
 
+class Buckets(torch.utils.data.Sampler):
+    """A length-bucketing batch_sampler (the usual way to batch text): batches of `batch_size` indices."""
+
+    def __init__(self, n: int, batch_size: int) -> None:
+        self.n, self.batch_size = n, batch_size
+        self.sampler = torch.utils.data.RandomSampler(range(n))
+
+    def __iter__(self):
+        order = sorted(self.sampler, key=lambda i: i % 7)  # the "length" buckets
+        return iter([order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)])
+
+    def __len__(self):
+        return -(-self.n // self.batch_size)
+
+
+class BatchSamplerData(Data):
+    def __init__(self, batch_sampler) -> None:
+        super().__init__(n=256)
+        self.batch_sampler = batch_sampler
+
+    def train_dataloader(self):
+        return DataLoader(self.ds, batch_sampler=self.batch_sampler)
+
+
+def test_a_loader_on_a_batch_sampler_starts_at_its_batch_size_and_says_what_is_not_carried():
+    """DataLoader(batch_sampler=...) has batch_size None: the start was batch_size=1, said nowhere."""
+    with pytest.warns(UserWarning, match="batch_sampler Buckets"):
+        bench = bench_of(data=BatchSamplerData(Buckets(256, 32)))
+    assert bench.defaults.batch_size == 32
+    assert any(u.startswith("batch_sampler Buckets (trials batch batch_size=32 over its sampler RandomSampler")
+               and "group_by_length=True" in u for u in bench.unmapped)
+    assert bench.workload.spec.shuffle  # the bucketing sampler's own sampler: a seeded shuffle
+    trial = bench.run(progress=False)
+    assert trial.ok and trial.samples_per_step == 32, trial.message
+    out = bench.to_lightning(trial)
+    assert any(s.startswith("batch_size (your batch_sampler Buckets") for s in out.left_out)
+
+
+def test_torchs_own_batch_sampler_is_carried_whole():
+    plain = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(range(256)), 16, drop_last=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bench = bench_of(data=BatchSamplerData(plain))
+    assert bench.defaults.batch_size == 16 and bench.unmapped == []
+    spec = bench.workload.spec
+    assert spec.drop_last and not spec.shuffle and spec.sampler is None
+    assert bench.to_lightning(bench.defaults).left_out == []
+
+
 # ---- bad input: a clear error, nothing lost ------------------------------------------------------------
 def test_training_step_returning_none_ends_the_trial_with_the_fix():
     bench = bench_of(Net(skip_from=3))

@@ -173,6 +173,7 @@ class LightningOrigin:
     loader: dict[str, Any]
     compiled: bool = False
     unmapped: list[str] = field(default_factory=list)
+    batch_sampler: str | None = None  # the class of a batch_sampler that sets the batches (not a trial's)
 
 
 def optimizer_of(module: nn.Module, epoch_steps: int) -> tuple[ModuleOptimizer, list[str]]:
@@ -227,9 +228,54 @@ def train_loader(module: Any, datamodule: Any) -> Any:
     return loader
 
 
+@dataclass
+class Batching:
+    """How the user's loader forms its batches, as a trial's loader (batch_size over a sampler) can."""
+
+    batch_size: int
+    sampler: Any  # the order of the indices (None: the dataset's order)
+    drop_last: bool
+    custom: str | None = None  # a batch_sampler whose own batches a trial does not rebuild (its class name)
+
+    def unmapped(self) -> str | None:
+        """The line for bench.unmapped when the loader's batch_sampler is not torch's plain BatchSampler."""
+        if self.custom is None:
+            return None
+        order = f"its sampler {type(self.sampler).__name__}" if self.sampler is not None else "the dataset in order"
+        return (f"batch_sampler {self.custom} (trials batch batch_size={self.batch_size} over {order}: the batches "
+                "it forms, such as length buckets, are not rebuilt, so their sizes and padding are not what a trial "
+                "measures; on token data the knob group_by_length=True batches similar lengths together)")
+
+
+def batching(loader: Any) -> Batching:
+    """The loader's batch size, sampler and drop_last, read through a `batch_sampler` when it has one
+    (DataLoader(batch_sampler=...) has batch_size None): its `batch_size`, else its first batch's length."""
+    made = loader.batch_sampler
+    if loader.batch_size is not None or made is None:  # batch_size=None without a batch_sampler: no batching
+        return Batching(int(loader.batch_size or 1), loader.sampler, bool(loader.drop_last))
+    size = getattr(made, "batch_size", None)
+    if not isinstance(size, int) or size < 1:
+        first = next(iter(made), None)  # indices only: the dataset is not read
+        size = len(first) if first else 1
+    inner = getattr(made, "sampler", None)
+    inner = inner if isinstance(inner, torch.utils.data.Sampler) else None
+    custom = None if type(made) is torch.utils.data.BatchSampler else type(made).__name__
+    return Batching(size, inner, bool(getattr(made, "drop_last", False)), custom)
+
+
+def trial_loader(loader: Any, batches: Batching) -> Any:
+    """The loader a Workbench reads (dataset, collate, sampler, batch size, drop_last, workers): the user's
+    own, or for a batch_sampler one with the same batch size over the batch_sampler's own sampler."""
+    if loader.batch_sampler is None or loader.batch_size is not None:
+        return loader
+    return torch.utils.data.DataLoader(loader.dataset, batch_size=batches.batch_size, sampler=batches.sampler,
+                                       drop_last=batches.drop_last, collate_fn=loader.collate_fn,
+                                       num_workers=loader.num_workers)
+
+
 def loader_knobs(loader: Any) -> dict[str, Any]:
-    """Starting data knobs from the loader: batch size, workers, pinning, persistence, prefetch."""
-    k: dict[str, Any] = {"batch_size": int(loader.batch_size or 1), "num_workers": int(loader.num_workers),
+    """Starting data knobs from the loader: batch size (a batch_sampler's), workers, pinning, persistence, prefetch."""
+    k: dict[str, Any] = {"batch_size": batching(loader).batch_size, "num_workers": int(loader.num_workers),
                          "pin_memory": bool(loader.pin_memory)}
     if loader.num_workers:
         k["persistent_workers"] = bool(loader.persistent_workers)
@@ -304,6 +350,9 @@ def from_lightning(cls: type, module: Any, datamodule: Any = None, trainer: Any 
     start, left = trainer_knobs(trainer) if trainer is not None else ({}, [])
     loader = train_loader(module, datamodule)
     start.update(loader_knobs(loader))
+    batches = batching(loader)
+    if batches.unmapped():
+        left.append(batches.unmapped())
     mine = copy.deepcopy(module)  # the user's module is never changed (configure_model, log stubs)
     mine.configure_model()
     compiled = uncompile(mine) or compiled_outside or getattr(module, "_compiler_ctx", None) is not None
@@ -316,8 +365,9 @@ def from_lightning(cls: type, module: Any, datamodule: Any = None, trainer: Any 
     if trainer is not None:
         workbench_kwargs.setdefault("device", str(trainer.strategy.root_device))
     workbench_kwargs.setdefault("name", type(module).__name__)
-    bench = cls(step, loader, step_fn=run_step, optimizer=factory, knobs=Knobs(**start), **workbench_kwargs)
-    bench._lightning = LightningOrigin(loader=loader_arguments(loader), compiled=compiled, unmapped=left)
+    bench = cls(step, trial_loader(loader, batches), step_fn=run_step, optimizer=factory, knobs=Knobs(**start), **workbench_kwargs)
+    bench._lightning = LightningOrigin(loader=loader_arguments(loader), compiled=compiled, unmapped=left,
+                                       batch_sampler=batches.custom)
     bench.unmapped = left
     if left:
         warnings.warn("from_lightning could not map: " + "; ".join(left) + " (kept in bench.unmapped)",
@@ -415,6 +465,10 @@ def to_lightning(bench: Any, knobs: Knobs) -> LightningKwargs:
     for name in LENGTH_KNOBS:
         if getattr(k, name) != Knobs.__dataclass_fields__[name].default:
             left.append(f"{name} (the DataLoader's sampler/collate_fn in your DataModule)")
+    origin = getattr(bench, "_lightning", None)
+    if origin is not None and origin.batch_sampler:
+        left.append(f"batch_size (your batch_sampler {origin.batch_sampler} forms the batches: give it "
+                    f"batch_size={k.batch_size}; a DataLoader takes batch_size or batch_sampler, not both)")
     if k.data == "cached":
         left.append("data='cached' (a measurement short-circuit: train on your data)")
     out.code = "\n".join(["import torch", *lines]) + "\n" if lines else ""
