@@ -305,6 +305,15 @@ def test_a_datamodule_without_train_dataloader():
         bench_of(data=NoLoader())
 
 
+def test_a_configure_model_that_needs_the_mesh_says_how_to_skip_it():
+    class Shards(Net):
+        def configure_model(self):
+            self.device_mesh["data_parallel"]  # None outside fit
+
+    with pytest.raises(ValueError, match=r"configure_model failed outside a Trainer.*self\.device_mesh is None"):
+        bench_of(Shards())
+
+
 def test_a_trainer_with_max_steps_zero():
     with pytest.raises(ValueError, match="max_steps=0"):
         bench_of(tr=trainer(max_steps=0))
