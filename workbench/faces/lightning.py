@@ -322,9 +322,10 @@ def debug_flags(trainer: Any) -> list[str]:
     left = []
     if torch.are_deterministic_algorithms_enabled():  # Trainer(deterministic=True or "warn") sets it process-wide
         warn = ' or "warn"' if torch.is_deterministic_algorithms_warn_only_enabled() else ""
-        left.append(f"deterministic=True{warn} (torch.use_deterministic_algorithms, no knob: the Trainer turned it on "
-                    "for this whole process, so trials in this process run with it and trials in other processes "
-                    "(world_size > 1, an executor) without it; deterministic kernels can be slower, on CUDA most)")
+        left.append(f"deterministic=True{warn} (torch.use_deterministic_algorithms, no knob: it is on for this "
+                    "whole process (the Trainer's flag sets it), so trials in this process run with it and trials "
+                    "in other processes (world_size > 1, an executor) without it; deterministic kernels can be "
+                    "slower, on CUDA most)")
     if getattr(trainer, "_detect_anomaly", False):
         left.append("detect_anomaly=True (autograd's anomaly mode checks every backward op and keeps forward "
                     "tracebacks: a run with it is far slower than its trials, which run without it; a debugging "
