@@ -272,9 +272,11 @@ def trial_loader(loader: Any, batches: Batching) -> Any:
                                        num_workers=loader.num_workers)
 
 
-def loader_knobs(loader: Any) -> dict[str, Any]:
-    """Starting data knobs from the loader: batch size (a batch_sampler's), workers, pinning, persistence, prefetch."""
-    k: dict[str, Any] = {"batch_size": batching(loader).batch_size, "num_workers": int(loader.num_workers),
+def loader_knobs(loader: Any, batches: Batching | None = None) -> dict[str, Any]:
+    """Starting data knobs from the loader: batch size (a batch_sampler's: `batches`, read here when not
+    given), workers, pinning, persistence, prefetch."""
+    size = (batches or batching(loader)).batch_size
+    k: dict[str, Any] = {"batch_size": size, "num_workers": int(loader.num_workers),
                          "pin_memory": bool(loader.pin_memory)}
     if loader.num_workers:
         k["persistent_workers"] = bool(loader.persistent_workers)
@@ -367,8 +369,8 @@ def from_lightning(cls: type, module: Any, datamodule: Any = None, trainer: Any 
                          "measure with automatic optimization")
     start, left = trainer_knobs(trainer) if trainer is not None else ({}, [])
     loader = train_loader(module, datamodule)
-    start.update(loader_knobs(loader))
     batches = batching(loader)
+    start.update(loader_knobs(loader, batches))
     if batches.unmapped():
         left.append(batches.unmapped())
     mine = copy.deepcopy(module)  # the user's module is never changed (configure_model, log stubs)
@@ -389,7 +391,8 @@ def from_lightning(cls: type, module: Any, datamodule: Any = None, trainer: Any 
     if trainer is not None:
         workbench_kwargs.setdefault("device", str(trainer.strategy.root_device))
     workbench_kwargs.setdefault("name", type(module).__name__)
-    bench = cls(step, trial_loader(loader, batches), step_fn=run_step, optimizer=factory, knobs=Knobs(**start), **workbench_kwargs)
+    bench = cls(step, trial_loader(loader, batches), step_fn=run_step, optimizer=factory, knobs=Knobs(**start),
+                **workbench_kwargs)
     bench._lightning = LightningOrigin(loader=loader_arguments(loader), compiled=compiled, unmapped=left,
                                        batch_sampler=batches.custom)
     bench.unmapped = left
@@ -440,7 +443,7 @@ def snippet(k: Knobs, *, device_type: str, blocks: list[str]) -> tuple[list[str]
         lines += ["# configure_model: in your LightningModule (Lightning calls it in fit, before the optimizer)",
                   "def configure_model(self):", *checkpointing, *sharding]
     if checkpointing:
-        said += ["checkpoint", "checkpoint_mode"]
+        said += ["checkpoint"] + (["checkpoint_mode"] if k.checkpoint_mode != "full" else [])
     if sharding:
         said += ["strategy", *(n for n in FSDP_KNOBS if getattr(k, n) != getattr(Knobs(), n))]
     if k.compile != "off":

@@ -21,8 +21,8 @@ SINGLE = ("SingleDeviceStrategy",)
 DDP_ARG_KNOB = {"bucket_cap_mb": "ddp_bucket_cap_mb", "gradient_as_bucket_view": "ddp_gradient_as_bucket_view",
                 "static_graph": "ddp_static_graph", "find_unused_parameters": "ddp_find_unused_parameters",
                 "broadcast_buffers": "ddp_broadcast_buffers", "forward_sync_buffers": "ddp_broadcast_buffers"}
-FSDP_KNOBS = ("fsdp_reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_prefetch", "fsdp_cpu_offload",
-              "fsdp_shard")
+FSDP_KNOBS = ("fsdp_reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_prefetch",
+              "fsdp_cpu_offload", "fsdp_shard")
 HOOK_KNOB = {"fp16_compress_hook": "fp16", "bf16_compress_hook": "bf16"}  # torch's default_hooks <-> ddp_comm_hook
 
 
@@ -115,7 +115,8 @@ def shard_lines(k: Knobs, blocks: list[str], *, offload: bool) -> list[str]:
     lines = ["    # strategy='fsdp2': ModelParallelStrategy makes the mesh, you shard (FSDP2's fully_shard)",
              "    if self.device_mesh is None:  # outside trainer.fit",
              "        return",
-             "    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard",
+             "    from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy,",
+             "                                        fully_shard)",
              f"    shard = dict(mesh=self.device_mesh['data_parallel'], reshard_after_forward="
              f"{k.fsdp_reshard_after_forward}, mp_policy=MixedPrecisionPolicy(param_dtype="
              f"{dtype[k.fsdp_param_dtype]}, reduce_dtype={dtype[k.fsdp_reduce_dtype]}), offload_policy="
