@@ -6,6 +6,7 @@ compare(trial, run) over the run's windows. Tiny models on the CPU; the fits are
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import warnings
@@ -463,6 +464,20 @@ def test_deterministic_detect_anomaly_and_sync_batchnorm_are_said():
     text = " ".join(str(w.message) for w in got)
     for said in ("deterministic=True", "detect_anomaly=True", "far slower than its trials", "sync_batchnorm=True"):
         assert said in text and any(said in u for u in bench.unmapped), said
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("which", "strategy", "module"), [("ddp", "DDPStrategy", "Exported"),
+                                                          ("fsdp2", "ModelParallelStrategy", "FSDPExported")])
+def test_what_to_lightning_exports_fits_on_two_gloo_ranks(which, strategy, module):
+    """The exported strategy and configure_model in a real two-process fit (DDP knobs; FSDP2 sharding)."""
+    from rank_failures import job_output
+
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "lightning_two_ranks.py"), which],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, job_output(proc)
+    ranks = sorted(re.findall(r"rank (\d): steps=(\d+) strategy=(\w+) modules=(\w+),", proc.stdout))
+    assert ranks == [("0", "3", strategy, module), ("1", "3", strategy, module)], job_output(proc)
 
 
 class ConvNet(L.LightningModule):
