@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..core.fingerprint import UNKNOWN, fingerprint
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult, now_iso
 from ..core.progress import TrialProgress
@@ -46,7 +47,7 @@ from .cluster import (
     watch,
 )
 from .folders import owned_private_folder
-from .watcher import has_scheduler
+from .watcher import ENDED, has_scheduler, left_behind_local, stop_local
 
 BEAT_S = 10.0  # how often a watcher touches its registry entry (its owner's heartbeat)
 LEASE_S = 120.0  # an entry from another host untouched this long: its owner is gone
@@ -109,7 +110,7 @@ class Jobs:
             pf.unlink(missing_ok=True)
             return failed_trial(knobs, "error", f"the trial's process could not start ({type(ex).__name__}): "
                                 f"{type(e).__name__}: {str(e).strip()[:500]}", w, started, where="process")
-        entry = self._register(w, "trial", knobs, started)
+        entry = self._register(w, "trial", knobs, started, workload)
         account = self._account(cancel, w)
         try:
             out = watch(w.job, w, progress, cancel, on_queue=lambda q: self._queued(q, cancel),
@@ -151,7 +152,7 @@ class Jobs:
 
         with by_value(workload):
             w.job = self.executor.submit(job_call, fn, workload, self.device, args, kwargs, str(pf))
-        entry = self._register(w, "call", Knobs(), now_iso())
+        entry = self._register(w, "call", Knobs(), now_iso(), workload)
         account = self._account(cancel, w)
         try:
             value, env = watch(w.job, w, TrialProgress(), cancel, on_queue=lambda q: self._queued(q, cancel),
@@ -178,12 +179,14 @@ class Jobs:
                 postpone(seconds)
 
     # ---- the registry (re-attach after a restart) --------------------------------------------
-    def _register(self, w: Watch, kind: str, knobs: Knobs, started: str) -> Path:
+    def _register(self, w: Watch, kind: str, knobs: Knobs, started: str, workload: Workload) -> Path:
+        """The job's registry entry: what a restarted kernel needs to record its trial as the trial it was
+        (its knobs, and the fingerprint of the model it runs, which the notebook may edit meanwhile)."""
         paths = getattr(w.job, "paths", None)
         entry = {"kind": kind, "job_id": w.job_id, "executor": type(w.job).__name__,
                  "folder": str(paths.folder) if paths is not None else None, "knobs": knobs.to_dict(),
-                 "started_at": started, "submitted_at": time.time(), "progress_file": str(w.progress_file),
-                 "owner": owner()}
+                 "model": fingerprint(workload.pristine), "started_at": started, "submitted_at": time.time(),
+                 "progress_file": str(w.progress_file), "owner": owner()}
         path = self.dir / f"job-{w.job_id or w.progress_file.stem}.json"
         _write(path, entry)
         self.in_flight[path.name] = w.job
@@ -247,6 +250,12 @@ class Jobs:
                 lines.append(f"job {entry.get('job_id')}: lost")
                 continue
             done = Path(job.paths.result_pickle).exists()
+            said = stop_local(job, entry.get("submitted_at")) if not done and left_behind_local(job) else ENDED
+            if said != ENDED:  # a local job that still ran: stopped, never left training beside this kernel's
+                self._settle(entry, self._stopped_local(entry, said, w, knobs), record, lock)
+                lines.append(f"job {w.job_id}: stopped")
+                continue
+            done = done or Path(job.paths.result_pickle).exists()
             sched = slurm_state(w.job_id) if is_slurm(job) and not done else SchedulerState(known=False)
             if not done and sched.known and sched.state in ACTIVE:
                 _write(Path(entry["_path"]), {**{k: v for k, v in entry.items() if k != "_path"}, "owner": owner()})
@@ -266,6 +275,18 @@ class Jobs:
             lines.append(f"job {w.job_id}: lost")
         return lines
 
+    @staticmethod
+    def _stopped_local(entry: dict[str, Any], said: str, w: Watch, knobs: Knobs) -> TrialResult:
+        """The trial of a left-behind submitit LocalJob that still ran: a local job cannot be watched from
+        another kernel (its process is not this one's child), and left running it would train beside this
+        kernel's trials, so it was stopped (`said`: watcher.stop_local's words); never evidence."""
+        why = (f"job {w.job_id} was in flight when an earlier kernel stopped; a local job cannot be watched from "
+               f"another kernel, and left running it would train beside this kernel's trials: {said}")
+        r = failed_trial(knobs, "interrupted" if said.startswith("cancelled") else "error", why, w,
+                         entry.get("started_at", ""))
+        r.extra["job"] = {**w.info(), "reattached": True}
+        return r
+
     def _rewatch(self, entry: dict[str, Any], w: Watch, knobs: Knobs, record: Callable[[TrialResult], TrialResult],
                  lock: threading.Lock) -> None:
         started = entry.get("started_at", "")
@@ -284,6 +305,10 @@ class Jobs:
     @staticmethod
     def _settle(entry: dict[str, Any], r: TrialResult, record: Callable[[TrialResult], TrialResult],
                 lock: threading.Lock) -> None:
+        """Record a left-behind job's trial as the model it ran (UNKNOWN when its entry does not say: never
+        the current model's, so never compared with its trials nor its baseline), then forget the job."""
+        model = entry.get("model")
+        r.extra["model"] = model if isinstance(model, str) and model else UNKNOWN
         with lock:
             record(r)
         Path(entry["_path"]).unlink(missing_ok=True)
@@ -392,7 +417,9 @@ def _cancel_entry(entry: dict[str, Any]) -> None:
         job = _rebuild(entry)
     except ValueError:  # not this user's folder: nothing of it is loaded, nor cancelled
         return
-    if job is not None and job_id_of(job):
+    if job is not None and left_behind_local(job):
+        stop_local(job, entry.get("submitted_at"))
+    elif job is not None and job_id_of(job):
         from .cluster import stop_job
 
         stop_job(job)

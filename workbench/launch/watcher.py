@@ -37,6 +37,7 @@ RESULT_GRACE_S = 15.0  # after the scheduler says the job ended, how long its re
 UNANSWERED_S = 600.0  # a scheduler silent this long ends the trial, the job left as it is (never forgotten)
 KILLED = {"TIME LIMIT": "TIMEOUT", "PREEMPTION": "PREEMPTED", "NODE FAILURE": "NODE_FAIL"}  # slurmstepd's words
 CANCEL_WAIT_S = 10.0  # after a cancel, how long to wait for the job to leave the node
+ENDED = "cancelled (it has ended)"  # what stop_job says of a job that was no longer running
 TERMINAL = {  # SLURM job states that end a job, and the trial status a job without a result gets
     "CANCELLED": "interrupted", "PREEMPTED": "interrupted", "DEADLINE": "interrupted",
     "TIMEOUT": "error", "NODE_FAIL": "error", "BOOT_FAIL": "error", "FAILED": "error",
@@ -418,6 +419,8 @@ def _last_line(text: str, word: str) -> str:
 def stop_job(job: Any) -> str:
     """Cancel `job` (scancel for SLURM, SIGINT for submitit's local executor), never raising; what
     happened, in words for the trial's message ("cancelled", or why the cancel may not have taken)."""
+    if left_behind_local(job):
+        return stop_local(job)
     try:
         if is_slurm(job):
             job.cancel(check=False)
@@ -436,7 +439,83 @@ def stop_job(job: Any) -> str:
     if not ended:
         return "cancelled"
     in_process = getattr(job, "proc", None) is not None or type(job).__name__ == "LocalJob"  # FreshJob, submitit local
-    return "cancelled (its process was ended)" if in_process else "cancelled (it has ended)"
+    return "cancelled (its process was ended)" if in_process else ENDED
+
+
+def left_behind_local(job: Any) -> bool:
+    """Whether `job` is a submitit LocalJob without its process handle: rebuilt from its folder and id by
+    another kernel than the one that started it (its `cancel()` then signals nothing)."""
+    return type(job).__name__ == "LocalJob" and getattr(job, "_process", False) is None
+
+
+def stop_local(job: Any, submitted_at: float | None = None) -> str:
+    """End a left-behind submitit LocalJob by its pid, never raising; what happened, in words. Its id is
+    the pid of submitit's controller (`python -m submitit.local._local FOLDER`, which runs the task as its
+    child): SIGINT to it (it then stops its task), SIGKILL to whatever of them is left after
+    CANCEL_WAIT_S. A pid that is not this job's controller (reused, or started after `submitted_at`, a
+    wall-clock time) is never signalled."""
+    import signal
+
+    import psutil
+
+    pid = job_id_of(job)
+    try:
+        top = psutil.Process(int(pid))
+        tree = [top, *top.children(recursive=True)]
+        controller = next((p for p in tree if "submitit.local._local" in p.cmdline()), None)
+        if controller is None or _gone(top):
+            return ENDED if _gone(top) else (
+                f"not cancelled: process {pid} is not its submitit job any more (the pid was reused)")
+        args = controller.cmdline()
+        folder = args[args.index("submitit.local._local") + 1] if args[-1] != "submitit.local._local" else ""
+        if not _same_folder(folder, pid, job) or (submitted_at is not None and top.create_time() > submitted_at + 1):
+            return f"not cancelled: process {pid} is not its submitit job any more (the pid was reused)"
+        controller.send_signal(signal.SIGINT)  # submitit's own cancel: the controller interrupts its task
+        alive = _wait_gone(tree, CANCEL_WAIT_S)
+        for p in alive:
+            p.kill()
+        alive = _wait_gone(alive, 2.0)
+    except (ValueError, psutil.NoSuchProcess):
+        return ENDED
+    except psutil.Error as e:  # another user's process, or one psutil cannot read
+        return f"not cancelled: its process {pid} could not be stopped ({type(e).__name__}); kill {pid} to end it"
+    if alive:
+        return f"not cancelled: its processes {', '.join(str(p.pid) for p in alive)} still run after SIGKILL"
+    return "cancelled (its process was ended)"
+
+
+def _same_folder(folder: str, job_id: str, job: Any) -> bool:
+    """Whether a controller's FOLDER argument (submitit's pattern, `%j` the job id) is `job`'s folder."""
+    try:
+        from submitit.core.utils import JobPaths
+
+        return Path(JobPaths(folder, job_id).folder).resolve() == Path(job.paths.folder).resolve()
+    except Exception:  # no submitit, or a folder it cannot format
+        return False
+
+
+def _gone(p: Any) -> bool:
+    """Whether process `p` has ended (a zombie, killed and not yet reaped, runs nothing)."""
+    import psutil
+
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_gone(procs: list[Any], timeout: float) -> list[Any]:
+    """The processes of `procs` still running after up to `timeout` seconds (children are reaped)."""
+    import psutil
+
+    psutil.wait_procs(procs, timeout=0)  # reaps those that are this process's children
+    end = time.monotonic() + timeout
+    alive = [p for p in procs if not _gone(p)]
+    while alive and time.monotonic() < end:
+        time.sleep(0.05)
+        psutil.wait_procs(alive, timeout=0)
+        alive = [p for p in alive if not _gone(p)]
+    return alive
 
 
 def failed_trial(knobs: Any, status: str, message: str, w: Watch, started: str, where: str = "process") -> TrialResult:
