@@ -163,7 +163,7 @@ class SlurmBoard:
             now = time.monotonic()
             if job_id in self._states and now - self._at < self.interval():
                 return self._states[job_id]
-            self._states = slurm_states([*self._jobs, job_id])
+            self._states = slurm_states(sorted({*self._jobs, job_id}))
             self._at = time.monotonic()
             return self._states[job_id]
 
