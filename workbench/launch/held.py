@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .folders import owned_private_folder, static_prefix
-from .watcher import BOARD, TERMINAL, SchedulerState, is_slurm, job_id_of, stop_job
+from .watcher import BOARD, TERMINAL, SchedulerState, is_slurm, job_id_of, listed, stop_job
 
 IDLE_S = 60.0  # a worker with no task this long exits (its job ends)
 PICK_S = 0.05  # how often an idle worker looks at its inbox
@@ -133,6 +133,7 @@ class HeldTask:
         self.paths = getattr(worker.job, "paths", None)  # the worker's stderr: slurmstepd's kill line (watcher)
         self._value: Any = None
         self._read = False
+        self._listed_at = -float("inf")  # when the inbox was last listed for the value (monotonic)
         self.held_info: dict[str, int] = {}  # the worker's count: this task's number, workloads it unpickled
 
     @property
@@ -140,7 +141,14 @@ class HeldTask:
         return job_id_of(self.worker.job)
 
     def done(self) -> bool:
-        return self._read or self.out.exists()
+        """Whether the task's value is there: its `.out` file, asked of the inbox's listing once a second
+        too (a network filesystem may cache the failed lookups of the polls before it was written)."""
+        if self._read or self.out.exists():
+            return True
+        if time.monotonic() - self._listed_at < 1.0:
+            return False
+        self._listed_at = time.monotonic()
+        return listed(self.out)
 
     def scheduler_state(self) -> SchedulerState:
         """The worker job's state (SLURM: from the one batched squeue); without a scheduler, RUNNING

@@ -47,7 +47,7 @@ from .cluster import (
     watch,
 )
 from .folders import owned_private_folder
-from .watcher import ENDED, has_scheduler, left_behind_local, stop_local
+from .watcher import ENDED, has_scheduler, left_behind_local, result_grace_s, stop_local
 
 BEAT_S = 10.0  # how often a watcher touches its registry entry (its owner's heartbeat)
 LEASE_S = 120.0  # an entry from another host untouched this long: its owner is gone
@@ -75,6 +75,7 @@ class Jobs:
         self.queue_s = 0.0  # seconds this workbench's jobs waited in the queue
         self.in_flight: dict[str, Any] = {}  # registry file name -> job (tune(parallel=N) keeps several)
         self.halted = threading.Event()  # cancel_all: every watcher cancels its job and ends its trial
+        result_grace_s()  # a bad WORKBENCH_RESULT_GRACE_S is said now, not when a job ends
         quiet_sacct()
 
     def travels(self, workload: Workload) -> int:

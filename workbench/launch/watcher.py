@@ -14,6 +14,7 @@ Extension point (docs/cluster.md): an executor is any `submit(fn, *args) -> job`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -33,7 +34,11 @@ POLL_S = 0.25  # how often the notebook looks at the job (progress file, result)
 ASK_EVERY_S = 1.0  # how often it asks the scheduler, at least (one squeue for every job in flight)
 ASK_PER_JOB_S = 0.25  # ...and this much longer per job in flight (a cluster's rate limits)
 ASK_MAX_S = 10.0  # ...up to this
-RESULT_GRACE_S = 15.0  # after the scheduler says the job ended, how long its result may take to appear
+# After the scheduler says a job ended, how long its result may take to appear in the job folder: a
+# network filesystem shows another node's new file only once its cached lookup of the folder expires
+# (NFS: acdirmax, 60 s by default). WORKBENCH_RESULT_GRACE_S (seconds) sets it for slower filesystems.
+RESULT_GRACE_S = 90.0
+GRACE_ENV = "WORKBENCH_RESULT_GRACE_S"
 UNANSWERED_S = 600.0  # a scheduler silent this long ends the trial, the job left as it is (never forgotten)
 KILLED = {"TIME LIMIT": "TIMEOUT", "PREEMPTION": "PREEMPTED", "NODE FAILURE": "NODE_FAIL"}  # slurmstepd's words
 CANCEL_WAIT_S = 10.0  # after a cancel, how long to wait for the job to leave the node
@@ -66,6 +71,38 @@ def write_progress(path: Path, phase: str, done: int, total: int) -> bool:
                                    "host": platform.node().split(".")[0], "t": time.time()}))
         os.replace(tmp, path)
         return True
+    except OSError:
+        return False
+
+
+def result_grace_s() -> float:
+    """Seconds a finished job's result may take to appear (RESULT_GRACE_S, or WORKBENCH_RESULT_GRACE_S);
+    ValueError naming the variable when it is not a positive number of seconds."""
+    raw = os.environ.get(GRACE_ENV, "").strip()
+    if not raw:
+        return RESULT_GRACE_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{GRACE_ENV}={raw!r}: the seconds a finished job's result may take to appear in its "
+                         f"folder must be a positive number (e.g. {GRACE_ENV}=300)")
+    return seconds
+
+
+def listed(path: Path) -> bool:
+    """Whether `path` exists, asking its folder's listing when a lookup says no: a network filesystem
+    (NFS) may cache a failed lookup of a file another node has since written, while a fresh listing of
+    the folder has it. The folder is touched first (chmod to its own mode), as submitit does, so the
+    client drops its cached view of it."""
+    if path.exists():
+        return True
+    folder = path.parent
+    with contextlib.suppress(OSError):  # not this user's folder: the listing alone
+        folder.chmod(folder.stat().st_mode)
+    try:
+        return path.name in os.listdir(folder)
     except OSError:
         return False
 
@@ -201,6 +238,7 @@ class Watch:
     host: str = ""
     stopped: str = ""  # what stop_job said when a Ctrl-C cancelled the job
     silent_since: float | None = None  # when the scheduler stopped answering (None while it answers)
+    listed_at: float = -float("inf")  # when the job folder's listing was last asked for the result (monotonic)
 
     @property
     def job_id(self) -> str:
@@ -233,10 +271,15 @@ class Watch:
         return d
 
     def finished(self) -> bool:
-        """Whether the job's result is there to read (without asking the scheduler for it)."""
+        """Whether the job's result is there to read (without asking the scheduler for it). Once the
+        scheduler said the job ended, the folder's listing is asked too, once per ASK_EVERY_S (`listed`)."""
         paths = getattr(self.job, "paths", None)
         if paths is not None and is_slurm(self.job):
-            return Path(paths.result_pickle).exists()
+            result = Path(paths.result_pickle)
+            if self.ended_at is None or time.monotonic() - self.listed_at < ASK_EVERY_S:
+                return result.exists()
+            self.listed_at = time.monotonic()
+            return listed(result)
         return bool(self.job.done())
 
     def read_progress(self) -> dict[str, Any] | None:
@@ -280,7 +323,7 @@ class Watch:
 
     def check_alive(self, sched: SchedulerState | None, now: float) -> None:
         """JobFailed when the scheduler says the job ended (or forgot it) and no result came within
-        RESULT_GRACE_S: its state and reason become the trial's status and message. A job the scheduler
+        `result_grace_s()`: its state and reason become the trial's status and message. A job the scheduler
         says was killed (slurmstepd's "CANCELLED AT" in its stderr while it is COMPLETING) ends at once.
         Any answer that the job lives resets the grace; a scheduler that does not answer never loses
         the job: the watch goes on (UNANSWERED_S at most, then the job is left as it is, saying so)."""
@@ -301,15 +344,20 @@ class Watch:
             sched = SchedulerState(killed, sched.reason, sched.node)
         if self.ended_at is None:
             self.ended_at = now
-        if killed is None and now - self.ended_at < (RESULT_GRACE_S if sched.state in ("COMPLETED", "") else 2.0):
+        grace = result_grace_s() if sched.state in ("COMPLETED", "") else 2.0
+        if killed is None and now - self.ended_at < grace:
             return
+        folder = getattr(getattr(self.job, "paths", None), "folder", "its folder")
+        waited = (f" within {grace:g} s of its end (a network filesystem can show it later: raise {GRACE_ENV}, "
+                  "in seconds)")
         if not sched.known:
             raise JobFailed("error", f"job {self.job_id} is lost: the scheduler no longer knows it and it left no "
-                                     f"result in {getattr(getattr(self.job, 'paths', None), 'folder', 'its folder')}")
+                                     f"result in {folder}{waited}")
         why = WHY.get(sched.state, f"ended in state {sched.state}")
         where = f" on {sched.node}" if sched.node else ""
         reason = f" (reason: {sched.reason})" if sched.reason else ""
-        raise JobFailed(TERMINAL[sched.state], f"job {self.job_id}{where} {why}{reason}")
+        seen = f": none appeared in {folder}{waited}" if sched.state == "COMPLETED" else ""
+        raise JobFailed(TERMINAL[sched.state], f"job {self.job_id}{where} {why}{reason}{seen}")
 
     def killed(self) -> str | None:
         """The end state slurmstepd wrote into the job's stderr when it killed it (CANCELLED, TIMEOUT,
