@@ -484,11 +484,11 @@ def test_a_killed_kernel_not_yet_reaped_is_not_an_owner():
 
     import psutil
 
-    from workbench.launch import jobs
+    from workbench.launch import owners as jobs
 
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        who = {"host": jobs.owner()["host"], "pid": p.pid, "started": jobs._started(p.pid)}
+        who = {"host": jobs.owner()["host"], "pid": p.pid, "started": jobs.started_at(p.pid)}
         assert jobs.owner_alive(who, time.time())
         p.send_signal(signal.SIGKILL)
         t = time.monotonic()
@@ -527,7 +527,7 @@ def test_a_left_behind_job_in_a_folder_others_can_write_is_not_loaded(tmp_path):
 
 
 def test_a_second_kernel_on_the_folder_leaves_the_first_ones_live_jobs_alone(fake_slurm, tmp_path):
-    from workbench.launch import jobs
+    from workbench.launch import owners as jobs
 
     fake_slurm.queue_s = 3600.0
     first = bench_on(fake_slurm, tmp_path)

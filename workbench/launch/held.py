@@ -31,7 +31,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from .folders import owned_private_folder, static_prefix
+from .folders import owned_private_folder, static_prefix, write_atomic
 from .watcher import BOARD, TERMINAL, SchedulerState, is_slurm, job_id_of, listed, stop_job
 
 IDLE_S = 60.0  # a worker with no task this long exits (its job ends)
@@ -51,14 +51,6 @@ def _dump(obj: Any) -> bytes:
     import cloudpickle
 
     return cloudpickle.dumps(obj)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".part")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def held_worker(inbox: str, idle_s: float = IDLE_S) -> dict[str, int]:
@@ -111,7 +103,7 @@ def held_worker(inbox: str, idle_s: float = IDLE_S) -> dict[str, int]:
             data = _dump((*out, info))
         except Exception as e:  # a value that cannot be pickled: the task fails, the worker goes on
             data = _dump(("error", f"the task's value cannot be pickled: {type(e).__name__}: {e}", info))
-        _write_atomic(run.with_suffix(".out"), data)
+        write_atomic(run.with_suffix(".out"), data)
         run.unlink(missing_ok=True)
         last = time.monotonic()
     return {"tasks": tasks, "workload_loads": loads}
@@ -234,11 +226,11 @@ class HeldExecutor:
         if args and isinstance(args[0], dict) and "workload" in args[0]:
             key = self._key_of(args[0]["workload"])
             if key not in worker.workloads:  # pickled inside the caller's by_value: its modules travel too
-                _write_atomic(worker.inbox / f"workload-{key}.pkl", _dump(args[0]["workload"]))
+                write_atomic(worker.inbox / f"workload-{key}.pkl", _dump(args[0]["workload"]))
                 worker.workloads.add(key)
             args_ = ({**args[0], "workload": _Ref(key)}, *args[1:])
         path = worker.inbox / f"task-{time.time_ns()}-{uuid.uuid4().hex[:6]}.pkl"
-        _write_atomic(path, _dump((fn, args_, kwargs)))
+        write_atomic(path, _dump((fn, args_, kwargs)))
         if not (worker.inbox / "closed").exists():
             return HeldTask(self, worker, path)
         try:

@@ -17,7 +17,6 @@ import functools
 import json
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -46,11 +45,11 @@ from .cluster import (
     slurm_state,
     watch,
 )
-from .folders import owned_private_folder
+from .folders import owned_private_folder, write_atomic
+from .owners import owner, owner_alive
 from .watcher import ENDED, has_scheduler, left_behind_local, result_grace_s, stop_local
 
 BEAT_S = 10.0  # how often a watcher touches its registry entry (its owner's heartbeat)
-LEASE_S = 120.0  # an entry from another host untouched this long: its owner is gone
 ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 
 
@@ -354,39 +353,8 @@ class _Waits:
             self.account.ended(self.key)
 
 
-def owner() -> dict[str, Any]:
-    """This process as a registry entry's owner: host, pid and the process's start time (a pid reused
-    by another process does not count as the owner)."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid())}
-
-
-def _started(pid: int) -> float | None:
-    """The start time of process `pid` (seconds since the epoch); None when it is gone, a zombie (killed,
-    not yet reaped by its parent: it runs nothing), or unreadable."""
-    try:
-        import psutil
-
-        proc = psutil.Process(pid)
-        return None if proc.status() == psutil.STATUS_ZOMBIE else round(proc.create_time(), 2)
-    except Exception:  # no such process, or psutil cannot read it
-        return None
-
-
-def owner_alive(who: Any, touched: float) -> bool:
-    """Whether an entry's owner still runs: on this host, its process (same pid and start time); on
-    another, a heartbeat within LEASE_S. An entry without an owner is an earlier kernel's."""
-    if not isinstance(who, dict):
-        return False
-    if who.get("host") == socket.gethostname():
-        started = _started(int(who.get("pid") or 0)) if who.get("pid") else None
-        return started is not None and (who.get("started") is None or abs(started - who["started"]) < 1.0)
-    return time.time() - touched < LEASE_S
-
-
 def _write(path: Path, entry: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(entry))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(entry).encode())
 
 
 def _trial_of(out: Any, knobs: Knobs, w: Watch) -> Any:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..core.measure import TrialResult
 from ..core.progress import TrialProgress
+from .folders import write_atomic
 
 POLL_S = 0.25  # how often the notebook looks at the job (progress file, result)
 ASK_EVERY_S = 1.0  # how often it asks the scheduler, at least (one squeue for every job in flight)
@@ -63,13 +64,12 @@ WHY = {
 
 def write_progress(path: Path, phase: str, done: int, total: int) -> bool:
     """Write the job's progress (the one format every watcher reads: phase, done, total, host, pid,
-    time) atomically (write, then rename); False, never raising, when the filesystem refuses: a
+    time) atomically (folders.write_atomic); False, never raising, when the filesystem refuses: a
     progress file is a view, and losing it must not lose the trial's result."""
-    tmp = Path(path).with_suffix(".tmp")
+    snap = {"phase": phase, "done": done, "total": total, "pid": os.getpid(), "host": platform.node().split(".")[0],
+            "t": time.time()}
     try:
-        tmp.write_text(json.dumps({"phase": phase, "done": done, "total": total, "pid": os.getpid(),
-                                   "host": platform.node().split(".")[0], "t": time.time()}))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(snap).encode(), durable=False)  # a view: no fsync every half second
         return True
     except OSError:
         return False
