@@ -392,7 +392,7 @@ def test_a_panel_deadline_expiring_in_the_queue_waits_for_the_job(fake_slurm, tm
     r = bench.run(progress=False, cancel=Either(deadline, threading.Event()))
     deadline.cancel()
     assert r.ok, r.message  # queue time is not spent: the deadline moved on by the wait
-    assert deadline.waited > 0 and not fake_slurm.submitted[-1].cancelled
+    assert deadline.waits.waited > 0 and not fake_slurm.submitted[-1].cancelled
     stop = threading.Event()
     threading.Timer(0.3, stop.set).start()
     r = bench.run(progress=False, cancel=Either(Deadline(60.0, "budget"), stop))
@@ -435,9 +435,33 @@ def test_the_deadline_moves_on_by_a_queue_wait():
     d = Deadline(0.05, "budget")
     time.sleep(0.15)
     assert d.expired
-    d.postpone(10.0)  # the job waited in the queue: the budget's deadline moves on
-    assert not d.is_set() and not d.expired and d.waited == 10.0
+    d.waits.queued(10.0)  # the job waited in the queue: the budget's deadline moves on
+    assert not d.is_set() and not d.expired and d.waits.waited == 10.0
     d.cancel()
+
+
+def test_only_a_budget_s_explicit_account_hears_of_queue_waits(fake_slurm, tmp_path):
+    """A budget's trial gives its jobs one explicit object for their queue waits (`Deadline.waits`); a
+    cancel event of the user's own, whatever its attributes, is a cancel and nothing more."""
+    heard = []
+
+    class MyStop(threading.Event):  # the user's own Stop, with attributes of its own
+        queue = ("a tuple of the user's",)
+
+        def postpone(self, seconds):
+            heard.append(seconds)
+
+    bench = bench_on(fake_slurm, tmp_path)
+    fake_slurm.queue_s = 0.5
+    r = bench.run(progress=False, cancel=MyStop())
+    assert r.ok and r.extra["job"]["queue_s"] > 0 and heard == [], (r.message, heard)
+    budget = Budget(None, "tune")
+    r = budget.trial(functools.partial(bench.run, progress=False), wb.Knobs(batch_size=16))
+    assert r.ok and budget.queue.total > 0  # the budget's own account heard the wait
+    from workbench.launch.cluster import QueueWaits
+
+    d = Deadline(None, "budget", budget.queue)
+    assert isinstance(d.waits, QueueWaits) and d.waits.account is budget.queue
 
 
 def test_trials_on_different_nodes_say_so():

@@ -371,6 +371,7 @@ from .watcher import (  # noqa: E402  (the one job watcher, re-exported: jobs.py
     TERMINAL,
     WHY,
     JobFailed,
+    QueueWaits,
     SchedulerState,
     Watch,
     failed_trial,
@@ -379,9 +380,11 @@ from .watcher import (  # noqa: E402  (the one job watcher, re-exported: jobs.py
     job_id_of,
     slurm_state,
     stop_job,
+    waits_of,
     watch,
     write_progress,
 )
 
-__all__ = ["ASK_EVERY_S", "POLL_S", "RESULT_GRACE_S", "TERMINAL", "WHY", "JobFailed", "SchedulerState", "Watch",
-           "failed_trial", "is_slurm", "job_error", "job_id_of", "slurm_state", "stop_job", "watch", "write_progress"]
+__all__ = ["ASK_EVERY_S", "POLL_S", "RESULT_GRACE_S", "TERMINAL", "WHY", "JobFailed", "QueueWaits", "SchedulerState",
+           "Watch", "failed_trial", "is_slurm", "job_error", "job_id_of", "slurm_state", "stop_job", "waits_of", "watch",
+           "write_progress"]

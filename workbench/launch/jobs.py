@@ -43,6 +43,7 @@ from .cluster import (
     new_progress_file,
     quiet_sacct,
     slurm_state,
+    waits_of,
     watch,
 )
 from .folders import owned_private_folder, write_atomic
@@ -58,7 +59,7 @@ class Jobs:
 
     `device` is what the user asked for ("auto" resolves on the node). `counts_queue`: whether time
     in the scheduler's queue counts against a budget_s (by default it does not: each job reports its
-    wait to the budget's own account, `cancel.queue`, a cluster.QueueAccount).
+    wait to the budget's own account, the cluster.QueueWaits its Deadline gives, `waits_of`).
     """
 
     def __init__(self, executor: Any, log_path: Path | None, *, device: str | None, counts_queue: bool = False) -> None:
@@ -164,19 +165,18 @@ class Jobs:
         return value, env, w.info()
 
     def _account(self, cancel: threading.Event | None, w: Watch) -> _Waits:
-        """The job's waiting/running/ended reports to its budget's queue account (`cancel.queue`, a
-        cluster.QueueAccount; none when the queue counts or no budget runs the trial)."""
-        account = None if self.counts_queue else getattr(cancel, "queue", None)
-        return _Waits(account if callable(getattr(account, "waiting", None)) else None, w)
+        """The job's waiting/running/ended reports to its budget's queue account (the budget's explicit
+        cluster.QueueWaits, `waits_of(cancel)`; none when the queue counts or no budget runs the trial)."""
+        waits = None if self.counts_queue else waits_of(cancel)
+        return _Waits(waits.account if waits is not None else None, w)
 
     def _queued(self, seconds: float, cancel: threading.Event | None) -> None:
         """A job left the queue after `seconds`: counted apart; a budget's deadline moves on by as much
-        unless the queue counts."""
+        (its QueueWaits) unless the queue counts."""
         self.queue_s += seconds
-        if not self.counts_queue:
-            postpone = getattr(cancel, "postpone", None)
-            if callable(postpone):
-                postpone(seconds)
+        waits = None if self.counts_queue else waits_of(cancel)
+        if waits is not None:
+            waits.queued(seconds)
 
     # ---- the registry (re-attach after a restart) --------------------------------------------
     def _register(self, w: Watch, kind: str, knobs: Knobs, started: str, workload: Workload) -> Path:

@@ -118,6 +118,31 @@ def is_slurm(job: Any) -> bool:
     return type(job).__name__ == "SlurmJob" and shutil.which("squeue") is not None
 
 
+class QueueWaits:
+    """What one budgeted trial's jobs report about their queue waits, given to them explicitly: a
+    budget's Deadline holds one (`Deadline.waits`), and the jobs read it there by type (`waits_of`),
+    never by attribute names on a cancel event. `account` is the budget's QueueAccount (each job's
+    waiting, running, ended); `queued(seconds)` is a job that left the queue after `seconds`, summed in
+    `waited` and passed to `on_wait` (the deadline moves on by as much)."""
+
+    def __init__(self, account: Any, on_wait: Callable[[float], None] | None = None) -> None:
+        self.account = account
+        self.on_wait = on_wait
+        self.waited = 0.0  # seconds this trial's jobs waited in a queue
+
+    def queued(self, seconds: float) -> None:
+        self.waited += max(0.0, seconds)
+        if self.on_wait is not None:
+            self.on_wait(seconds)
+
+
+def waits_of(cancel: Any) -> QueueWaits | None:
+    """The QueueWaits a trial's cancel event carries (a budget's Deadline, or the panel's Stop around
+    one); None for any other event, whatever its attributes."""
+    waits = getattr(cancel, "waits", None)
+    return waits if isinstance(waits, QueueWaits) else None
+
+
 @dataclass
 class SchedulerState:
     """What the scheduler says about a job: its state word, why it waits or ended, and its node."""
@@ -383,8 +408,8 @@ def watch(job: Any, w: Watch, progress: TrialProgress, cancel: threading.Event |
     """Wait for `job`'s value, showing its state in `progress`; JobFailed when it ends without one
     (cancelled by `cancel`, a fault, the scheduler's reason). Ctrl-C cancels the job, then propagates.
     `on_running()` is called once the scheduler runs the job (or it wrote progress), `on_queue(seconds)`
-    once the job started (its queue time). A budget's deadline (an event whose `expired` is true and
-    with `postpone`) that expires while the job still waits in the queue does not cancel it unless
+    once the job started (its queue time). A budget's deadline (an event carrying its QueueWaits, whose
+    `expired` is true) that expires while the job still waits in the queue does not cancel it unless
     `queue_counts`: `on_queue` moves that deadline on by the wait. Any other set (Stop, Ctrl-C) cancels,
     as does `halt` (Ctrl-C in tune(parallel=N)'s main thread: Jobs.cancel_all). `beat()` is called at
     every look (the registry's heartbeat, jobs.py)."""
@@ -411,8 +436,8 @@ def watch(job: Any, w: Watch, progress: TrialProgress, cancel: threading.Event |
                 if on_queue is not None:
                     reported = True
                     on_queue(w.queue_s or 0.0)  # a deadline moves on by the queue's wait only
-            waiting_deadline = (not queue_counts and not ran and bool(getattr(cancel, "expired", False))
-                                and callable(getattr(cancel, "postpone", None)))
+            waiting_deadline = (not queue_counts and not ran and waits_of(cancel) is not None
+                                and bool(getattr(cancel, "expired", False)))
             if halt is not None and halt.is_set():
                 raise JobFailed("interrupted", f"interrupted by the user: job {w.job_id} {stop_job(job)}"
                                 .replace("job  ", "the job "))
