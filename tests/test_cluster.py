@@ -835,6 +835,9 @@ def test_slurm_a_restarted_kernel_reattaches_its_job_in_flight(slurm, tmp_path):
         assert r.ok, r.message
         assert r.extra["job"]["reattached"] and r.extra["job"]["id"] == job.split("|")[0] == r.env["slurm_job_id"]
         assert r.samples_per_s > 0 and len(r.step_times_s) > 0  # the job's own figures, not a stand-in
+        t = time.monotonic()
+        while list(jobs_dir.iterdir()) and time.monotonic() - t < 10:  # the watcher forgets the job once it recorded it
+            time.sleep(0.1)
         assert list(jobs_dir.iterdir()) == []  # its registry entry and progress file are gone with the trial recorded
         t = time.monotonic()
         while named_jobs(name) and time.monotonic() - t < 30:

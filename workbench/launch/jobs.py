@@ -7,7 +7,10 @@ in flight, written at submission and removed once its trial is recorded. Each en
 same log reads it back, and takes only the entries whose owner is gone (its process ended, or, on
 another host, no beat for LEASE_S): a job whose result is there is recorded, one the scheduler still
 runs is watched again (its trial is recorded when it ends), and one that vanished becomes a failed
-trial saying so. Another kernel's live jobs are left to it.
+trial saying so. Another kernel's live jobs are left to it. Each entry keeps the fingerprint of the model
+its job runs, so a trial recorded by a kernel restarted after an edit of the model is the old model's. A
+submitit local job still running is stopped (watcher.stop_local): it cannot be watched from another
+kernel, and it would train beside this kernel's trials.
 """
 
 from __future__ import annotations
@@ -228,8 +231,9 @@ class Jobs:
 
     def reattach(self, record: Callable[[TrialResult], TrialResult], lock: threading.Lock) -> list[str]:
         """Pick up the trials of jobs an earlier kernel left in flight: record the finished ones, watch the
-        running ones on a daemon thread (recording each when it ends, under `lock`), and record the
-        vanished ones as failed ('lost'). Returns one line per job, for a note."""
+        running ones on a daemon thread (recording each when it ends, under `lock`), stop the local ones
+        still running ('stopped'), and record the vanished ones as failed ('lost'). Each is recorded as the
+        model its job ran (`_settle`). Returns one line per job, for a note."""
         lines = []
         for entry in self.left_behind():
             if entry.get("kind") != "trial":  # an interleaved comparison's job: its caller is gone
@@ -267,7 +271,8 @@ class Jobs:
                 self._rewatch(entry, w, knobs, record, lock)
                 lines.append(f"job {w.job_id}: recorded")
                 continue
-            state = f"the scheduler says {sched.state}" if sched.known else "the scheduler no longer knows it"
+            state = (f"the scheduler says {sched.state}" if sched.known else "its process has ended"
+                     if left_behind_local(job) else "the scheduler no longer knows it")
             r = failed_trial(knobs, "error", f"job {w.job_id} is lost: it was in flight when an earlier kernel stopped, "
                              f"{state}, and it left no result in {job.paths.folder}", w, entry.get("started_at", ""))
             r.extra["job"] = {**w.info(), "reattached": True}
