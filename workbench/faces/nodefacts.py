@@ -24,7 +24,7 @@ from typing import Any
 
 from ..core.devicefacts import DeviceFacts
 from ..launch.cluster import probe_node
-from ..results.series import write_new
+from ..launch.folders import write_atomic
 from .reloaded import announce
 from .unchanged import warn_at_caller
 
@@ -128,7 +128,7 @@ class NodeFacts:
             table = {}
         table[key] = {"resources": res, "facts": facts.to_dict()}
         with contextlib.suppress(OSError):
-            write_new(self.path, json.dumps(table, indent=1, default=str).encode())
+            write_atomic(self.path, json.dumps(table, indent=1, default=str).encode(), mode=0o644, durable=False)
 
     def _probe(self, executor: Any, res: dict[str, Any], key: str, local: DeviceFacts) -> DeviceFacts:
         """One probe job's facts, saved; this machine's facts with a warning when the job fails."""
