@@ -8,7 +8,6 @@ import functools
 import os
 import threading
 import warnings
-import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from ..core.workload import StepFn, Workload, move_to
 from ..deciding.budget import Budget
 from ..deciding.rounds import compare
 from ..launch.cluster import check_executor, local_device, where_note
-from ..launch.local import check_trials_in, routed, started_text, worker_for
+from ..launch.local import routed, started_text, worker_of
 from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel_slot, run_trial, submit_trial
 from ..results import Comparison, ResultLog
 from ..results.comparison import real_run
@@ -115,14 +114,9 @@ class Workbench:
             self._jobs_now().travels(self.workload)  # diagnose's analyses of this workload run as jobs too
             for line in self._jobs.reattach(self._record, self._lock):
                 warn_at_caller(f"a job from an earlier kernel: {line}")
-        self.trials_in, self._worker = check_trials_in(trials_in), None
-        if executor is None and self.trials_in == "worker":
-            self._worker, why = worker_for(self.workload)  # started now: the first trial waits for less
-            if why:  # the workload cannot leave this process: its trials run here
-                self.trials_in = "kernel"
-                warn_at_caller(why)
-            else:
-                weakref.finalize(self, self._worker.close)
+        self.trials_in, self._worker, why = worker_of(self, self.workload, trials_in, executor)  # started now
+        if why:  # the workload cannot leave this process: its trials run here
+            warn_at_caller(why)
 
     def _where(self) -> Any:
         """What runs this workbench's trials: its executor's Jobs, its worker process, or None (this process)."""

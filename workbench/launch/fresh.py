@@ -231,7 +231,7 @@ def _caller_gone(parent: int, first_ppid: int) -> bool:
     return False
 
 
-def _end_with_caller(parent: int, where: Path) -> None:
+def end_with_caller(parent: int, where: Path) -> None:
     """The job's watchdog: once the caller has ended, remove the job folder and kill the job's process group
     (this process, its DataLoader and compile workers): nobody is left to read its outcome."""
     first = os.getppid()
@@ -245,12 +245,12 @@ def _end_with_caller(parent: int, where: Path) -> None:
 
 def job_main(folder: str, parent: int | None = None) -> int:
     """Inside the job's process: run the call in `folder`, write its outcome there; the exit code. With
-    `parent` (the caller's pid), the job ends when the caller does (`_end_with_caller`)."""
+    `parent` (the caller's pid), the job ends when the caller does (`end_with_caller`)."""
     import cloudpickle
 
     where = Path(folder)
     if parent is not None:
-        threading.Thread(target=_end_with_caller, args=(parent, where), name="workbench-caller-watch",
+        threading.Thread(target=end_with_caller, args=(parent, where), name="workbench-caller-watch",
                          daemon=True).start()
     try:
         for p in json.loads((where / PATH).read_text()):

@@ -41,7 +41,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
@@ -49,15 +48,13 @@ from pathlib import Path
 from typing import Any
 
 from ..core.measure import RAN_IN_ENV as PROCESS_ENV  # "worker" inside a worker process (measure.ran_in)
+from .workerside import Ref
 
 TRIALS_ENV = "WORKBENCH_TRIALS"  # "kernel": trials run in the calling process (what Workbench(trials_in=) defaults to)
 TRIALS_IN = ("worker", "kernel")
 STOP_GRACE_S = 10.0  # a stopped call that has not ended by then ends its worker (a fresh one starts next time)
 READY_TIMEOUT_S = 120.0  # a worker that has not imported torch by then is ended, saying so
 LOG = "worker.log"  # the worker's stdout and stderr (its last lines go into a failed call's message)
-
-_CURRENT: dict[str, Any] = {"cancel": None}  # inside a worker: the running call's stop event
-
 
 def default_trials_in() -> str:
     """Where trials run when a workbench does not say: WORKBENCH_TRIALS, else "worker"."""
@@ -76,20 +73,8 @@ def check_trials_in(value: str | None) -> str:
     return value
 
 
-def current_cancel() -> Any:
-    """Inside a worker: the stop event of the call it runs (set when the kernel stops the trial); else None."""
-    return _CURRENT["cancel"]
-
-
 class WorkerDied(RuntimeError):
     """The worker process ended while a call ran or waited (crashed, killed, out of memory)."""
-
-
-class _Ref:
-    """A workload the worker already holds, by its key (sent once, then named in each call)."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key
 
 
 class LocalTask:
@@ -200,7 +185,7 @@ class LocalWorker:
             from .fresh import package_root
 
             env["PYTHONPATH"] = os.pathsep.join([package_root(), *filter(None, [env.get("PYTHONPATH")])])
-            argv = [self.python, "-m", "workbench.launch.local", str(to_r), str(from_w), str(os.getpid()),
+            argv = [self.python, "-m", "workbench.launch.workerside", str(to_r), str(from_w), str(os.getpid()),
                     str(self.folder)]
             t0 = time.monotonic()
             try:
@@ -324,13 +309,13 @@ class LocalWorker:
                 raise
         return task
 
-    def _ref(self, workload: Any) -> _Ref:
+    def _ref(self, workload: Any) -> Ref:
         """The workload's key in this worker, sending it the first time (pickled here, under remote.by_value)."""
         import cloudpickle
 
         hit = self._loaded.get(id(workload))
         if hit is not None and hit[1]() is workload:
-            return _Ref(hit[0])
+            return Ref(hit[0])
         key = f"w{len(self._loaded) + 1}-{id(workload):x}"
         from .remote import by_value
 
@@ -338,7 +323,7 @@ class LocalWorker:
             blob = cloudpickle.dumps(workload)
         self._send(("workload", key, blob))
         self._loaded[id(workload)] = (key, weakref.ref(workload))
-        return _Ref(key)
+        return Ref(key)
 
     def preload(self, workload: Any) -> None:
         """Start the worker and send it `workload` now, so the first trial pays neither (a workbench calls it
@@ -457,6 +442,20 @@ class LocalWorker:
         return f"LocalWorker({state})"
 
 
+def worker_of(owner: Any, workload: Any, trials_in: str | None, executor: Any) -> tuple[str, LocalWorker | None, str]:
+    """For `Workbench(trials_in=..., executor=...)`: (where its trials run, its worker, why not in one). Without an
+    executor and unless "kernel" is asked, a worker is started now and sent the workload (the first trial waits for
+    less), and closed with `owner`; a workload that cannot be pickled runs in this process, saying why."""
+    trials_in = check_trials_in(trials_in)
+    if executor is not None or trials_in == "kernel":
+        return trials_in, None, ""
+    worker, why = worker_for(workload)
+    if worker is None:
+        return "kernel", None, why
+    weakref.finalize(owner, worker.close)
+    return "worker", worker, ""
+
+
 def worker_for(workload: Any) -> tuple[LocalWorker | None, str]:
     """A started worker already sent `workload` (the workbench's: `Workbench(trials_in="worker")`), and "";
     or (None, why its trials stay in this process) when the workload cannot be pickled."""
@@ -534,99 +533,3 @@ def started_text(startup: Mapping[str, Any] | None) -> str | None:
         return None
     return (f"Trials run in this workbench's {startup.get('text', 'worker process')}, apart from the kernel: "
             "its start-up is not part of any trial's figure.")
-
-
-# ---- inside the worker ------------------------------------------------------------------------------
-def worker_main(rfd: int, wfd: int, parent: int, folder: str) -> int:
-    """The worker's body: read messages on a thread (the pipe never fills), run calls on the main thread."""
-    import pickle
-
-    inbox: queue.Queue = queue.Queue()
-    conn_in, conn_out = Connection(rfd, writable=False), Connection(wfd, readable=False)
-    stops: set[int] = set()
-    running: dict[str, Any] = {"tid": None}
-
-    def reader() -> None:
-        try:
-            while True:
-                msg = pickle.loads(conn_in.recv_bytes())
-                if msg[0] == "stop":
-                    stops.add(msg[1])
-                    ev = _CURRENT["cancel"]
-                    if running["tid"] == msg[1] and ev is not None:
-                        ev.reason = "stopped by the user"
-                        ev.set()
-                    continue
-                inbox.put(msg)
-        except (EOFError, OSError):
-            inbox.put(("exit",))
-
-    threading.Thread(target=reader, name="workbench-worker-inbox", daemon=True).start()
-    from .fresh import _end_with_caller
-
-    threading.Thread(target=_end_with_caller, args=(parent, Path(folder)), name="workbench-caller-watch",
-                     daemon=True).start()
-    import cloudpickle
-    import torch
-
-    import workbench  # noqa: F401  (the package's own imports: a call finds them done)
-
-    def send(msg: tuple) -> None:
-        conn_out.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
-
-    send(("ready", {"pid": os.getpid(), "torch": torch.__version__, "threads": torch.get_num_threads()}))
-    workloads: dict[str, Any] = {}
-    while True:
-        msg = inbox.get()
-        if msg[0] == "exit":
-            return 0
-        if msg[0] == "workload":
-            t = time.monotonic()
-            try:
-                workloads[msg[1]] = cloudpickle.loads(msg[2])
-            except Exception:  # it cannot load here: each call that names it says why
-                workloads[msg[1]] = _Unloadable(traceback.format_exc())
-            send(("loaded", msg[1], time.monotonic() - t, len(msg[2])))
-            continue
-        tid = msg[1]
-        if tid in stops:
-            send(("done", tid, cloudpickle.dumps(("error", "stopped before it started"))))
-            continue
-        running["tid"] = tid
-        _CURRENT["cancel"] = threading.Event()
-        try:
-            fn, args, kwargs = cloudpickle.loads(msg[2])
-
-            def deref(value: Any) -> Any:
-                if not isinstance(value, _Ref):
-                    return value
-                got = workloads.get(value.key)
-                if isinstance(got, _Unloadable):
-                    raise RuntimeError(f"the worker could not load the workload: {got.text}")
-                return got
-
-            args = tuple(deref(a) for a in args)
-            if args and isinstance(args[0], dict):
-                args = ({k: deref(v) for k, v in args[0].items()}, *args[1:])
-            outcome: tuple = ("ok", fn(*args, **kwargs))
-        except BaseException as e:  # the call's own error, as text; the worker goes on
-            outcome = ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}".strip())
-        finally:
-            running["tid"] = None
-            _CURRENT["cancel"] = None
-        try:
-            blob = cloudpickle.dumps(outcome)
-        except Exception as e:  # an unpicklable value
-            blob = cloudpickle.dumps(("error", f"the call's value cannot be pickled: {type(e).__name__}: {e}"))
-        send(("done", tid, blob))
-
-
-class _Unloadable:
-    def __init__(self, text: str) -> None:
-        self.text = text.strip().splitlines()[-1] if text.strip() else "unknown error"
-
-
-if __name__ == "__main__":  # the package's module, not this __main__ copy: its _Ref and _CURRENT are the calls'
-    from workbench.launch.local import worker_main as _main
-
-    sys.exit(_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))

@@ -54,9 +54,10 @@ def trial_job(payload: dict[str, Any]) -> dict[str, Any]:
     "error", where "process") before any step runs.
     """
     from ..core.knobs import adopt_user_knobs
-    from .local import PROCESS_ENV, current_cancel
+    from ..core.measure import RAN_IN_ENV
+    from .workerside import current_cancel
 
-    os.environ.setdefault(PROCESS_ENV, "job")  # measure.environment's ran_in: a worker says "worker"
+    os.environ.setdefault(RAN_IN_ENV, "job")  # measure.environment's ran_in: a worker says "worker"
     adopt_user_knobs(payload.get("user_knobs") or {})  # the caller's @wb.knob declarations
     workload: Workload = payload["workload"]
     knobs: Knobs = payload["knobs"]
