@@ -139,6 +139,8 @@ class LocalWorker:
     without waiting (a workbench calls it when made); the first call waits for it.
     """
 
+    ran_in = "worker"  # a trial's `ran_in`, also when it failed before the worker said so (remote.run_elsewhere)
+
     def __init__(self, env: Mapping[str, str | None] | None = None, *, python: str | None = None,
                  _pool: dict[str, LocalWorker] | None = None) -> None:
         self.env = dict(env or {})

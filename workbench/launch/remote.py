@@ -202,7 +202,7 @@ def run_elsewhere(executor: Any, workload: Workload, knobs: Knobs, *, progress: 
     where = type(ex).__name__
 
     def failed(status: str, message: str, tb: str = "") -> TrialResult:
-        env_ = {**environment(workload.device), "executor": where}
+        env_ = {**environment(workload.device), "executor": where, "ran_in": getattr(ex, "ran_in", "job")}
         return TrialResult(knobs=knobs, status=status, message=message, env=env_, started_at=started,
                            where="process", traceback=tb)
 
