@@ -51,6 +51,11 @@ def assemble(reports: dict[int, dict[str, Any]], knobs: Knobs, *, env: dict[str,
         step_times_s=_elementwise([r.step_times_s for r in raws], max),
         waits_s=_elementwise([r.waits_s for r in raws], max),
         copies_s=_elementwise([r.copies_s for r in raws], max),
+        loader_host_s=_elementwise([r.loader_host_s for r in raws], max),
+        loader_idle_s=(None if any(r.loader_idle_s is None for r in raws)  # the host clock on some rank
+                       else _elementwise([r.loader_idle_s for r in raws], max)),
+        host_idle_s=(None if any(r.host_idle_s is None for r in raws)
+                     else _elementwise([r.host_idle_s for r in raws], max)),
         losses=_elementwise([r.losses for r in raws], lambda v: sum(v) / len(v)),  # what DDP trains on
         samples=sum(r.samples for r in raws),
         wall_s=max(r.wall_s for r in raws),
