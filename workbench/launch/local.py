@@ -187,8 +187,11 @@ class LocalWorker:
             from .fresh import package_root
 
             env["PYTHONPATH"] = os.pathsep.join([package_root(), *filter(None, [env.get("PYTHONPATH")])])
+            from .owners import owner
+
+            started = owner()["started"]  # the kernel's start time: a reused pid is not the kernel
             argv = [self.python, "-m", "workbench.launch.workerside", str(to_r), str(from_w), str(os.getpid()),
-                    str(self.folder)]
+                    str(self.folder), "-" if started is None else repr(started)]
             t0 = time.monotonic()
             try:
                 with open(self.folder / LOG, "ab") as log:

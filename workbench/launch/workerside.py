@@ -33,7 +33,7 @@ class Ref:
         self.key = key
 
 
-def worker_main(rfd: int, wfd: int, parent: int, folder: str) -> int:
+def worker_main(rfd: int, wfd: int, parent: int, folder: str, started: float | None = None) -> int:
     """The worker's body: read messages on a thread (the pipe never fills), run calls on the main thread."""
     import pickle
 
@@ -60,7 +60,7 @@ def worker_main(rfd: int, wfd: int, parent: int, folder: str) -> int:
     threading.Thread(target=reader, name="workbench-worker-inbox", daemon=True).start()
     from .fresh import end_with_caller
 
-    threading.Thread(target=end_with_caller, args=(parent, Path(folder)), name="workbench-caller-watch",
+    threading.Thread(target=end_with_caller, args=(parent, started, Path(folder)), name="workbench-caller-watch",
                      daemon=True).start()
     import cloudpickle
     import torch  # already imported with the package (`python -m workbench.launch.workerside`): its start-up is paid
@@ -123,4 +123,5 @@ class _Unloadable:
 if __name__ == "__main__":  # the package's module, not this __main__ copy: its Ref and _CURRENT are the calls'
     from workbench.launch.workerside import worker_main as _main
 
-    sys.exit(_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))
+    sys.exit(_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
+                   None if sys.argv[5] == "-" else float(sys.argv[5])))
