@@ -921,6 +921,32 @@ def check_oom(ctx: Context) -> tuple[str, bool, dict]:
         good, {"message": boom.message, "alloc_delta": alloc1 - alloc0, "reserved_delta": reserved1 - reserved0}
 
 
+def check_worker_process(ctx: Context) -> tuple[str, bool, dict]:
+    """The default place of trials: the workbench's worker process, which owns a CUDA context of its own. The
+    model sits on the device in this process (as a notebook's often does); the trial runs in the worker, on
+    the device, and reads what the same trial reads in this process (both one thread, one OpenMP team here)."""
+    torch, nn = ctx.torch, ctx.torch.nn
+    width = ctx.size(2048, 128)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)).to(ctx.device)
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(2048, width, generator=g), torch.randint(0, 10, (2048,), generator=g))
+    kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3), device=ctx.device,
+              log=None, steps=STEPS, warmup_steps=WARMUP, knobs=ctx.wb.Knobs(batch_size=ctx.size(256, 32)))
+    worker = ctx.wb.Workbench(model, data, name="worker", trials_in="worker", **kw)
+    kernel = ctx.wb.Workbench(model, data, name="kernel", trials_in="kernel", **kw)
+    w, k, w2 = worker.run(), kernel.run(), worker.run()
+    if not (_ok(w) and _ok(k) and _ok(w2)):
+        return f"worker {_status(w)}; kernel {_status(k)}", False, {}
+    ratio = math.sqrt(w.samples_per_s * w2.samples_per_s) / k.samples_per_s
+    where = {w.env.get("ran_in"), w2.env.get("ran_in")}
+    good = where == {"worker"} and str(w.env.get("device", "")).startswith(ctx.device) and 0.85 <= ratio <= 1.15
+    start = (w.extra.get("worker_startup") or {}).get("text", "")
+    worker._worker.close()
+    return (f"ran_in {sorted(where)} on {w.env.get('device')}; worker / kernel {ratio:.2f}; {start}"), good, \
+        {"worker": [w.samples_per_s, w2.samples_per_s], "kernel": k.samples_per_s}
+
+
 ANY = ("cuda", "mps", "cpu")  # "cpu" only ever runs in the GPU_CHECK_DEVICE=cpu dry run
 
 # Order matters: the OOM trial runs last so a damaged allocator cannot spoil the others, and the
@@ -967,6 +993,8 @@ CHECKS: list[Check] = [  # estimates: rough guesses of cold seconds on one GPU (
           ("cuda", "cpu")),
     Check("compile='reduce-overhead' (CUDA graphs)", "ok; losses equal eager (1e-3) after graph replays, not all identical",
           check_compile_cudagraphs, 50, ("cuda", "cpu")),
+    Check("trials in the worker process (the default)", "ok; ran_in worker, on the device, with the model on the "
+          "device in this process; worker / in-process trial within 0.85-1.15", check_worker_process, 20, ANY),
     Check("OOM trial, then the next one", "status oom; next trial ok; allocated memory back (<= 2 MiB)",
           check_oom, 10),
 ]
@@ -1071,6 +1099,9 @@ def finish(rows: list[Row], device: str | None, budget: Budget, started: str) ->
 
 
 def main() -> int:
+    # The checks read this process's device state around a trial (memory back after an OOM, settings restored):
+    # their trials run here. Trials in the worker process, the default, have a check of their own.
+    os.environ.setdefault("WORKBENCH_TRIALS", "kernel")
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     budget = Budget(budget_from_env())
     device = pick_device()

@@ -16,6 +16,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -362,6 +363,19 @@ def quiet_stderr() -> Iterator[None]:
         os.close(devnull)
 
 
+RAN_IN_ENV = "WORKBENCH_PROCESS"  # set to "worker" in a workbench's worker process (launch/local.py), "job" in a job
+
+
+def ran_in() -> str:
+    """Where this trial runs: "worker" (its workbench's worker process), "job" (a fresh process or a cluster
+    job), "kernel" (the calling process's main thread) or "kernel thread" (another thread of it). In the
+    calling process the figure can depend on what that process ran before (docs/measurement.md)."""
+    where = os.environ.get(RAN_IN_ENV, "")
+    if where:
+        return where
+    return "kernel" if threading.current_thread() is threading.main_thread() else "kernel thread"
+
+
 def environment(device: torch.device) -> dict[str, Any]:
     """What a number depends on: versions, device, CPU model and vector unit, GPU, cores, threads."""
     if device.type == "cuda":
@@ -388,6 +402,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "malloc": malloc_policy(),
         # the allocator mode the trial's process ran in (the `allocator` knob; read back, not assumed)
         "allocator": process_allocator(),
+        "ran_in": ran_in(),  # the process and thread that ran it (launch/local.py: why it matters)
     }
 
 

@@ -34,6 +34,7 @@ from .measure import (
     live_tensor_bytes,
     memory_meter,
     profile_peak_bytes,
+    ran_in,
     summarize,
     sync,
 )
@@ -474,6 +475,11 @@ def page_fault_note(share: float, per_step: float, knobs: Knobs) -> str:
         return (head + f" although malloc keeps freed memory here: allocations above {KEEP_MMAP_BYTES >> 20} MiB "
                 "are still mapped afresh every step; a smaller batch, or bench.run(allocator='tcmalloc') (a fresh process), "
                 "avoids it (docs/measurement.md 'Page faults')")
+    if ran_in() == "worker":  # the workbench's worker process: the kernel's mallopt does not reach it
+        return (head + ": freed memory went back to the OS and each step faulted it in again. Whether that "
+                "happens depends on what ran before in the process, so the same knobs can read faster in "
+                "another trial or in your own loop; measure the allocator modes, each in a process started "
+                "in it: bench.run(allocator='glibc-kept') or 'tcmalloc' (docs/measurement.md 'Page faults')")
     return (head + ": freed memory went back to the OS and each step faulted it in again. Whether that "
             "happens depends on what ran before in this process, so the same knobs can read faster in "
             "another trial or in your own loop; to avoid it from now on in this process, call "

@@ -145,6 +145,8 @@ def page_fault_evidence(base: TrialResult) -> str | None:
     line = f"the kernel took {share:.0%} of the CPU time ({per_step:,.0f} page faults per step)"
     if base.knobs.num_workers or base.knobs.world_size > 1 or keeps_freed_memory():
         return line + " (see the trial's notes)"
+    if base.env.get("ran_in") == "worker":  # the workbench's worker process: a mode per trial reaches it
+        return line + ": freed memory is faulted in again each step; bench.run(allocator='glibc-kept') keeps it"
     return line + ": freed memory is faulted in again each step; wb.keep_freed_memory() removes that in this kernel"
 
 

@@ -142,20 +142,21 @@ class ModuleOptimizer:
     scheduler is a copy of the reference's bound to the new optimizer."""
 
     def __init__(self, reference: nn.Module, optimizer: torch.optim.Optimizer, schedule: Schedule | None) -> None:
-        self.index = {id(p): i for i, p in enumerate(reference.parameters())}
+        index = {id(p): i for i, p in enumerate(reference.parameters())}
         self.optimizer, self.schedule = optimizer, schedule
-        missing = [i for i, g in enumerate(optimizer.param_groups) for p in g["params"] if id(p) not in self.index]
+        missing = [i for i, g in enumerate(optimizer.param_groups) for p in g["params"] if id(p) not in index]
         if missing:
             raise ValueError("configure_optimizers optimizes tensors that are not the module's parameters (param "
                              f"group {missing[0]}): the workbench rebuilds the optimizer on each trial's copy "
                              "from self.parameters()")
+        # each group's parameters by position in parameters(): positions, not ids, survive the trip to a worker
+        self.positions = [[index[id(p)] for p in g["params"]] for g in optimizer.param_groups]
 
     def __call__(self, params: Any) -> torch.optim.Optimizer:
         params = list(params)
         ref = self.optimizer
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [params[self.index[id(p)]]
-                                                                             for p in g["params"]]}
-                  for g in ref.param_groups]
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [params[i] for i in where]}
+                  for g, where in zip(ref.param_groups, self.positions)]
         accepted = inspect.signature(type(ref).__init__).parameters
         opt = type(ref)(groups, **{k: v for k, v in ref.defaults.items() if k in accepted})
         if self.schedule is not None:

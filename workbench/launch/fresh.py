@@ -226,7 +226,7 @@ def caller_gone(parent: int, started: float | None) -> bool:
     return not process_alive(parent, started)
 
 
-def _end_with_caller(parent: int, started: float | None, where: Path) -> None:
+def end_with_caller(parent: int, started: float | None, where: Path) -> None:
     """The job's watchdog: once the caller has ended, remove the job folder and kill the job's process group
     (this process, its DataLoader and compile workers): nobody is left to read its outcome."""
     while not caller_gone(parent, started):
@@ -239,12 +239,12 @@ def _end_with_caller(parent: int, started: float | None, where: Path) -> None:
 
 def job_main(folder: str, parent: int | None = None, started: float | None = None) -> int:
     """Inside the job's process: run the call in `folder`, write its outcome there; the exit code. With
-    `parent` (the caller's pid, started at `started`), the job ends when the caller does (`_end_with_caller`)."""
+    `parent` (the caller's pid, started at `started`), the job ends when the caller does (`end_with_caller`)."""
     import cloudpickle
 
     where = Path(folder)
     if parent is not None:
-        threading.Thread(target=_end_with_caller, args=(parent, started, where), name="workbench-caller-watch",
+        threading.Thread(target=end_with_caller, args=(parent, started, where), name="workbench-caller-watch",
                          daemon=True).start()
     try:
         for p in json.loads((where / PATH).read_text()):
