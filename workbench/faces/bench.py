@@ -213,8 +213,7 @@ class Workbench(OnNode):
             raise TypeError(f"stop_early must be True or False, got {stop_early!r}")
         k = self.knobs(knobs, **changes)
         check_knobs(self.workload, k)  # a ValueError here, in the caller's thread, records nothing
-        # the node's facts (a probe job on first use with an executor) decide the notes below, unless the
-        # knobs are the defaults and the facts are not read yet: nothing is then said before the trial
+        # the trials' device facts decide the notes below (the defaults: only facts already read, no probe job)
         facts = self.facts if k != self.defaults else self._known_facts()
         if threading.current_thread() is threading.main_thread() and facts is not None:  # a cell or a script: warn there, once
             loud = [n for n in device_notes(k, facts.type, has_conv=self.workload.has_conv,
