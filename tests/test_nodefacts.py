@@ -15,7 +15,7 @@ import json
 import warnings
 
 import pytest
-from test_cluster import bench_on
+from test_cluster import bench_on, needs_slurm, node_path, slurm  # noqa: F401  (fixtures)
 
 import workbench as wb
 from workbench.core.devicefacts import DeviceFacts, facts_here
@@ -172,3 +172,17 @@ def test_the_thread_check_counts_the_nodes_cores():
     check = thread_check(wb.Knobs(num_workers=6), facts=node)
     assert check["cores"] == 8 and check["main_threads"] == 8  # torch's default there: a thread per core
     assert check["oversubscribed"] and check["suggest_cpu_threads"] == 2
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_a_slurm_probe_job_reads_the_nodes_facts_and_other_resources_are_probed_again(slurm, tmp_path):  # noqa: F811
+    bench = bench_on(slurm, tmp_path)
+    first = bench.facts
+    assert first.where.startswith("node ") and "(probe job " in first.where and not first.here
+    assert first.type == "cpu" and first.cores == 1 and first.memory_bytes > 0  # slurm_cpus_per_task=1
+    assert bench_on(slurm, tmp_path).facts == first  # read back from beside the log: no second job
+    slurm.update_parameters(slurm_cpus_per_task=2)
+    second = bench.facts
+    assert second.where != first.where and "(probe job " in second.where  # another job read them
+    assert second.cores == min(2, facts_here("cpu").cores)

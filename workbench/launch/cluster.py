@@ -361,12 +361,19 @@ def job_call(fn: Callable[..., Any], workload: Workload, device: str | None, arg
 
 def probe_node(device: str | None = "auto") -> dict[str, Any]:
     """The device-facts probe job's body (faces/nodefacts.py submits it): this node's facts about the device
-    a trial here would use ("auto" resolved here, as on_node resolves it), as DeviceFacts.to_dict()."""
+    a trial here would use ("auto" resolved here, as on_node resolves it), as DeviceFacts.to_dict(). Its
+    cores are the job's: SLURM's cpus_per_task caps them where the node does not confine the job to them."""
+    import dataclasses
+
     from ..core.devicefacts import facts_here
 
     job = next((os.environ[v] for v in ("SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID") if os.environ.get(v)), "")
     host = platform.node().split(".")[0]
-    return facts_here(resolve_device(device or "auto"), where=f"node {host}" + (f" (probe job {job})" if job else "")).to_dict()
+    facts = facts_here(resolve_device(device or "auto"), where=f"node {host}" + (f" (probe job {job})" if job else ""))
+    asked = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if asked.isdigit() and 0 < int(asked) < facts.cores:
+        facts = dataclasses.replace(facts, cores=int(asked))
+    return facts.to_dict()
 
 
 def new_progress_file(jobs_dir: Path) -> Path:
