@@ -86,7 +86,7 @@ class FakeBench:
         return self.log.trials
 
     @property
-    def facts(self):
+    def _facts(self):
         return self.workload.facts
 
 

@@ -187,7 +187,7 @@ def diagnose(bench: Bench, knobs: Knobs | None = None, *, reuse: bool = True, pr
     skipped = _skipped(skip, declared, profile=profile, memory=memory, flops=flops)
     loader = loader and "loader rate" not in skipped
     wl = bench.workload
-    wl.facts = bench.facts  # the trials' device (the node's on an executor): MFU's peak and the verdict read it
+    wl.facts = bench._facts  # the trials' device (the node's on an executor): MFU's peak and the verdict read it
 
     base = (_find(bench, knobs) if reuse else None) or _steady_run(bench, knobs, budget, "the diagnosed trial")
     if base is None:  # only a caller's deadline stops the first trial
@@ -264,7 +264,7 @@ def _gathered(bench: Bench, knobs: Knobs, base: TrialResult, data: DataCheck, th
     wl = bench.workload
     compile_info = base.extra.get("compile") if knobs.compile != "off" else None
     verdict = cite_phases(decide(knobs, data, threads, device=wl.device, ops=ops, mfu=mfu, has_conv=wl.has_conv,
-                                 compile_info=compile_info, facts=bench.facts, measured_fix=allocator_fix(bench.trials, knobs)), stages)  # the evidence cites the phase split
+                                 compile_info=compile_info, facts=bench._facts, measured_fix=allocator_fix(bench.trials, knobs)), stages)  # the evidence cites the phase split
     verdict = with_shape_cost(verdict, results.get("input shapes"), base)  # a large one-time shape cost: its knob too
     return Diagnosis(knobs=knobs, data=data, threads=threads, verdict=verdict, stages=stages, ops=ops,
                      compile=_compile_lines(bench), problems=problems, trace_path=trace_path, spent=budget.spent,

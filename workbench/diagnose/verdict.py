@@ -197,7 +197,7 @@ def decide(knobs: Knobs, data: DataCheck, threads: dict[str, Any], *, device: to
            facts: DeviceFacts | None = None) -> Verdict:
     """Walk the decision tree: failure → compile fallback → recompiles → data → threads → page faults (compute,
     next knob the allocator mode) → sync → memory → compute. `measured_fix`: what the log measured of the allocator modes on these knobs (`allocator_fix`).
-    `facts`: the device the trials run on (bench.facts: the node's with an executor); None reads `device` here."""
+    `facts`: the device the trials run on (bench._facts: the node's with an executor); None reads `device` here."""
     facts = facts or facts_here(device)
     device = facts.device
     base: TrialResult = data.baseline

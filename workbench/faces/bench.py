@@ -214,7 +214,7 @@ class Workbench(OnNode):
         k = self.knobs(knobs, **changes)
         check_knobs(self.workload, k)  # a ValueError here, in the caller's thread, records nothing
         # the trials' device facts decide the notes below (the defaults: only facts already read, no probe job)
-        facts = self.facts if k != self.defaults else self._known_facts()
+        facts = self._facts if k != self.defaults else self._known_facts()
         if threading.current_thread() is threading.main_thread() and facts is not None:  # a cell or a script: warn there, once
             loud = [n for n in device_notes(k, facts.type, has_conv=self.workload.has_conv,
                                              token_data=self.workload.token_data)

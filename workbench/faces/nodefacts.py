@@ -8,7 +8,7 @@ answer without measuring) submits one small probe job (launch/cluster.py's `prob
 and memory. The answer is kept per executor and resources (the executor's type and its parameters:
 partition, GPUs, CPUs, memory), in memory and in `node-facts.json` beside the log with the date it was
 read; different resources, or facts older than MAX_AGE_DAYS, are probed again. A probe that fails falls
-back to this machine's facts with a warning naming the fix (`bench.probe_node()` once jobs run).
+back to this machine's facts with a warning naming the fix, and is tried again RETRY_S later.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from .unchanged import warn_at_caller
 CACHE_FILE = "node-facts.json"  # beside the log: {resources key: {"resources", "facts"}}
 MAX_AGE_DAYS = 7.0  # cached facts older than this are probed again (a partition's nodes get replaced)
 PROBE_WAIT_S = 900.0  # the most a probe may take, queue included, before this machine's facts stand in
+RETRY_S = 300.0  # after a failed probe, this machine's facts stand in this long before the next probe
 POLL_S = 0.2  # how often the wait asks the probe job whether it is done
 LOCAL = ("FreshProcess", "ThreadPoolExecutor", "ProcessPoolExecutor", "LocalExecutor", "DebugExecutor")
 
@@ -79,6 +80,7 @@ class NodeFacts:
         self.path = Path(folder) / CACHE_FILE if folder is not None else None
         self.device = device
         self._known: dict[str, DeviceFacts] = {}
+        self._retry: dict[str, float] = {}  # resources key -> monotonic time a failed probe may be tried again
         self._lock = threading.Lock()  # one probe at a time; other threads wait for its answer
 
     def known(self, executor: Any, local: DeviceFacts) -> DeviceFacts | None:
@@ -87,17 +89,17 @@ class NodeFacts:
             return local
         return self._known.get(resources_key(resources(executor, self.device)))
 
-    def facts(self, executor: Any, local: DeviceFacts, *, again: bool = False) -> DeviceFacts:
-        """The facts of the node `executor` runs jobs on (`local`, this machine's, without one); `again`
-        probes even when they are known."""
+    def facts(self, executor: Any, local: DeviceFacts) -> DeviceFacts:
+        """The facts of the node `executor` runs jobs on (`local`, this machine's, without one). After a failed
+        probe, `local` stands in until RETRY_S have passed; the next decision after that probes again."""
         if executor is None or runs_here(executor):
             return local
         res = resources(executor, self.device)
         key = resources_key(res)
         with self._lock:
-            if not again and key in self._known:
+            if key in self._known and time.monotonic() < self._retry.get(key, float("inf")):
                 return self._known[key]
-            facts = None if again else self._cached(key)
+            facts = self._cached(key)
             if facts is not None:
                 announce(f"Device facts from {facts.line()} (cached in {self.path}): tune's space, the knobs' "
                          "rules and MFU read them")
@@ -150,12 +152,15 @@ class NodeFacts:
             if job is not None:
                 with contextlib.suppress(Exception):
                     job.cancel()
+            self._retry[key] = time.monotonic() + RETRY_S
             warn_at_caller(
                 f"the probe job that reads the trials' node's device facts failed ({type(e).__name__}: "
                 f"{str(e).strip()[:300]}): tune's space, the knobs' 'changes nothing here' rules and MFU use this "
-                f"machine's facts ({local.type} {local.name}, {local.units()}, {local.cores} cores) until it "
-                "runs. Fix the executor so that a job runs (its error above), then call bench.probe_node()")
+                f"machine's facts ({local.type} {local.name}, {local.units()}, {local.cores} cores) for now. Fix "
+                f"the executor so that a job runs (its error above): the first decision {RETRY_S / 60:.0f} minutes "
+                "after this one probes again, and at once when the executor's resources change")
             return local
+        self._retry.pop(key, None)
         self._save(key, res, facts)
         where = f" (saved in {self.path})" if self.path is not None else ""
         announce(f"Device facts from {facts.line()}{where}: tune's space, the knobs' rules and MFU read them")
@@ -163,8 +168,9 @@ class NodeFacts:
 
 
 class OnNode:
-    """The Workbench's device facts (`facts`, `probe_node`): its workload carries them. A mixin: the class
-    sets `executor`, `workload`, `_node` (a NodeFacts) and `_here` (this machine's facts)."""
+    """The Workbench's device facts (`_facts`; the faces read them through results.protocol.Bench): its
+    workload carries them (`bench.workload.facts`). A mixin: the class sets `executor`, `workload`, `log`,
+    `_node` (a NodeFacts) and `_here` (this machine's facts)."""
 
     executor: Any
     workload: Any
@@ -173,18 +179,12 @@ class OnNode:
     _here: DeviceFacts
 
     @property
-    def facts(self) -> DeviceFacts:
+    def _facts(self) -> DeviceFacts:
         """What the workbench knows of the device its trials run on (type, name, bf16/fp16/TF32 units, cores,
         memory): this machine's without an executor; with one, its node's, read by one probe job the first
         time they are needed for these resources and cached beside the log. tune's space, the knobs' rules,
-        `compare`'s "same" without measuring, MFU and the verdicts read them."""
+        `compare`'s "same" without measuring, MFU and the verdicts read them; the workload carries them."""
         self.workload.facts = self._node.facts(self.executor, self._here)
-        return self.workload.facts
-
-    def probe_node(self) -> DeviceFacts:
-        """Read the executor's node's device facts again with a probe job (after fixing an executor whose
-        probe failed, or after the partition's nodes changed); this machine's without an executor."""
-        self.workload.facts = self._node.facts(self.executor, self._here, again=True)
         return self.workload.facts
 
     def _known_facts(self) -> DeviceFacts | None:
@@ -204,6 +204,6 @@ class OnNode:
         (hopeless.py); None for any other trial."""
         from ..deciding.hopeless import warning
 
-        facts = facts or self.facts
+        facts = facts or self._facts
         here = self.workload.device
         return warning(knobs, self.log.trials, str(here) if facts.type == here.type else facts.type, bf16=facts.bf16)

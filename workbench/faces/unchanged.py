@@ -31,11 +31,11 @@ def warn_at_caller(message: str) -> None:
 def inert_note(bench: Any, knobs: Knobs) -> str | None:
     """The sentence for the knobs set away from the workbench's defaults that change nothing in this step
     (None: every change may act). `run` warns with it before the trial and adds it to the trial's notes.
-    The rules read the device facts of where the trials run (`bench.facts`: the node's with an executor),
+    The rules read the device facts of where the trials run (`bench._facts`: the node's with an executor),
     asked only when a knob differs from the defaults (with an executor, the first ask is a probe job)."""
     if not differing(bench.defaults, knobs):
         return None
-    changes = inert_changes(bench.defaults, knobs, bench.facts.device, **bench.workload.context_kwargs())
+    changes = inert_changes(bench.defaults, knobs, bench._facts.device, **bench.workload.context_kwargs())
     if not changes:
         return None
     return f"{sentence(changes, knobs)}: this trial runs the same step as without {'it' if len(changes) == 1 else 'them'}"
@@ -49,10 +49,10 @@ def with_note(result: TrialResult, note: str | None) -> TrialResult:
 def unchanged(bench: Any, ra: TrialResult, rb: TrialResult, margin: float) -> Comparison | None:
     """"same", decided without measuring, when the two trials' knobs differ only in knobs that change nothing in
     this step (they run the same step; their figures differ by noise alone). None otherwise, or when a side
-    failed (compare says why). The rules read `bench.facts` (the node's device with an executor)."""
+    failed (compare says why). The rules read `bench._facts` (the node's device with an executor)."""
     if not (ra.ok and rb.ok and ra.samples_per_s and rb.samples_per_s) or not differing(ra.knobs, rb.knobs):
         return None
-    changes = same_step(ra.knobs, rb.knobs, bench.facts.device, **bench.workload.context_kwargs())
+    changes = same_step(ra.knobs, rb.knobs, bench._facts.device, **bench.workload.context_kwargs())
     if changes is None:
         return None
     gap = rb.samples_per_s / ra.samples_per_s - 1

@@ -38,7 +38,7 @@ class Bench(Protocol):
     def device(self) -> torch.device: ...
 
     @property
-    def facts(self) -> DeviceFacts: ...  # the device the trials run on (the node's with an executor)
+    def _facts(self) -> DeviceFacts: ...  # the device the trials run on (the node's with an executor)
 
     @property
     def trials(self) -> list[TrialResult]: ...

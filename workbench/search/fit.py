@@ -27,7 +27,7 @@ def memory_ceiling(bench: Bench, max_bytes: int | None) -> float | None:
     executor's node, whose free memory is not known here: most of its total, from its device facts)."""
     if max_bytes is not None:
         return float(max_bytes)
-    facts = bench.facts
+    facts = bench._facts
     if not facts.here:
         return BATCH_GROWTH_LIMIT * facts.memory_bytes if facts.memory_bytes else None
     if bench.device.type == "cuda":
@@ -227,7 +227,7 @@ def _rescue(bench: Bench, k: Knobs, effective_batch: int, min_micro: int, max_tr
 
     # 1. AMP: activations in half precision
     if k.amp == "off" and len(rows) < max_trials:
-        amp = "fp16" if bench.facts.type == "cuda" and not bench.facts.bf16 else "bf16"
+        amp = "fp16" if bench._facts.type == "cuda" and not bench._facts.bf16 else "bf16"
         r = run("amp", f"amp={amp!r}", k.replace(amp=amp))
         if fits(r):
             return r, k.replace(amp=amp)

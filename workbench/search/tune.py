@@ -74,12 +74,12 @@ def stage_axes(bench: Bench, stage: str, knobs: Knobs, max_batch_size: int | Non
     `axes` keeps only the named axes (e.g. ("workers", "layout", "batch")); None keeps all.
 
     Changes on one axis exclude each other; changes on different axes combine. Device-aware, from the
-    device facts of where the trials run (`bench.facts`: the node's with an executor): no fp16 on CPU
+    device facts of where the trials run (`bench._facts`: the node's with an executor): no fp16 on CPU
     (a trap), bf16 only with native units, channels_last only with convolutions, pin_memory and
     CUDA-graph compile modes only on CUDA, matmul precision only with TF32 units, worker counts from
     the node's cores, buckets only under DDP.
     """
-    facts = bench.facts
+    facts = bench._facts
     dev, cores, keep, axes = facts.device, facts.cores, axes, []
     if stage == "process" and faulting(bench, knobs) is not None:
         axes.append(("allocator", [{"allocator": m} for m in available_allocators()]))
@@ -292,7 +292,7 @@ def _explain(ctx: Ctx, start: TrialResult, best: TrialResult) -> Any:
 def faulting(bench: Bench, knobs: Knobs) -> float | None:
     """The page-fault share of CPU time of the latest one-process CPU trial of `knobs` when above the
     diagnosis's ALLOCATOR_SHARE (the allocator is then raced first, each mode in a fresh process)."""
-    if bench.facts.type != "cpu" or knobs.world_size > 1 or knobs.allocator is not None:
+    if bench._facts.type != "cpu" or knobs.world_size > 1 or knobs.allocator is not None:
         return None
     last = next((r for r in reversed(bench.trials) if r.ok and r.knobs == knobs), None)
     share = last.extra.get("kernel_share") if last is not None else None

@@ -125,7 +125,7 @@ class Panel:
         self.bench = bench
         self.debounce_s, self.repeat_rounds = debounce_s, repeat_rounds
         self.last_repeat: dict[str, Any] | None = None  # the latest "repeat to confirm" outcome
-        self._device, self._has_conv = bench.facts.type, bench.workload.has_conv
+        self._device, self._has_conv = bench._facts.type, bench.workload.has_conv
         self.started_here: set[int] = set()  # ids of the trials this panel ran (on the trial thread)
         self._running_on: threading.Thread | None = None  # the queue's thread while it runs a trial
 

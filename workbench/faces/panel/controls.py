@@ -36,7 +36,7 @@ class KnobControls:
     def __init__(self, W: Any, bench: Bench) -> None:
         self.W = W
         self.bench = bench
-        self._device = bench.facts.type  # where the trials run (an executor's node)
+        self._device = bench._facts.type  # where the trials run (an executor's node)
         self._has_conv = bench.workload.has_conv
         self.groups = grouped()  # the registry now: built-in knobs and yours
         # Knobs are read in this order, so a knob can depend on the ones before it (workers on data mode).
@@ -61,7 +61,7 @@ class KnobControls:
 
     # ---- building ------------------------------------------------------------------------------
     def _make_controls(self, W: Any, k: Knobs) -> dict[str, Any]:
-        cores = self.bench.facts.cores  # the trials' machine's: affinity and container quota
+        cores = self.bench._facts.cores  # the trials' machine's: affinity and container quota
         spec = self.bench.workload.spec
         max_batch = len(spec) if not spec.iterable else 1 << 16
         style = {"description_width": "130px"}
