@@ -922,7 +922,8 @@ def test_slurm_held_job_runs_two_trials_then_a_cancel_leaves_nothing_running(slu
     b = bench.run(progress=False, batch_size=32)
     assert a.ok and b.ok, (a.message, b.message)
     assert a.extra["job"]["id"] == b.extra["job"]["id"] == a.env["slurm_job_id"]  # one job, two trials
-    assert b.extra["job"]["held"] == {"task": 2, "workload_loads": 1}  # torch and the workload loaded once
+    # torch and the workload loaded once; its task 2 was the device-facts probe that b's knobs asked for
+    assert b.extra["job"]["held"] == {"task": 3, "workload_loads": 1}
     stop = threading.Event()
     bench.steps = 100000
     threading.Timer(2.0, stop.set).start()
