@@ -255,7 +255,7 @@ def submit_trial(fn: Callable[..., T], *args: Any, **kwargs: Any) -> concurrent.
 
     A user's plain loop runs on the main thread, and a thread's figure is tied to it: glibc gives
     every other thread its own malloc arena, whose heaps are unmapped when free and faulted in
-    again at the next step (issue 23: ~4,600 page faults per step for a bf16 + channels_last CNN
+    again at the next step (~4,600 page faults per step for a bf16 + channels_last CNN
     on a second thread, none on the main thread). Measuring where the user's loop runs reads what
     it reads; the panel, which must not block the kernel, keeps the trial thread.
     """
