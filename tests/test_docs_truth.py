@@ -394,3 +394,47 @@ def test_the_figure_check_can_fail():
             "The cnn demo runs at 20,668 samples/s ([benchmarks](../benchmarks/README.md#gpu-check)).\n\n"
             "It took 143 s in CI (2026-12-04, the 2-core CPU VM).\n\n`bench.run()  # 1,000 samples/s`\n")
     assert figures_without_conditions(fine) == []
+
+
+# ---- the README's install table is pyproject.toml's ------------------------------------------------------
+def _requirement_names(requirements: list[str]) -> set[str]:
+    """Package names of requirement strings, leaving out this package's own extras and environment-only ones."""
+    names = set()
+    for req in requirements:
+        if ";" in req or req.startswith("tuning-workbench"):
+            continue
+        names.add(re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower())
+    return names
+
+
+def install_rows_missing(readme: str, project: dict) -> list[str]:
+    """What the README's install table leaves out: an extra without its row, a package its row does not name."""
+    rows = [line for line in readme.splitlines() if line.startswith("|") and "pip install" in line]
+    core = next((r for r in rows if "`pip install tuning-workbench`" in r), "")
+    missing = [f"core: {n}" for n in sorted(_requirement_names(project["dependencies"])) if n not in core.lower()]
+    for extra, requirements in project["optional-dependencies"].items():
+        row = next((r for r in rows if f"tuning-workbench[{extra}]" in r), None)
+        if row is None:
+            missing.append(f"[{extra}]: no row")
+            continue
+        missing += [f"[{extra}]: {n}" for n in sorted(_requirement_names(requirements)) if n not in row.lower()]
+    return missing
+
+
+def test_the_readme_install_table_names_every_extra_and_what_it_adds():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    missing = install_rows_missing((ROOT / "README.md").read_text(encoding="utf-8"), project)
+    assert not missing, f"README.md's install table leaves out: {missing}"
+
+
+def test_the_install_table_check_can_fail():
+    project = {"dependencies": ["torch>=2.4", "cloudpickle>=2.2"],
+               "optional-dependencies": {"hf": ["transformers>=4.40"], "lightning": ["lightning>=2.1"],
+                                         "test": ["tuning-workbench[hf]", "pytest>=8", "tomli; python_version < '3.11'"]}}
+    readme = ("| the core (torch) | `pip install tuning-workbench` |\n| Hugging Face (adds transformers) | "
+              '`pip install "tuning-workbench[hf]"` |\n| tests (adds nbval) | `pip install "tuning-workbench[test]"` |\n')
+    assert install_rows_missing(readme, project) == ["core: cloudpickle", "[lightning]: no row", "[test]: pytest"]

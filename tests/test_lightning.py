@@ -229,7 +229,7 @@ def test_configure_optimizers_that_needs_the_trainer_is_refused_with_the_fix():
             total = self.trainer.estimated_stepping_batches  # no Trainer is attached to the trial's copy
             return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.LinearLR(opt, total_iters=total)}
 
-    with pytest.raises(ValueError, match="configure_optimizers failed outside a Trainer.*from the module alone"):
+    with pytest.raises(ValueError, match=r"configure_optimizers failed outside a Trainer.*from the module alone"):
         bench_of(module=NeedsTrainer())
 
 
