@@ -3,9 +3,9 @@
 A DataLoader with workers keeps up to `num_workers x prefetch_factor` batches ready ahead of the
 training loop. Any long step before the measured window (the first step's compile, the CPU memory
 probe, a recompile, an epoch start) lets the workers fill that buffer, and a window that begins by
-draining it measures the buffer, not the pipeline: a first compiled trial on a data-bound loader read
-1.53x what the workers can deliver after a fixed 5-step warm-up (benchmarks/README.md, "Steady-state
-warm-up": 2026-12-02, a quiet 2-core CPU). So warm-up ends at steady state, not at a count:
+draining it measures the buffer, not the pipeline: a first compiled trial on a data-bound loader
+reads well above what its workers can deliver (the figure, with its conditions:
+benchmarks/README.md#the-buffer-drain-effect). So warm-up ends at steady state, not at a count:
 
     at least `warmup_steps` steps; after the last slow step, warm-up goes on until
       1. the loader's buffer (num_workers x prefetch_factor batches, + 1 in flight) has been consumed, and
