@@ -81,8 +81,28 @@ def run_page(name: str, scope: dict) -> dict:
 ANSWERS = ("faster", "slower", "same", "undecided")
 
 
+@pytest.fixture
+def short_trials(monkeypatch):
+    """`wb.Workbench` with short trials by default (6 steps after 1 warm-up step) and `rounds="auto"` capped at
+    2 rounds, `from_trainer` and `from_lightning` included: the page's code runs as written; what is checked
+    is that it runs and answers, not a measurement."""
+    import workbench as wb
+
+    class ShortTrials(wb.Workbench):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("steps", 6)
+            kwargs.setdefault("warmup_steps", 1)
+            super().__init__(*args, **kwargs)
+
+        def compare(self, a, b, rounds=0, **kwargs):
+            kwargs.setdefault("max_rounds", 2)
+            return super().compare(a, b, rounds, **kwargs)
+
+    monkeypatch.setattr(wb, "Workbench", ShortTrials)
+
+
 @pytest.mark.slow
-def test_your_model_page_runs_as_written(tmp_path, monkeypatch, capsys):
+def test_your_model_page_runs_as_written(short_trials, tmp_path, monkeypatch, capsys):
     from workbench.demos import DEMOS
 
     parts = DEMOS["cnn"].build("tiny")
@@ -93,7 +113,7 @@ def test_your_model_page_runs_as_written(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_hugging_face_page_runs_as_written(tmp_path, monkeypatch):
+def test_hugging_face_page_runs_as_written(short_trials, tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     from test_hf import trainer_of
@@ -107,7 +127,7 @@ def test_hugging_face_page_runs_as_written(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_lightning_page_runs_as_written(tmp_path, monkeypatch):
+def test_lightning_page_runs_as_written(short_trials, tmp_path, monkeypatch):
     pytest.importorskip("lightning")
     from test_lightning import Data, Net, trainer
 
