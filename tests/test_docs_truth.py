@@ -1,5 +1,7 @@
 """The docs say what the package is: every path a page names exists, every code name in backticks is a
-name the package has, and no page, notebook or public docstring uses a retired word (issue 50).
+name the package has, no page, notebook or public docstring uses a retired word (issue 50), no user-facing
+text speaks of the project's history (issue numbers, rounds), every measured figure on a page carries its
+benchmark link or its date and machine, and the README's install table is pyproject.toml's.
 
 The known names are generated from the package itself (its source's identifiers, parameters, attributes and
 string constants such as result columns, plus the knob registry), never listed by hand; the only hand-kept
