@@ -29,6 +29,7 @@ import pandas as pd
 
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult
+from ..launch.folders import write_atomic
 from . import series
 from .comparison import real_run
 from .models import MODEL_KEY, model_of, of_model, same_model, with_others
@@ -323,7 +324,7 @@ class ResultLog:
         lines = [self._trial_line(r.to_record(), target) for r in self.trials]
         if self._baseline_id is not None:
             lines.append(_line({"event": "baseline", "trial_id": self._baseline_id}))
-        series.write_new(target, b"".join(lines))  # a new temporary file (O_EXCL, no link followed), then renamed
+        write_atomic(target, b"".join(lines), mode=0o666)  # a new temporary file (O_EXCL, no link followed), then renamed
         self.path, self._offset, self._unsaved, self.write_error = target, target.stat().st_size, [], None
         return target
 

@@ -367,8 +367,7 @@ def one_look(n_a: Sequence[float], mean_a: Sequence[float], ss_a: Sequence[float
 
     Per comparison: n (trials), mean and sum of squared deviations of log(rate) on each side, the rate
     being the figure the pair is judged on (samples/s, or tokens/s: `comparison.judged_on`); `margin`
-    one for all or one per comparison. A
-    pooled Student-t interval of the log-ratio uses the larger of the model's sigma and the sides' own
+    one for all or one per comparison. A pooled Student-t interval of the log-ratio uses the larger of the model's sigma and the sides' own
     spread (when they have 2+ degrees of freedom of it), so a configuration noisier than the machine's
     usual cannot win on the pooled figure. `decide` (one comparison) and the results table (every row,
     re-judged when the noise changes) both call this: there is no second copy of the rule.

@@ -82,6 +82,7 @@ def static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
         row["node"] = r.env.get("host", "")
         row["queue_s"] = job.get("queue_s") if isinstance(job, dict) else None  # waited in the queue (not measured)
         row["process_mode"] = r.env.get("allocator", "")  # the allocator its process ran in, read back
+        row["ran_in"] = r.env.get("ran_in", "")  # worker, job, kernel or kernel thread (measure.ran_in)
         row["participant"] = r.participant
         model = r.extra.get("model") if isinstance(r.extra, dict) else None  # its model's fingerprint (models.py)
         row["model"] = model if isinstance(model, str) else ""
