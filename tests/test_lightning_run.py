@@ -23,7 +23,7 @@ L = pytest.importorskip("lightning.pytorch")
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
              accelerator="cpu", devices=1)
 SANITY_SLEEP_S = 0.03  # seconds per sanity-check batch (before any training step)
-VAL_STEPS = 7  # each validation batch lasts this many recent training steps (3 batches: ~20 steps' time)
+VAL_STEPS = 10  # each validation batch lasts this many recent training steps (3 batches: 30 steps' time)
 
 
 def data(n: int) -> DataLoader:
@@ -34,7 +34,7 @@ def data(n: int) -> DataLoader:
 
 class Validated(L.LightningModule):
     """A tiny classifier whose validation batch sleeps as long as VAL_STEPS of its recent training steps (on
-    a loaded machine both stretch together): a validation every 10 steps is twice the training's time."""
+    a loaded machine both stretch together): a validation every 10 steps is three times the training's time."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -96,8 +96,8 @@ def test_validation_during_fit_is_left_out_of_the_window_and_said_with_its_secon
     plain, _ = fit(bench, validate=False)
     validated, module = fit(bench, validate=True)
     ratio = validated.samples_per_s / plain.samples_per_s
-    # the validations last twice the training's time: counted in, the ratio reads ~0.35
-    assert ratio > 0.6, (ratio, validated.notes)
+    # the validations last three times the training's time: counted in, the ratio reads ~0.25
+    assert ratio > 0.5, (ratio, validated.notes)
     runs = 120 // 10  # a validation every 10 steps
     assert seconds_in(validated.notes, "validation") >= 0.95 * module.slept["validation"]
     assert seconds_in(validated.notes, "sanity check") >= 0.95 * module.slept["sanity"]
