@@ -113,7 +113,8 @@ from test_hf import trainer_of
 warnings.simplefilter("ignore")
 bench = wb.Workbench.from_trainer(trainer_of(), log={log!r}, steps=3, warmup_steps=1)
 callback = wb.TrainerCallback(bench)
-real = trainer_of(max_steps=30, output_dir={out!r}, per_device_train_batch_size=4, ddp_backend="gloo")
+real = trainer_of(max_steps=30, output_dir={out!r}, per_device_train_batch_size=4, ddp_backend="gloo",
+                  disable_tqdm=True)
 real.add_callback(callback)
 real.train()
 print("rank", real.args.process_index, "row", None if callback.result is None else callback.result.trial_id)

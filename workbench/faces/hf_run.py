@@ -44,7 +44,7 @@ class TrainerCallback(transformers.TrainerCallback):
         notes = ["knobs read from the TrainingArguments; channels_last, cpu_threads, optimizer kernels and your own "
                  "knobs are taken as their defaults", *(f"not a knob: {item}" for item in left)]
         mode = str(getattr(args.parallel_mode, "value", args.parallel_mode))
-        if mode == "distributed" and args.world_size > 1 and not (args.fsdp or args.deepspeed):
+        if mode == "distributed" and args.world_size > 1 and not (getattr(args, "fsdp", None) or args.deepspeed):
             start.update(world_size=int(args.world_size), strategy="ddp")
         elif mode == "not_distributed":  # one process driving its GPUs with torch.nn.DataParallel
             notes.append(f"DataParallel over {args.n_gpu} GPUs: a step's samples are {args.n_gpu} x the per-device "

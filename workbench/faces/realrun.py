@@ -202,7 +202,7 @@ class RunMeter:
                      **{i: PAUSE for i in range(k) if slowest[2 * k + i]}}
         self.peak = int(slowest[-1]) if self.cuda else None
         self.notes.append(f"{world} ranks: samples and tokens summed over the ranks, each step's time and data wait "
-                          "the slowest rank's (as a trial's ranks are counted); pauses and losses by rank zero's clock")
+                          "the slowest rank's (as a trial's ranks are counted); the pauses' seconds and the losses are rank zero's")
         return self.result() if dist.get_rank() == 0 else None
 
     def result(self) -> TrialResult:
