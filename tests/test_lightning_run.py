@@ -93,11 +93,12 @@ def seconds_in(notes, what: str) -> float:
 @pytest.mark.slow
 def test_validation_during_fit_is_left_out_of_the_window_and_said_with_its_seconds(tmp_path):
     bench = bench_of(tmp_path)
-    plain, _ = fit(bench, validate=False)
-    validated, module = fit(bench, validate=True)
-    ratio = validated.samples_per_s / plain.samples_per_s
+    pairs = [(fit(bench, validate=False)[0], fit(bench, validate=True)) for _ in range(2)]  # alternated
+    plain = max(p.samples_per_s for p, _ in pairs)  # the best of each: a burst of load on a shared machine
+    validated, module = max((v for _, v in pairs), key=lambda v: v[0].samples_per_s)  # slows one fit, not two
+    ratio = validated.samples_per_s / plain
     # the validations last three times the training's time: counted in, the ratio reads ~0.25
-    assert ratio > 0.5, (ratio, validated.notes)
+    assert ratio > 0.5, (ratio, [(p.samples_per_s, v.samples_per_s) for p, (v, _) in pairs], validated.notes)
     runs = 120 // 10  # a validation every 10 steps
     assert seconds_in(validated.notes, "validation") >= 0.95 * module.slept["validation"]
     assert seconds_in(validated.notes, "sanity check") >= 0.95 * module.slept["sanity"]
