@@ -514,6 +514,78 @@ def check_device_stages(ctx: Context) -> tuple[str, bool, dict]:
         within and once, {"stages_ms": split, "step_ms": step_ms}
 
 
+HIDDEN_WAIT = 0.05  # a loader well under a long GPU step (queued kernels ahead of it) waits at most this share
+HIDDEN_LOADER, SLOW_LOADER = 0.3, 3.0  # the two loaders' sleep per batch, in GPU steps (the cached trial's)
+
+
+def idle_expected(loader_s: float, step_s: float) -> tuple[float, float]:
+    """The GPU's idle seconds per step a loader of `loader_s` host seconds should read against a `step_s`
+    GPU step: the loader less the kernels queued before it, within [0.8x, that + half a step]. The bounds'
+    why: the kernels queued ahead cover at most one step (the loader sits between steps), and at least the
+    step less the host's launches; the window's first step (after its opening sync) hides nothing."""
+    excess = max(0.0, loader_s - step_s)
+    return 0.8 * excess, excess + 0.5 * step_s
+
+
+class SleepCollate:
+    """A collate that spends `sleep_s` of host time per batch, then gathers the batch's rows: the loader's
+    cost set per trial (a module-level class: picklable)."""
+
+    def __init__(self, x: Any, y: Any, sleep_s: float = 0.0) -> None:
+        self.x, self.y, self.sleep_s = x, y, sleep_s
+
+    def __call__(self, index: list[int]) -> tuple[Any, Any]:
+        import torch
+
+        time.sleep(self.sleep_s)
+        rows = torch.tensor(index)
+        return self.x[rows], self.y[rows]
+
+
+def check_gpu_idle_wait(ctx: Context) -> tuple[str, bool, dict]:
+    # A GPU-bound MLP step; one cached batch gives its GPU time S. A loader of 0.3 S (pageable copies, no
+    # workers) runs while the previous step's kernels are still queued: no wait. One of 3 S leaves the
+    # GPU idle ~2 S a step, which the share must read, without the part the queued kernels hid.
+    torch, wb = ctx.torch, ctx.wb
+    dim, width, batch = ctx.size(256, 32), ctx.size(8192, 64), ctx.size(2048, 32)  # 2 MB a batch: a short copy
+    g = torch.Generator().manual_seed(0)
+    collate = SleepCollate(torch.randn(batch * 4, dim, generator=g), torch.randint(0, 10, (batch * 4,), generator=g))
+    loader = torch.utils.data.DataLoader(list(range(batch * 4)), batch_size=batch, shuffle=True, collate_fn=collate)
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(dim, width), nn.ReLU(), *[m for _ in range(3) for m in (nn.Linear(width, width),
+                                                                                              nn.ReLU())],
+                          nn.Linear(width, 10))
+    bench = wb.Workbench(model, loader, loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4),
+                         device=ctx.device, log=None, name="gpu-idle", steps=STEPS, warmup_steps=WARMUP,
+                         knobs=wb.Knobs(batch_size=batch))
+    cached = bench.run(data="cached")
+    if not _ok(cached):
+        return f"cached: {_status(cached)}", False, {}
+    step = cached.step_time_s
+    runs = {}
+    for name, loader_steps in (("hidden", HIDDEN_LOADER), ("slow", SLOW_LOADER)):
+        collate.sleep_s = loader_steps * step  # the same bench: its loader calls this collate
+        runs[name] = bench.run()
+        if not _ok(runs[name]):
+            return f"{name} loader: {_status(runs[name])}", False, {}
+    hidden, slow = runs["hidden"], runs["slow"]
+    told_h, told_s = hidden.extra.get("data_wait", {}), slow.extra.get("data_wait", {})
+    events = told_s.get("clock") == "device events"  # else the host clock: the loader's host time is the wait
+    idle = (told_s.get("loader_idle_s") if events else told_s.get("loader_host_s")) or 0.0
+    lo, hi = idle_expected(told_s.get("loader_host_s") or 0.0, step)
+    good = hidden.data_wait_share <= HIDDEN_WAIT and lo <= idle <= hi
+    if not ctx.cuda:  # the host is the device: nothing hides a loader there; the dry run checks the code
+        good = told_h.get("clock") == "host"
+    detail = {"step_s": step, "hidden": told_h, "slow": told_s, "hidden_share": hidden.data_wait_share,
+              "slow_share": slow.data_wait_share, "expected_idle_s": [lo, hi]}
+    return (f"step {step * 1e3:.1f} ms; loader {told_h.get('loader_host_s', 0) * 1e3:.0f} ms: data wait "
+            f"{hidden.data_wait_share:.1%}; loader {told_s.get('loader_host_s', 0) * 1e3:.0f} ms: "
+            f"{'GPU idle' if events else 'host wait'} "
+            f"{idle * 1e3:.0f} ms/step (expected {lo * 1e3:.0f}-{hi * 1e3:.0f}), share {slow.data_wait_share:.0%}; "
+            f"clock: {told_h.get('clock')}"), good, detail
+
+
 # TF32 (matmul_precision='high'): inputs rounded to a 10-bit mantissa (unit roundoff 2**-11 = 4.9e-4),
 # products accumulated in fp32. A K-long dot product of random inputs then has a relative error of a small
 # multiple of 2**-11, and three layers compound it: ~1e-3 expected, 1e-2 allowed. tests/test_gpu_check.py
@@ -849,6 +921,32 @@ def check_oom(ctx: Context) -> tuple[str, bool, dict]:
         good, {"message": boom.message, "alloc_delta": alloc1 - alloc0, "reserved_delta": reserved1 - reserved0}
 
 
+def check_worker_process(ctx: Context) -> tuple[str, bool, dict]:
+    """The default place of trials: the workbench's worker process, which owns a CUDA context of its own. The
+    model sits on the device in this process (as a notebook's often does); the trial runs in the worker, on
+    the device, and reads what the same trial reads in this process (both one thread, one OpenMP team here)."""
+    torch, nn = ctx.torch, ctx.torch.nn
+    width = ctx.size(2048, 128)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)).to(ctx.device)
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(2048, width, generator=g), torch.randint(0, 10, (2048,), generator=g))
+    kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3), device=ctx.device,
+              log=None, steps=STEPS, warmup_steps=WARMUP, knobs=ctx.wb.Knobs(batch_size=ctx.size(256, 32)))
+    worker = ctx.wb.Workbench(model, data, name="worker", trials_in="worker", **kw)
+    kernel = ctx.wb.Workbench(model, data, name="kernel", trials_in="kernel", **kw)
+    w, k, w2 = worker.run(), kernel.run(), worker.run()
+    if not (_ok(w) and _ok(k) and _ok(w2)):
+        return f"worker {_status(w)}; kernel {_status(k)}", False, {}
+    ratio = math.sqrt(w.samples_per_s * w2.samples_per_s) / k.samples_per_s
+    where = {w.env.get("ran_in"), w2.env.get("ran_in")}
+    good = where == {"worker"} and str(w.env.get("device", "")).startswith(ctx.device) and 0.85 <= ratio <= 1.15
+    start = (w.extra.get("worker_startup") or {}).get("text", "")
+    worker._worker.close()
+    return (f"ran_in {sorted(where)} on {w.env.get('device')}; worker / kernel {ratio:.2f}; {start}"), good, \
+        {"worker": [w.samples_per_s, w2.samples_per_s], "kernel": k.samples_per_s}
+
+
 ANY = ("cuda", "mps", "cpu")  # "cpu" only ever runs in the GPU_CHECK_DEVICE=cpu dry run
 
 # Order matters: the OOM trial runs last so a damaged allocator cannot spoil the others, and the
@@ -868,6 +966,10 @@ CHECKS: list[Check] = [  # estimates: rough guesses of cold seconds on one GPU (
     Check("compute-bound LM, default loader (8 layers, d=768, seq 512)",
           f"ok; data wait <= {LM_DATA_WAIT:.0%} (pageable copies: the queue they wait behind is compute); "
           "diagnose says compute", check_lm_data_wait, 45, ANY),
+    Check("data wait is the GPU's idle time (hidden and slow loader)",
+          f"ok; a loader of {HIDDEN_LOADER} GPU steps reads data wait <= {HIDDEN_WAIT:.0%}; one of {SLOW_LOADER:.0f} "
+          "steps reads its excess over the step as GPU idle (0.8x to +0.5 step)", check_gpu_idle_wait, 25,
+          ("cuda", "cpu")),
     Check("profile stages in device time (the LM)", f"each stage once; data + the kernels of forward, backward, "
           f"optimizer = {STAGES_LOW:.2f}-{STAGES_HIGH:.2f} of the traced step", check_device_stages, 5, ANY),
     Check("variable-length tokens under bf16: shapes", "two trials of the same knobs within 15% tokens/s; shapes and "
@@ -891,6 +993,8 @@ CHECKS: list[Check] = [  # estimates: rough guesses of cold seconds on one GPU (
           ("cuda", "cpu")),
     Check("compile='reduce-overhead' (CUDA graphs)", "ok; losses equal eager (1e-3) after graph replays, not all identical",
           check_compile_cudagraphs, 50, ("cuda", "cpu")),
+    Check("trials in the worker process (the default)", "ok; ran_in worker, on the device, with the model on the "
+          "device in this process; worker / in-process trial within 0.85-1.15", check_worker_process, 20, ANY),
     Check("OOM trial, then the next one", "status oom; next trial ok; allocated memory back (<= 2 MiB)",
           check_oom, 10),
 ]
@@ -995,6 +1099,9 @@ def finish(rows: list[Row], device: str | None, budget: Budget, started: str) ->
 
 
 def main() -> int:
+    # The checks read this process's device state around a trial (memory back after an OOM, settings restored):
+    # their trials run here. Trials in the worker process, the default, have a check of their own.
+    os.environ.setdefault("WORKBENCH_TRIALS", "kernel")
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     budget = Budget(budget_from_env())
     device = pick_device()

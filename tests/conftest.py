@@ -99,6 +99,18 @@ def _cpu_unless_about_the_device(request, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _trials_in_kernel_unless_about_the_worker(request, monkeypatch):
+    """Unit tests run their trials in the test's own process (WORKBENCH_TRIALS=kernel): they patch the
+    workbench's internals and read what the step did. A test about the worker process, the README's
+    blocks and every notebook keep the default (`@pytest.mark.worker`; nbval's kernels start before this
+    fixture), so the default path is tested where users meet it."""
+    if request.node.get_closest_marker("worker") is None:
+        monkeypatch.setenv("WORKBENCH_TRIALS", "kernel")
+    else:
+        monkeypatch.delenv("WORKBENCH_TRIALS", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _fixed_warmup(request, monkeypatch):
     """`@pytest.mark.fixed_warmup`: exactly `warmup_steps` warm-up steps (steady.py's old count), for
     tests that count steps or compare losses across trials (a steady warm-up may take more steps

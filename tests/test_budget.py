@@ -73,7 +73,7 @@ def test_a_budget_records_a_finished_trial_as_evidence():
 
     def run(knobs, **kwargs):
         assert kwargs.keys() == {"stop_early", "cancel"} and kwargs["stop_early"] is False
-        assert kwargs["cancel"].queue is budget.queue and not kwargs["cancel"].timed  # whole: no deadline
+        assert kwargs["cancel"].waits.account is budget.queue and not kwargs["cancel"].timed  # whole: no deadline
         clock.now += 3.0
         return TrialResult(knobs=knobs, status="ok", trial_id=1)
 

@@ -392,7 +392,7 @@ def test_a_panel_deadline_expiring_in_the_queue_waits_for_the_job(fake_slurm, tm
     r = bench.run(progress=False, cancel=Either(deadline, threading.Event()))
     deadline.cancel()
     assert r.ok, r.message  # queue time is not spent: the deadline moved on by the wait
-    assert deadline.waited > 0 and not fake_slurm.submitted[-1].cancelled
+    assert deadline.waits.waited > 0 and not fake_slurm.submitted[-1].cancelled
     stop = threading.Event()
     threading.Timer(0.3, stop.set).start()
     r = bench.run(progress=False, cancel=Either(Deadline(60.0, "budget"), stop))
@@ -435,9 +435,33 @@ def test_the_deadline_moves_on_by_a_queue_wait():
     d = Deadline(0.05, "budget")
     time.sleep(0.15)
     assert d.expired
-    d.postpone(10.0)  # the job waited in the queue: the budget's deadline moves on
-    assert not d.is_set() and not d.expired and d.waited == 10.0
+    d.waits.queued(10.0)  # the job waited in the queue: the budget's deadline moves on
+    assert not d.is_set() and not d.expired and d.waits.waited == 10.0
     d.cancel()
+
+
+def test_only_a_budget_s_explicit_account_hears_of_queue_waits(fake_slurm, tmp_path):
+    """A budget's trial gives its jobs one explicit object for their queue waits (`Deadline.waits`); a
+    cancel event of the user's own, whatever its attributes, is a cancel and nothing more."""
+    heard = []
+
+    class MyStop(threading.Event):  # the user's own Stop, with attributes of its own
+        queue = ("a tuple of the user's",)
+
+        def postpone(self, seconds):
+            heard.append(seconds)
+
+    bench = bench_on(fake_slurm, tmp_path)
+    fake_slurm.queue_s = 0.5
+    r = bench.run(progress=False, cancel=MyStop())
+    assert r.ok and r.extra["job"]["queue_s"] > 0 and heard == [], (r.message, heard)
+    budget = Budget(None, "tune")
+    r = budget.trial(functools.partial(bench.run, progress=False), wb.Knobs(batch_size=16))
+    assert r.ok and budget.queue.total > 0  # the budget's own account heard the wait
+    from workbench.launch.cluster import QueueWaits
+
+    d = Deadline(None, "budget", budget.queue)
+    assert isinstance(d.waits, QueueWaits) and d.waits.account is budget.queue
 
 
 def test_trials_on_different_nodes_say_so():
@@ -484,11 +508,11 @@ def test_a_killed_kernel_not_yet_reaped_is_not_an_owner():
 
     import psutil
 
-    from workbench.launch import jobs
+    from workbench.launch import owners as jobs
 
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        who = {"host": jobs.owner()["host"], "pid": p.pid, "started": jobs._started(p.pid)}
+        who = {"host": jobs.owner()["host"], "pid": p.pid, "started": jobs.started_at(p.pid)}
         assert jobs.owner_alive(who, time.time())
         p.send_signal(signal.SIGKILL)
         t = time.monotonic()
@@ -527,7 +551,7 @@ def test_a_left_behind_job_in_a_folder_others_can_write_is_not_loaded(tmp_path):
 
 
 def test_a_second_kernel_on_the_folder_leaves_the_first_ones_live_jobs_alone(fake_slurm, tmp_path):
-    from workbench.launch import jobs
+    from workbench.launch import owners as jobs
 
     fake_slurm.queue_s = 3600.0
     first = bench_on(fake_slurm, tmp_path)
@@ -811,6 +835,9 @@ def test_slurm_a_restarted_kernel_reattaches_its_job_in_flight(slurm, tmp_path):
         assert r.ok, r.message
         assert r.extra["job"]["reattached"] and r.extra["job"]["id"] == job.split("|")[0] == r.env["slurm_job_id"]
         assert r.samples_per_s > 0 and len(r.step_times_s) > 0  # the job's own figures, not a stand-in
+        t = time.monotonic()
+        while list(jobs_dir.iterdir()) and time.monotonic() - t < 10:  # the watcher forgets the job once it recorded it
+            time.sleep(0.1)
         assert list(jobs_dir.iterdir()) == []  # its registry entry and progress file are gone with the trial recorded
         t = time.monotonic()
         while named_jobs(name) and time.monotonic() - t < 30:
@@ -948,3 +975,299 @@ def test_a_stopped_held_trial_ends_its_worker_job(tmp_path):
     assert jobs.cancelled and ex.workers() == []  # its worker job was cancelled and is not given more trials
     jobs.threads[0].join(timeout=30)
     assert not jobs.threads[0].is_alive()  # the worker honoured its stop file once the trial returned
+
+
+# ---- a restarted kernel keeps what its jobs ran (the model, the process) -------------------------
+def edited_bench(executor, tmp_path):
+    """The workbench of a kernel restarted after the model was edited (a wider TinyNet), on the same log."""
+    return wb.Workbench(TinyNet(d=32), tiny_data(256), loss_fn=torch.nn.CrossEntropyLoss(),
+                        optimizer=lambda p: torch.optim.SGD(p, lr=0.05), knobs=wb.Knobs(batch_size=16),
+                        log=tmp_path / "runs", executor=executor, steps=4, warmup_steps=1)
+
+
+def test_a_job_in_flight_names_the_model_it_runs_in_its_registry_entry(fake_slurm, tmp_path):
+    fake_slurm.queue_s = 3600.0
+    bench = bench_on(fake_slurm, tmp_path)
+    stop = threading.Event()
+    ran = concurrent.futures.ThreadPoolExecutor(1).submit(bench.run, progress=False, cancel=stop)
+    jobs_dir = tmp_path / "runs" / "TinyNet.jobs"
+    t = time.monotonic()
+    while not list(jobs_dir.glob("job-*.json")) and time.monotonic() - t < 30:
+        time.sleep(0.05)
+    (entry,) = [json.loads(p.read_text()) for p in jobs_dir.glob("job-*.json")]
+    stop.set()
+    assert ran.result(timeout=30).status == "interrupted"
+    assert entry["model"] == bench.fingerprint  # what a restarted kernel records the trial as
+
+
+def test_a_reattached_job_keeps_the_fingerprint_of_the_model_it_ran(tmp_path):
+    """A kernel restarted after the model was edited: the old model's trial keeps the old model's
+    fingerprint, is never compared with the new model's trials and never becomes their baseline."""
+    submitit = pytest.importorskip("submitit")
+    from submitit.core import utils
+
+    old = bench_on(concurrent.futures.ThreadPoolExecutor(1), tmp_path)
+    jobs_dir = tmp_path / "runs" / "TinyNet.jobs"
+    folder = tmp_path / "submitit"
+    folder.mkdir()
+    for jid, model in (("111", old.fingerprint), ("222", None)):  # 222: an entry written without a model
+        done = TrialResult(knobs=wb.Knobs(batch_size=16), status="ok", samples_per_s=100.0,
+                           step_times_s=(0.1, 0.1), samples_per_step=16, env={"host": "n9"})
+        utils.cloudpickle_dump(("success", done), submitit.LocalJob(folder=folder, job_id=jid).paths.result_pickle)
+        entry = {"kind": "trial", "job_id": jid, "executor": "LocalJob", "folder": str(folder),
+                 "knobs": {"batch_size": 16}, "started_at": "", "progress_file": None}
+        (jobs_dir / f"job-{jid}.json").write_text(json.dumps({**entry, "model": model} if model else entry))
+    with pytest.warns(UserWarning, match="earlier kernel"):
+        new = edited_bench(concurrent.futures.ThreadPoolExecutor(1), tmp_path)
+    assert new.fingerprint != old.fingerprint
+    by_job = {t.extra["job"]["id"]: t for t in new.trials}
+    assert by_job["111"].ok and by_job["111"].extra["model"] == old.fingerprint
+    assert by_job["222"].extra["model"] == "unknown"  # which model it ran is not known: never this one's
+    assert new.log.baseline is None  # the edited model has no trial yet
+
+
+def start_local_sleeper(tmp_path):
+    """A submitit local job that sleeps two minutes, once its task runs (the controller and its child)."""
+    import psutil
+
+    submitit = pytest.importorskip("submitit")
+    ex = submitit.LocalExecutor(tmp_path / "sub")
+    ex.update_parameters(timeout_min=5)
+    job = ex.submit(time.sleep, 120)
+    t = time.monotonic()
+    while not psutil.Process(job._process.pid).children() and time.monotonic() - t < 30:
+        time.sleep(0.05)
+    return job
+
+
+def ended(job, within=20.0):
+    t = time.monotonic()
+    while job._process.poll() is None and time.monotonic() - t < within:
+        time.sleep(0.05)
+    return job._process.poll() is not None
+
+
+def test_a_left_behind_local_job_is_stopped_by_its_pid(tmp_path):
+    """A LocalJob rebuilt from its folder and id (a new kernel's) has no process handle; its cancel
+    ends the job's processes (its controller's pid is the job id), and says so only when they ended."""
+    import sys
+
+    submitit = pytest.importorskip("submitit")
+    job = start_local_sleeper(tmp_path)
+    try:
+        orphan = submitit.LocalJob(folder=job.paths.folder, job_id=job.job_id)
+        assert orphan._process is None
+        said = cluster.stop_job(orphan)
+        assert ended(job), f"the job still runs after: {said}"
+        assert said == "cancelled (its process was ended)"
+    finally:
+        job.cancel()
+        job._process.wait()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a pid not a submitit job's
+    try:
+        said = cluster.stop_job(submitit.LocalJob(folder=job.paths.folder, job_id=str(other.pid)))
+        assert other.poll() is None and said.startswith("not cancelled"), said  # never signalled
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_restarted_kernel_stops_a_left_behind_local_job_and_says_so(tmp_path):
+    """A local job cannot be watched from another kernel: left running, it would train beside this kernel's
+    trials. It is stopped, and its trial is recorded as stopped (never evidence), saying why."""
+    job = start_local_sleeper(tmp_path)
+    try:
+        bench_on(concurrent.futures.ThreadPoolExecutor(1), tmp_path)
+        jobs_dir = tmp_path / "runs" / "TinyNet.jobs"
+        (jobs_dir / f"job-{job.job_id}.json").write_text(
+            json.dumps({"kind": "trial", "job_id": job.job_id, "executor": "LocalJob", "folder": str(job.paths.folder),
+                        "knobs": {"batch_size": 16}, "started_at": "", "progress_file": None}))
+        with pytest.warns(UserWarning, match="earlier kernel"):
+            again = bench_on(concurrent.futures.ThreadPoolExecutor(1), tmp_path)
+        assert ended(job), "the left-behind job still trains"
+        (t,) = again.trials
+        assert t.status == "interrupted" and "its process was ended" in t.message, t.message
+    finally:
+        job.cancel()
+        job._process.wait()
+
+
+# ---- held jobs: the scheduler asked once, a node's import error said --------------------------------
+class HeldSlurm:
+    """Worker jobs that look like SLURM's to the watcher; they never run their inbox (states are patched)."""
+
+    folder = None
+
+    def __init__(self):
+        self.n = 0
+
+    def submit(self, fn, *args, **kwargs):
+        self.n += 1
+        return type("SlurmJob", (), {"job_id": str(7000 + self.n), "done": lambda s: False,
+                                     "cancel": lambda s, check=False: None})()
+
+
+@pytest.fixture
+def held_slurm(monkeypatch):
+    import importlib
+
+    from workbench.launch import watcher
+
+    heldmod = importlib.import_module("workbench.launch.held")  # the package's `held` is the function
+    calls: list = []
+    gate = threading.Event()
+    gate.set()
+
+    def states(ids):
+        calls.append(sorted(ids))
+        gate.wait()
+        return {str(j): cluster.SchedulerState("RUNNING", "", "n1") for j in ids}
+
+    board = watcher.SlurmBoard()
+    for module in (watcher, heldmod):
+        monkeypatch.setattr(module, "is_slurm", lambda job: type(job).__name__ == "SlurmJob")
+        monkeypatch.setattr(module, "BOARD", board, raising=False)
+    monkeypatch.setattr(watcher, "slurm_states", states)
+    return calls, gate
+
+
+def test_held_tasks_are_asked_about_in_one_squeue(held_slurm):
+    from workbench.launch.held import held
+
+    calls, _gate = held_slurm
+    ex = held(HeldSlurm(), idle_s=30)
+    a, b = ex.submit(len, [1]), ex.submit(len, [2])  # the first worker is busy: a second one starts
+    assert a.job_id != b.job_id
+    calls.clear()
+    for _ in range(3):
+        assert a.scheduler_state().state == b.scheduler_state().state == "RUNNING"
+    assert calls and all(c == sorted([a.job_id, b.job_id]) for c in calls) and len(calls) <= 1, calls
+
+
+def test_a_slow_scheduler_does_not_stall_another_executor_s_submit(held_slurm):
+    from workbench.launch.held import held
+
+    _calls, gate = held_slurm
+    slow = held(HeldSlurm(), idle_s=30)
+    slow.submit(len, [1])  # its worker: the next submit asks the scheduler whether it still runs
+    gate.clear()  # squeue hangs (its 10 s timeout on a busy slurmctld)
+    asking = threading.Thread(target=slow.submit, args=(len, [2]), daemon=True)
+    asking.start()
+    time.sleep(0.2)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        other = held(pool, idle_s=5)
+        try:
+            task = concurrent.futures.ThreadPoolExecutor(1).submit(other.submit, len, [3]).result(timeout=10)
+            assert task is not None  # given to its worker while the other executor's squeue hangs
+        finally:
+            gate.set()
+            asking.join(timeout=10)
+            other.close()
+
+
+def test_a_held_task_the_node_cannot_unpickle_says_why_and_the_worker_goes_on(tmp_path):
+    """The node cannot import a module of the call (not on its filesystem): the task fails with the
+    ModuleNotFoundError and its fix, leaves no `.run` file, and the worker runs the next task."""
+    import sys
+    import types
+
+    from workbench.launch.held import held
+
+    mod = types.ModuleType("wb_only_in_the_notebook")
+
+    def hello():
+        return "hi"
+
+    hello.__module__, hello.__qualname__ = mod.__name__, "hello"
+    mod.hello = hello
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        ex = held(pool, idle_s=5)
+        sys.modules[mod.__name__] = mod
+        try:
+            task = ex.submit(hello)  # pickled by reference to a module the worker cannot import
+        finally:
+            del sys.modules[mod.__name__]
+        t = time.monotonic()
+        while not task.done() and time.monotonic() - t < 20:
+            time.sleep(0.05)
+        assert task.done(), "the worker died on the task's unpickling"
+        with pytest.raises(RuntimeError, match="No module named 'wb_only_in_the_notebook'") as e:
+            task.result()
+        assert "same Python environment" in cluster.job_error("7", e.value)  # the fix, as for any job
+        assert not list(task.worker.inbox.glob("*.run"))
+        nxt = ex.submit(len, [1, 2])
+        t = time.monotonic()
+        while not nxt.done() and time.monotonic() - t < 20:
+            time.sleep(0.05)
+        assert nxt.result() == 2 and nxt.worker is task.worker
+        ex.close()
+
+
+def test_a_held_executor_does_not_keep_the_workloads_it_ran_alive():
+    import gc
+    import weakref
+
+    from workbench.launch.held import held
+
+    class Work:  # a workload: the held executor writes it to its worker once
+        pass
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        ex = held(pool, idle_s=5)
+        refs = []
+        for _ in range(3):
+            w = Work()
+            refs.append(weakref.ref(w))
+            task = ex.submit(lambda payload: 1, {"workload": w})
+            t = time.monotonic()
+            while not task.done() and time.monotonic() - t < 20:
+                time.sleep(0.05)
+            assert task.result() == 1
+            del w, task
+        gc.collect()
+        assert all(r() is None for r in refs)  # the user's old models are not held by the executor
+        ex.close()
+
+
+# ---- a finished job's result on a network filesystem ---------------------------------------------
+def test_a_result_hidden_by_a_cached_lookup_is_read_from_the_folder_s_listing(tmp_path, monkeypatch):
+    """NFS caches a failed lookup: `exists()` says no while the folder's listing has the file."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from workbench.launch import watcher
+
+    monkeypatch.setattr(watcher, "is_slurm", lambda job: True)
+    result = tmp_path / "5_0_result.pkl"
+    job = SimpleNamespace(job_id="5", paths=SimpleNamespace(folder=tmp_path, result_pickle=result,
+                                                            stderr=tmp_path / "5_0_log.err"))
+    w = cluster.Watch(job, tmp_path / "progress.json", 0.0)
+    result.write_bytes(b"written on the node")
+    real = Path.exists
+    monkeypatch.setattr(Path, "exists", lambda p: False if p.name == result.name else real(p))
+    w.check_alive(cluster.SchedulerState("COMPLETED"), 10.0)  # the scheduler says it ended: its grace begins
+    assert w.finished()
+
+
+def test_a_finished_job_s_result_gets_an_honest_grace_and_the_message_says_what_to_raise(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from workbench.launch import watcher
+
+    monkeypatch.delenv("WORKBENCH_RESULT_GRACE_S", raising=False)
+    job = SimpleNamespace(job_id="5", paths=SimpleNamespace(folder=tmp_path, result_pickle=tmp_path / "r.pkl",
+                                                            stderr=tmp_path / "e.err"))
+    done = cluster.SchedulerState("COMPLETED")
+    w = cluster.Watch(job, tmp_path / "progress.json", 0.0)
+    w.check_alive(done, 100.0)
+    w.check_alive(done, 140.0)  # 40 s after the end: NFS attribute caching (acdirmax 60 s) may still hide it
+    with pytest.raises(cluster.JobFailed) as e:
+        w.check_alive(done, 100.0 + watcher.result_grace_s() + 1)
+    assert "WORKBENCH_RESULT_GRACE_S" in e.value.message and str(tmp_path) in e.value.message, e.value.message
+    monkeypatch.setenv("WORKBENCH_RESULT_GRACE_S", "300")
+    w = cluster.Watch(job, tmp_path / "progress.json", 0.0)
+    w.check_alive(done, 100.0)
+    w.check_alive(done, 350.0)  # the user's longer bound holds
+    monkeypatch.setenv("WORKBENCH_RESULT_GRACE_S", "soon")
+    with pytest.raises(ValueError, match="WORKBENCH_RESULT_GRACE_S"):
+        watcher.result_grace_s()

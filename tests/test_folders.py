@@ -88,3 +88,67 @@ def test_a_jobs_without_a_log_removes_its_temporary_folder():
     del jobs
     gc.collect()
     assert not folder.exists()
+
+
+# ---- one mechanism each: the atomic writer, the private folder --------------------------------------
+def test_one_atomic_writer_renames_files_into_place():
+    """Every file the package writes whole (progress, the jobs registry, held tasks, fresh outcomes, the
+    log's side files and save) goes through folders.write_atomic: nothing else renames a file into place."""
+    import ast
+
+    package = Path(__file__).resolve().parents[1] / "workbench"
+
+    def renames_a_file(node):  # os.replace(a, b), or path.replace(other): not str.replace(a, b), not replace(x, k=v)
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "replace"):
+            return False
+        if isinstance(node.func.value, ast.Name) and node.func.value.id == "os":
+            return True
+        return len(node.args) == 1 and not node.keywords and not isinstance(node.args[0], ast.Constant)
+
+    renames = [f"{path.relative_to(package)}:{node.lineno}" for path in sorted(package.rglob("*.py"))
+               for node in ast.walk(ast.parse(path.read_text())) if renames_a_file(node)]
+    assert [r.split(":")[0] for r in renames] == ["launch/folders.py"], renames
+
+
+def test_two_writers_of_one_progress_file_never_lose_a_write(tmp_path):
+    import threading
+
+    from workbench.launch.watcher import write_progress
+
+    target = tmp_path / "progress.json"
+    failed = []
+
+    def write(n):
+        for i in range(300):
+            if not write_progress(target, "measuring", i, n):
+                failed.append(i)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failed and [p.name for p in tmp_path.iterdir()] == ["progress.json"]  # whole, no temporary left
+
+
+def test_write_atomic_never_writes_through_a_link(tmp_path):
+    from workbench.launch.folders import write_atomic
+
+    victim = tmp_path / "victim"
+    victim.write_text("theirs")
+    (tmp_path / "entry.json").symlink_to(victim)
+    write_atomic(tmp_path / "entry.json", b"ours")
+    assert victim.read_text() == "theirs" and (tmp_path / "entry.json").read_text() == "ours"
+    assert not (tmp_path / "entry.json").is_symlink() and stat.S_IMODE((tmp_path / "entry.json").stat().st_mode) == 0o600
+
+
+def test_the_jobs_progress_files_live_in_a_folder_checked_as_every_job_folder(tmp_path):
+    """One private-folder rule: the jobs folder a progress file is made in is checked all the way up."""
+    from workbench.launch import cluster
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ValueError, match="writable by others"):
+        cluster.new_progress_file(shared / "runs.jobs")
+    assert not hasattr(cluster, "private_folder")

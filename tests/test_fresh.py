@@ -231,3 +231,31 @@ def _running(p) -> bool:
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_fresh_job_and_the_jobs_registry_read_an_owner_alive_by_one_rule():
+    """The fresh job's watchdog and a restarted kernel's registry agree: a live caller runs; a caller killed
+    but not yet reaped (a zombie) is gone; a pid whose process started at another time is not the caller."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from workbench.launch import fresh, owners
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = owners.started_at(p.pid)
+        who = {**owners.owner(), "pid": p.pid, "started": started}
+        assert not fresh.caller_gone(p.pid, started) and owners.owner_alive(who, time.time())
+        assert fresh.caller_gone(p.pid, started - 100) and not owners.owner_alive({**who, "started": started - 100},
+                                                                                   time.time())
+        p.send_signal(signal.SIGKILL)
+        t = time.monotonic()
+        while psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() - t < 10:
+            time.sleep(0.05)
+        assert fresh.caller_gone(p.pid, started) and not owners.owner_alive(who, time.time())
+    finally:
+        p.kill()
+        p.wait()

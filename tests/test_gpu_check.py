@@ -227,3 +227,28 @@ def test_cpu_dry_run_of_the_shape_and_demo_size_checks(tmp_path):
     for row in rows:
         assert row.result == gck.PASS, (row.measured, row.detail.get("traceback"))
     assert "shapes x" in rows[0].measured and "sizes tiny/tiny picked: True" in rows[1].measured
+
+
+@pytest.mark.worker
+def test_cpu_dry_run_of_the_worker_process_check(tmp_path):
+    """The check a lent GPU runs on the default place of trials, at CPU sizes: it runs and names the worker.
+    (Its 0.85-1.15 bound is the GPU's; on a loaded CPU the row may read fail on the ratio alone.)"""
+    row = gck.run_one(gck.Check("worker", "", gck.check_worker_process, 1), gck.Context("cpu", tmp_path))
+    assert "ran_in ['worker'] on cpu" in row.measured and "ready in" in row.measured, (row.measured, row.detail)
+
+
+def test_the_gpu_idle_a_loader_should_read():
+    lo, hi = gck.idle_expected(0.30, 0.10)  # a loader 3 steps long: ~2 steps of GPU idle
+    assert lo == pytest.approx(0.16) and hi == pytest.approx(0.25)
+    assert gck.idle_expected(0.03, 0.10) == (0.0, pytest.approx(0.05))  # hidden under the step: no idle
+    assert not lo <= 0.30 <= hi  # the host-time figure (the whole loader) is outside
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_of_the_gpu_idle_check(tmp_path):
+    # The check's own code (a cached trial, then the same bench with a hidden and a slow loader) at a CPU
+    # size; on the CPU the host is the device, so only the clock it names is checked here.
+    row = gck.run_one(gck.Check("idle", "", gck.check_gpu_idle_wait, 1), gck.Context("cpu", tmp_path))
+    assert row.result == gck.PASS, (row.measured, row.detail.get("traceback"))
+    assert "clock: host" in row.measured and "host wait" in row.measured
+    assert row.detail["slow_share"] > row.detail["hidden_share"]  # a slower loader waits longer on the CPU

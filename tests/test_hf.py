@@ -236,6 +236,8 @@ def test_a_trainer_wraps_counts_tokens_groups_by_length_and_goes_back_out(tmp_pa
     assert {"tokens_per_s", "padding_share"} <= set(bench.results.columns)
     c = bench.compare(plain, grouped)
     assert c.rate == "tokens/s"
+    row = bench.results.set_index("trial_id").loc[grouped.trial_id]  # the table's row judges what compare judged
+    assert (row["judged_on"], row["verdict"]) == ("tokens/s", c.verdict)
     packed = bench.run(packing=True, progress=False)
     assert packed.ok and packed.padding_share == 0 and packed.extra["tokens"]["sequences"] == 8 * 16, packed.message
     with warnings.catch_warnings():

@@ -451,3 +451,29 @@ def test_the_result_line_and_the_table_agree_on_a_trial(bench: wb.Workbench) -> 
     assert "(the baseline)" in result_line(bench.trials[0], bench)
     loud = dataclasses.replace(bench.noise, adjacent=0.5, adjacent_pairs=2)
     assert "Too noisy" in noise_html(loud, []) and "±" not in noise_html(loud, [])
+
+
+@pytest.mark.worker
+def test_in_the_worker_process_stop_stops_the_kernel_stays_free_and_nothing_mixes() -> None:
+    """The default place of trials: the panel's trial and a cell's both run in the worker, on one thread
+    (no mixed-threads line); Stop ends the panel's trial, and the kernel runs its own code meanwhile."""
+    bench = make_bench(Sleepy(), steps=200)
+    p = Panel(bench, debounce_s=0.0)
+    try:
+        assert bench.trials_in == "worker"
+        p.run_button.click()
+        _wait_for(lambda: phase(p) == "measuring")
+        t0 = time.monotonic()
+        x = sum(i * i for i in range(200_000))  # the kernel's main thread is free while the trial runs
+        assert x > 0 and time.monotonic() - t0 < 5 and p.busy
+        p.stop_button.click()
+        assert p.wait(WAIT_S)
+        (r,) = bench.trials
+        assert r.status == "interrupted" and "stopped" in r.message
+        bench.steps = 3
+        p.controls["batch_size"].value = 16
+        assert p.wait(WAIT_S) and bench.trials[-1].ok
+        bench.run(progress=False)
+        assert set(bench.results["ran_in"]) == {"worker"} and "wb-mixed-threads" not in p.table.value
+    finally:
+        p.close()

@@ -23,8 +23,9 @@ def test_python_blocks_are_found_in_order():
 
 
 @pytest.mark.slow
+@pytest.mark.worker  # as a reader runs it: trials in the workbench's worker process
 def test_every_readme_python_block_runs_in_order(tmp_path, monkeypatch, capsys):
-    """Issue 40: the example measures a baseline, then one change, compares them and reads the answer."""
+    """The example measures a baseline, then one change, compares them and reads the answer."""
     import workbench as wb
     from workbench.demos import DEMOS
 
@@ -41,5 +42,6 @@ def test_every_readme_python_block_runs_in_order(tmp_path, monkeypatch, capsys):
     df = bench.results.set_index("trial_id")
     base, change = scope["base"], scope["change"]
     assert base.ok and change.ok and bench.baseline.trial_id == base.trial_id
+    assert set(df["ran_in"]) == {"worker"}
     assert df.loc[base.trial_id, "baseline"] and df.loc[base.trial_id, "label"] == "defaults"
     assert df.loc[change.trial_id, "label"] == f"batch_size={2 * base.knobs.batch_size}"  # by its knobs

@@ -253,7 +253,9 @@ def test_seeded_restores_the_callers_generators():
     assert torch.equal(torch.rand(1), expected[0]) and random.random() == expected[1]
 
 
-def test_analyses_run_on_the_trial_thread(make_bench):
+def test_analyses_run_where_this_processs_trials_run(make_bench):
+    """One torch thread: an analysis called from the main thread runs on it (where a cell's trial runs),
+    one called from another thread (the panel's) on the trial thread, never on a thread of its own."""
     from workbench.diagnose.flops import flops_per_step
 
     bench = make_bench()
@@ -266,4 +268,9 @@ def test_analyses_run_on_the_trial_thread(make_bench):
 
     bench.workload.compute_loss = spy
     flops_per_step(bench.workload, bench.defaults)
+    assert names and set(names) == {"MainThread"}
+    names.clear()
+    t = threading.Thread(target=flops_per_step, args=(bench.workload, bench.defaults), name="panel")
+    t.start()
+    t.join()
     assert names and all(n.startswith("workbench-trial") for n in names)

@@ -113,3 +113,35 @@ def test_the_tables_noise_is_updated_per_trial_not_recounted(monkeypatch):
         assert noise == noise_of(log.trials)  # equal to the estimate from scratch
         added.clear()
     assert log.noise.repeats == 10 and log.noise.adjacent_pairs > 0
+
+
+def test_token_trials_verdict_is_judged_on_the_figure_compare_uses():
+    """Token batches padded differently (group_by_length): samples/s says slower, tokens/s faster. The
+    table's verdict, speedup and figure are compare's, both judged on tokens/s by one rule."""
+    from dataclasses import replace
+
+    from workbench.results.comparison import judged_on
+
+    def tokens(seed: int, padding: float, grouped: bool) -> TrialResult:
+        step = 0.010 if not grouped else 0.0125  # grouped: fewer samples/s (0.8×) ...
+        r = fake(noisy(step, 0.01, seed=seed), group_by_length=grouped)
+        real = (1 - padding) * 64 * r.samples_per_s  # ... but real tokens/s 2.4× (64 slots a sample)
+        return replace(r, tokens_per_s=real, padding_share=padding)
+
+    log = ResultLog(None)
+    for i in range(4):  # alternating A B, four rounds
+        log.append(tokens(2 * i, 0.70, False))
+        log.append(tokens(2 * i + 1, 0.10, True))
+    plain = [t for t in log.trials if not t.knobs.group_by_length]
+    grouped = [t for t in log.trials if t.knobs.group_by_length]
+    assert judged_on(plain, grouped).rate == "tokens/s"
+    by_samples = compare(plain, [replace(t, tokens_per_s=None) for t in grouped], log=log)
+    assert by_samples.answer == "slower"  # the figure matters: samples/s alone would say slower
+    df = log.frame().set_index("trial_id")
+    for r in grouped:
+        c = compare(*_sides(log.trials, log.baseline, r), noise=log.noise)
+        assert c.rate == "tokens/s" and c.answer == "faster"
+        assert df.loc[r.trial_id, "verdict"] == c.verdict
+        assert df.loc[r.trial_id, "speedup"] == pytest.approx(c.speedup, rel=1e-9)
+    c = compare(plain, grouped, log=log)  # what notebook 11's reader types: the last row agrees with it
+    assert (df.loc[grouped[-1].trial_id, "verdict"], c.answer) == ("faster", "faster")

@@ -2,8 +2,9 @@
 
 Timing rules: the measured window is bracketed by device syncs; per-step times
 come from the host clock on CPU and from CUDA events on GPU (the host clock only sees kernel
-launches there); data wait is the host time in the loader plus the host->device copy's own cost
-(CopyClock: device time on CUDA, so the queue a pageable copy waits behind counts as compute).
+launches there); data wait is the loader's part plus the host->device copy's own cost (CopyClock): on
+CUDA the device's idle time while the host was in the loader and the copy's device time, so the queue a
+pageable copy waits behind, and a loader hidden under queued kernels, count as compute; elsewhere host time.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -49,15 +51,22 @@ def record_event(device: torch.device) -> Any:
 
 
 class StepClock:
-    """Per-step durations: CUDA events on the trial's device (read once at the end), perf_counter elsewhere."""
+    """Per-step durations: CUDA events on the trial's device (read once at the end), perf_counter elsewhere.
 
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
+    `event` (a stand-in for tests) makes events without CUDA, as in CopyClock."""
+
+    def __init__(self, device: torch.device, event: Callable[[], Any] | None = None) -> None:
+        self.cuda = event is not None or device.type == "cuda"  # timed by device events
         self.device = device
+        self._event = event
         self._marks: list[Any] = []
 
     def mark(self) -> None:
-        if self.cuda:
+        if self._event is not None:
+            ev = self._event()
+            ev.record()
+            self._marks.append(ev)
+        elif self.cuda:
             self._marks.append(record_event(self.device))
         else:
             self._marks.append(time.perf_counter())
@@ -71,17 +80,26 @@ class StepClock:
             return [a.elapsed_time(b) / 1e3 for a, b in zip(self._marks, self._marks[1:])]
         return [b - a for a, b in zip(self._marks, self._marks[1:])]
 
+    @property
+    def marks(self) -> list[Any]:
+        """The marks so far: events (device clock) or perf_counter seconds (host clock)."""
+        return list(self._marks)
+
 
 class CopyClock:
-    """The host->device copy's own cost, per optimizer step of an armed (measured) window.
+    """The data's part of each optimizer step of an armed (measured) window, on the device's own clock.
 
-    On CUDA: an event on the copy's stream before and after each copy; the time between them is
-    the copy's device time. A pageable copy blocks the host until every kernel queued before it has
-    run (the previous step's backward); that drain lies before the first event completes, so it is
-    not counted here: it is compute. The events are read once, at the end (no sync per step).
-    Elsewhere the host clock times the move: a CPU 'copy' (channels_last, a dtype change) has no queue.
-    `event` (a stand-in for tests) makes events without CUDA: `event()` has record(), elapsed_time(end)
-    in ms and synchronize().
+    On CUDA three events per micro-batch, on the copy's stream: `begin()` as the host enters the
+    loader, then one before and one after the host->device copy (`timed()`). An event completes when
+    the device reaches it, so the time from `begin` to the copy's start is how long the device sat idle
+    while the host was in the loader: zero when the kernels queued before it (the previous step's
+    backward) outlast the loader, the loader's time less those kernels when they do not. The time
+    between the copy's events is the copy alone: a pageable copy blocks the host until every kernel
+    queued before it has run, and that drain lies before its first event (compute, not data). The
+    events are read once, at the end of the window (no sync per step). Elsewhere (CPU, MPS) the host
+    clock times the move: a CPU 'copy' (channels_last, a dtype change) has no queue, and the loader's
+    data wait is its host time. `event` (a stand-in for tests) makes events without CUDA: `event()` has
+    record(), elapsed_time(end) in ms and synchronize().
     """
 
     def __init__(self, device: torch.device, event: Callable[[], Any] | None = None) -> None:
@@ -89,12 +107,14 @@ class CopyClock:
         self._event = event
         self.events = event is not None or device.type == "cuda"
         self.armed = False
-        self._steps: list[list[Any]] = []  # per step: (start, end) event pairs, or host seconds
+        # per step: per micro-batch (begin, copy start, copy end) events, or the copy's host seconds
+        self._steps: list[list[Any]] = []
         self._open: list[Any] = []
+        self._begin: Any = None
 
     def arm(self) -> None:
         """Start recording (the measured window); earlier records are dropped."""
-        self.armed, self._steps, self._open = True, [], []
+        self.armed, self._steps, self._open, self._begin = True, [], [], None
 
     def disarm(self) -> None:
         self.armed = False
@@ -106,6 +126,11 @@ class CopyClock:
             return ev
         return record_event(self.device)
 
+    def begin(self) -> None:
+        """The host enters the loader: an event on the device's queue (armed, with events; no sync)."""
+        if self.armed and self.events:
+            self._begin = self._mark()
+
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:
         """Time the copy inside the block (nothing is recorded unless armed)."""
@@ -115,7 +140,8 @@ class CopyClock:
         if self.events:
             start = self._mark()
             yield
-            self._open.append((start, self._mark()))
+            self._open.append((self._begin if self._begin is not None else start, start, self._mark()))
+            self._begin = None
         else:
             t0 = time.perf_counter()
             yield
@@ -127,14 +153,37 @@ class CopyClock:
             self._steps.append(self._open)
             self._open = []
 
+    def _read(self) -> None:
+        """Wait for the last event recorded (once): every event before it on the queue has completed too."""
+        last = next((marks[-1][-1] for marks in reversed(self._steps) if marks), None)
+        if last is not None:
+            last.synchronize()
+
     def per_step_s(self) -> list[float]:
         """Copy seconds per closed step; with events this waits for the last one (once)."""
         if not self.events:
             return [sum(step) for step in self._steps]
-        last = next((pairs[-1][1] for pairs in reversed(self._steps) if pairs), None)
-        if last is not None:
-            last.synchronize()
-        return [sum(a.elapsed_time(b) for a, b in pairs) / 1e3 for pairs in self._steps]
+        self._read()
+        return [sum(start.elapsed_time(end) for _, start, end in marks) / 1e3 for marks in self._steps]
+
+    def loader_idle_per_step_s(self) -> list[float] | None:
+        """Per closed step, the device's idle seconds while the host was in the loader (from each
+        micro-batch's `begin` to its copy's start); None without events (there the host's loader time
+        is the figure)."""
+        if not self.events:
+            return None
+        self._read()
+        return [sum(begin.elapsed_time(start) for begin, start, _ in marks) / 1e3 for marks in self._steps]
+
+    def host_idle_per_step_s(self, steps: StepClock) -> list[float] | None:
+        """Per closed step, the device's idle seconds from the end of the step before (the step clock's
+        event) to the host entering the loader: host work between steps, not data. None without events
+        on both clocks, or when the clocks do not cover the same steps."""
+        marks = steps.marks
+        if not self.events or not steps.cuda or len(marks) != len(self._steps) + 1:
+            return None
+        self._read()
+        return [ended.elapsed_time(step[0][0]) / 1e3 if step else 0.0 for ended, step in zip(marks, self._steps)]
 
 
 class CpuLoad:
@@ -184,7 +233,7 @@ class KernelTime:
     Why: on glibc, memory freed at the end of a step can go back to the OS and be faulted in again
     (a minor fault per 4 KiB page, zeroed by the kernel) by the next step. Whether it does depends on
     the heap's history in this process; on a 2-core EPYC each 10% of kernel time cost 10-16% of the
-    samples/s (issue 23, benchmarks/HISTORY.md "Round 6"). The kernel's share of CPU time shows it.
+    samples/s (benchmarks/HISTORY.md). The kernel's share of CPU time shows it.
     """
 
     def __init__(self) -> None:
@@ -314,6 +363,19 @@ def quiet_stderr() -> Iterator[None]:
         os.close(devnull)
 
 
+RAN_IN_ENV = "WORKBENCH_PROCESS"  # set to "worker" in a workbench's worker process (launch/local.py), "job" in a job
+
+
+def ran_in() -> str:
+    """Where this trial runs: "worker" (its workbench's worker process), "job" (a fresh process or a cluster
+    job), "kernel" (the calling process's main thread) or "kernel thread" (another thread of it). In the
+    calling process the figure can depend on what that process ran before (docs/measurement.md)."""
+    where = os.environ.get(RAN_IN_ENV, "")
+    if where:
+        return where
+    return "kernel" if threading.current_thread() is threading.main_thread() else "kernel thread"
+
+
 def environment(device: torch.device) -> dict[str, Any]:
     """What a number depends on: versions, device, CPU model and vector unit, GPU, cores, threads."""
     if device.type == "cuda":
@@ -340,6 +402,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "malloc": malloc_policy(),
         # the allocator mode the trial's process ran in (the `allocator` knob; read back, not assumed)
         "allocator": process_allocator(),
+        "ran_in": ran_in(),  # the process and thread that ran it (launch/local.py: why it matters)
     }
 
 
@@ -375,7 +438,7 @@ class TrialResult:
     step_time_s: float | None = None  # median optimizer-step time (derived from step_times_s)
     step_time_iqr_s: float | None = None  # interquartile range of step times (derived from step_times_s)
     step_times_s: tuple[float, ...] = ()  # raw per-step times, measured window only (the stored truth)
-    data_wait_s: tuple[float, ...] = ()  # raw per-step data wait: host time in the loader + the copy's own cost
+    data_wait_s: tuple[float, ...] = ()  # raw per-step data wait: the loader's (CUDA: device idle) + the copy's own cost
     data_wait_share: float | None = None  # sum(data wait) / window wall time (the copy included)
     copy_share: float | None = None  # the host->device copy's own cost / window wall time (part of data_wait_share)
     peak_memory_bytes: int | None = None  # peak tensor memory on the device during a step

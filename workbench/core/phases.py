@@ -34,6 +34,7 @@ from .measure import (
     live_tensor_bytes,
     memory_meter,
     profile_peak_bytes,
+    ran_in,
     summarize,
     sync,
 )
@@ -82,7 +83,7 @@ class RawTrial:
     warmup_wall_s: float
     probe_s: float  # the profiled warm-up step (CPU memory probe), 0 if none
     step_times_s: list[float]  # measured window, per optimizer step
-    waits_s: list[float]  # data wait per step: host seconds in the loader + the device copies' own cost
+    waits_s: list[float]  # data wait per step: the loader's (device idle on CUDA, host seconds elsewhere) + the copies'
     losses: list[float]  # per step, mean over its micro-batches
     samples: int  # samples consumed in the window
     wall_s: float  # window wall time, bracketed by device syncs
@@ -98,6 +99,11 @@ class RawTrial:
     loader_limit: float | None = None  # samples/s the workers can deliver at most (LoaderMeter), None without
     tokens: dict[str, Any] | None = None  # token batches: the window's tokens, slots, tokens/s (tokens.window_figures)
     copies_s: list[float] = field(default_factory=list)  # per step: the host->device copies' own cost (in waits_s)
+    loader_host_s: list[float] = field(default_factory=list)  # per step: host seconds in the loader
+    # per step, device events only (None on the host clock): the device's idle seconds while the host was in
+    # the loader (in waits_s), and from the step before's end to the loader (host work between steps, not data)
+    loader_idle_s: list[float] | None = None
+    host_idle_s: list[float] | None = None
     # input shapes (shapes.py): "warm" [(s, shape ids, first seen)] of warm-up steps timed apart from start-up,
     # "window" [shape ids] and "window_new" [first seen] per measured step, "distinct", "pass_batches"
     shapes: dict[str, Any] = field(default_factory=dict)
@@ -290,9 +296,14 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
     sync(device)
     wall = time.perf_counter() - t_start
     copy_s = copies.per_step_s() if copies is not None else [0.0] * len(waits)
+    # on device events: how long the device sat idle while the host was in the loader (a loader hidden
+    # under the kernels queued before it reads 0); on the host clock the loader's host seconds are the wait
+    idle = copies.loader_idle_per_step_s() if copies is not None else None
+    between = copies.host_idle_per_step_s(clock) if idle is not None else None
     if copies is not None:
         copies.disarm()
-    waits = [w + c for w, c in zip(waits, copy_s)]  # data wait = the loader + the copy's own cost
+    loader_host = waits
+    waits = [w + c for w, c in zip(idle if idle is not None else loader_host, copy_s)]  # the loader's + the copy's
     faults = kernel.since()  # before foreign_cores: psutil's reads fault too, and belong outside
     foreign = load.foreign_cores()
     peak = (torch.cuda.max_memory_allocated(device)
@@ -305,8 +316,8 @@ def measure_window(step: TrainStep, source: BatchSource, warmup_steps: int, step
                     losses=losses.values(divide_by=step.knobs.accum_steps),  # the one device->host read
                     samples=samples, wall_s=wall, epochs=source.epochs - epochs, foreign_cores=foreign, peak_bytes=peak,
                     page_faults=faults[0] if faults else None, kernel_share=faults[1] if faults else None,
-                    loader_limit=limit, tokens=tokens, copies_s=copy_s,
-                    shapes={"window": keys, "window_new": fresh})
+                    loader_limit=limit, tokens=tokens, copies_s=copy_s, loader_host_s=loader_host,
+                    loader_idle_s=idle, host_idle_s=between, shapes={"window": keys, "window_new": fresh})
 
 
 def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
@@ -353,6 +364,8 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
                              "warmup_rule": raw.warmup_rule,
                              "loader_limit_samples_per_s": raw.loader_limit,
                              "steady": window_steady and not raw.warmup_note}
+    if raw.loader_host_s:
+        extra["data_wait"] = data_wait_figures(raw)
     if raw.tokens:
         extra["tokens"] = {k: v for k, v in raw.tokens.items() if k not in ("tokens_per_s", "padding_share")}
     if shapes:
@@ -394,6 +407,22 @@ def compile_cost(warm_times_s: list[float], window_times_s: list[float], *, comp
     if not warm_times_s or not window_times_s:
         return 0.0
     return max(0.0, sum(warm_times_s) - statistics.median(window_times_s) * len(warm_times_s))
+
+
+def data_wait_figures(raw: RawTrial) -> dict[str, Any]:
+    """Where the data wait comes from, in seconds per measured step (means): `clock` 'device events'
+    (CUDA: the wait is the device's idle time while the host was in the loader, `loader_idle_s`, plus the
+    copy's own device time) or 'host' (the loader's host seconds plus the move's); `loader_host_s` the
+    host's seconds in the loader either way (on CUDA the part above `loader_idle_s` ran under queued
+    kernels: no wait); `host_idle_s` the device's idle time between a step's end and the loader (host work
+    between steps, not data; None on the host clock)."""
+
+    def mean(xs: list[float] | None) -> float | None:
+        return sum(xs) / len(xs) if xs else (None if xs is None else 0.0)
+
+    return {"clock": "host" if raw.loader_idle_s is None else "device events",
+            "loader_host_s": mean(raw.loader_host_s), "loader_idle_s": mean(raw.loader_idle_s),
+            "copy_s": mean(raw.copies_s), "host_idle_s": mean(raw.host_idle_s)}
 
 
 def compile_notes(info: dict[str, Any]) -> list[str]:
@@ -454,6 +483,11 @@ def page_fault_note(share: float, per_step: float, knobs: Knobs) -> str:
         return (head + f" although malloc keeps freed memory here: allocations above {KEEP_MMAP_BYTES >> 20} MiB "
                 "are still mapped afresh every step; a smaller batch, or bench.run(allocator='tcmalloc') (a fresh process), "
                 "avoids it (docs/measurement.md 'Page faults')")
+    if ran_in() == "worker":  # the workbench's worker process: the kernel's mallopt does not reach it
+        return (head + ": freed memory went back to the OS and each step faulted it in again. Whether that "
+                "happens depends on what ran before in the process, so the same knobs can read faster in "
+                "another trial or in your own loop; measure the allocator modes, each in a process started "
+                "in it: bench.run(allocator='glibc-kept') or 'tcmalloc' (docs/measurement.md 'Page faults')")
     return (head + ": freed memory went back to the OS and each step faulted it in again. Whether that "
             "happens depends on what ran before in this process, so the same knobs can read faster in "
             "another trial or in your own loop; to avoid it from now on in this process, call "

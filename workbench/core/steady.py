@@ -1,10 +1,11 @@
-"""When warm-up is over: the steady-state rule (issue 30), and the check that a window is steady.
+"""When warm-up is over: the steady-state rule, and the check that a window is steady.
 
 A DataLoader with workers keeps up to `num_workers x prefetch_factor` batches ready ahead of the
 training loop. Any long step before the measured window (the first step's compile, the CPU memory
 probe, a recompile, an epoch start) lets the workers fill that buffer, and a window that begins by
-draining it measures the buffer, not the pipeline: 1.9x too fast for a first compiled trial on a
-data-bound loader (measured in round 4). So warm-up ends at steady state, not at a count:
+draining it measures the buffer, not the pipeline: a first compiled trial on a data-bound loader
+reads well above what its workers can deliver (the figure, with its conditions:
+benchmarks/README.md#the-buffer-drain-effect). So warm-up ends at steady state, not at a count:
 
     at least `warmup_steps` steps; after the last slow step, warm-up goes on until
       1. the loader's buffer (num_workers x prefetch_factor batches, + 1 in flight) has been consumed, and
@@ -40,7 +41,7 @@ CAP_STEPS = 200  # warm-up steps at most (the minimum included, when it is small
 CAP_S = 30.0  # seconds of warm-up past the slow steps at most
 TOLERANCE = 0.25  # two halves of recent steps may differ by this share of their time
 HALF_STEPS = 3  # steps in each half of the trend test, at least (rounded up to whole loader cycles, >= 4 with workers)
-SLOW_FACTOR = 4.0  # a step this many times the mean of its neighbours is slow (x2 per worker beyond 2)
+SLOW_FACTOR = 4.0  # a step this many times the mean of its neighbours is slow, x max(1, workers / 2)
 DEFAULT_PREFETCH = 2  # torch's DataLoader default with workers
 
 

@@ -130,7 +130,8 @@ class BatchSource:
         self.tokens = TokenMeter()  # token batches: tokens, slots and sequences of every batch delivered
         self.last: Count | None = None  # the figures of the batch next() returned last
         self.wait_s = 0.0  # host seconds the last next() spent in the loader (the device copy apart)
-        self.copies = CopyClock(self.device)  # each device copy's own cost, in an armed (measured) window
+        # in an armed (measured) window: each copy's own cost, and on CUDA the device's idle time in the loader
+        self.copies = CopyClock(self.device)
         self.iterator: Iterator | None = None
         self.epochs = 0
         self.notes: list[str] = []  # fallbacks taken (see compat)
@@ -158,6 +159,7 @@ class BatchSource:
             self.tokens.add(self.last)
             return self._cached
         self.stage.name = "data"
+        self.copies.begin()  # CUDA: an event as the host enters the loader (the device's idle is timed from it)
         t0 = time.perf_counter()
         if self.iterator is None:
             self._start()
@@ -176,6 +178,7 @@ class BatchSource:
         self.wait_s = time.perf_counter() - t0  # the loader: next() on the iterator (a restart included)
         # The copy is timed apart (CopyClock): on CUDA a pageable copy blocks the host until every
         # kernel queued before it ran (sync point); that drain is compute, only the copy's device time is data.
+        # On CUDA the loader's data wait is the device's idle time from begin() to the copy, not wait_s.
         with self.copies.timed():
             batch = move_to(batch, self.device, **self.move)
         if self.knobs.data == "cached":
@@ -230,7 +233,8 @@ class LossBuffer:
 @dataclass
 class StepOutput:
     """What one optimizer step reports: its samples and the host seconds spent in the loader (the device
-    copies' own cost is read at the end of the window, source.copies)."""
+    copies' own cost, and on CUDA the device's idle time in the loader, are read at the end of the window
+    from source.copies)."""
 
     samples: int
     wait_s: float

@@ -135,6 +135,9 @@ def keep_freed_memory() -> bool:
     32 MiB are still mapped fresh each time (glibc's ceiling). It cannot be undone in this process:
     compare trials run before the call with trials run after only as different set-ups (the
     environment column `malloc` says which). Elsewhere than glibc it warns and returns False.
+    A workbench's trials run in its worker process, which this call does not reach: there, ask for the
+    mode per trial (`bench.run(allocator="glibc-kept")`); the call holds for trials run in this process
+    (`Workbench(..., trials_in="kernel")`) and your own loop here.
     """
     global _kept
     libc = _glibc()

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..core.knobs import Knobs, traits
 from ..core.measure import TrialResult
-from ..launch.cluster import QueueAccount, work_clock
+from ..launch.cluster import QueueAccount, QueueWaits, work_clock
 
 OVERRUN = 1.1  # the cap: tune()'s whole wall time stays within budget_s x OVERRUN
 DEADLINE = 1.05  # a running trial is stopped at budget_s x DEADLINE (the rest is for recording and the result)
@@ -91,16 +91,16 @@ def estimate(knobs: Knobs, measured: Sequence[tuple[Knobs, float, bool]]) -> flo
 class Deadline(threading.Event):
     """A trial's cancel Event that a timer sets at the deadline, with `reason` for the trial's message.
     Ctrl-C (bench.run's own `set()`) leaves `reason` empty: that stop is the user's. `postpone(s)` moves
-    the deadline on (a job's queue time, which the budget does not count); `waited` sums those seconds.
-    `seconds=None`: no deadline (a trial that runs whole), only the budget's `queue` account, which the
-    trial's jobs report their waits to (jobs.py)."""
+    the deadline on. `waits` (a cluster.QueueWaits, one explicit object) is what the trial's jobs report
+    their queue waits to: the budget's `queue` account, and each wait, which the budget does not count,
+    postpones the deadline by as much (`waits.waited` sums them). `seconds=None`: no deadline (a trial
+    that runs whole), only the waits."""
 
     def __init__(self, seconds: float | None, reason: str, queue: QueueAccount | None = None) -> None:
         super().__init__()
         self.reason = ""
         self._why = reason
-        self.queue = queue  # the budget's account of seconds its work only waited in a queue
-        self.waited = 0.0  # seconds this trial's jobs waited in a queue (postponed by)
+        self.waits = QueueWaits(queue, self.postpone)  # jobs.py reports here (cluster.waits_of), nothing else
         self._at = None if seconds is None else time.monotonic() + max(0.0, seconds)
         self._timer: threading.Timer | None = None
         self._arm()
@@ -114,7 +114,6 @@ class Deadline(threading.Event):
 
     def postpone(self, seconds: float) -> None:
         """Move the deadline `seconds` later, re-opening it if it expired meanwhile."""
-        self.waited += max(0.0, seconds)
         if self._at is None:
             return
         self.cancel()
@@ -344,7 +343,7 @@ class Budget:
         if deadline is not None and deadline.expired and not r.ok:
             self.spent.stopped.append(r.trial_id)  # type: ignore[arg-type]
         else:
-            own = self.queue.wall() - wall - (deadline.waited if deadline is not None else 0.0)
+            own = self.queue.wall() - wall - (deadline.waits.waited if deadline is not None else 0.0)
             self.spent.measured.append((knobs, max(0.0, min(seconds, own)), "stopped_early" not in r.extra))
         return r
 

@@ -342,9 +342,12 @@ def in_one_job(jobs: Any, workload: Workload, a: Knobs, b: Knobs, *, cancel: thr
         (outcome, value), env, job = jobs.call_where(on_node, workload, a, b, cancel=cancel, **kwargs)
     except JobFailed as e:
         raise InterleaveFailed(e.message, status=e.status) from None
-    where = (f"inside job {job.get('id') or '?'} on {env.get('host', '?')} "
+    local = job.get("where") == "worker"  # this workbench's worker process (launch/local.py), not a node
+    where = ("in the worker process" if local else f"inside job {job.get('id') or '?'} on {env.get('host', '?')} "
              f"({env.get('device_name') or env.get('device', '?')})")
     if outcome == "failed":
         raise InterleaveFailed(f"{value['message']} ({where})", side=value["side"], status=value["status"],
                                comparison=value["comparison"])
+    if local:
+        return value
     return replace(value, note=f"{value.note} Both sides took turns {where}, so node differences cancel.".strip())

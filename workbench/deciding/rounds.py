@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult
-from ..results.comparison import Trials, caveats, check_margin, judge, noise_of, rate_for, rates, trials_of, usable
+from ..results.comparison import Trials, caveats, check_margin, judge, judged_on, noise_of, rates, trials_of, usable
 from ..results.log import ResultLog
 from ..results.stats import MARGIN, Comparison, Noise, decide_sequential
 from .budget import Budget, takes_cancel, work_clock
@@ -114,12 +114,12 @@ def _compare_auto(runs_a: list[TrialResult], runs_b: list[TrialResult], *, run: 
     before = log.noise if log is not None else noise_of([*pa, *pb])
 
     def look() -> Comparison:
-        rate = rate_for(pa, pb)
-        return replace(decide_sequential(rates(pa, rate), rates(pb, rate), before, looks=looks,
-                                 margin=margin, a_trials=[r.trial_id for r in pa],
+        basis = judged_on(pa, pb, margin)
+        return replace(decide_sequential(rates(pa, basis.rate), rates(pb, basis.rate), before, looks=looks,
+                                 margin=basis.margin, a_trials=[r.trial_id for r in pa],
                                  b_trials=[r.trial_id for r in pb], rounds=done,
                                  note=caveats(pa, pb, note),
-                                 seconds=budget.clock() - t0, max_rounds=max_rounds), rate=rate)
+                                 seconds=budget.clock() - t0, max_rounds=max_rounds), rate=basis.rate)
 
     if pa:
         c = look()

@@ -113,7 +113,8 @@ class DataCheck:
             ("loader alone (no model)", self.loader_samples_per_s, "samples/s",
              "how fast the pipeline can deliver at most"),
             ("data-wait share", self.data_wait_share, "fraction",
-             f"rule: under {DATA_WAIT_LIMIT:.0%} of the step; loader + the copy's own cost"),
+             f"rule: under {DATA_WAIT_LIMIT:.0%} of the step; the loader (on CUDA: the GPU's idle time while it "
+             "ran) + the copy's own cost"),
             ("of which the host->device copy", self.copy_share, "fraction",
              "device time of the copy (CUDA events); the queue it waits behind is compute"),
         ]

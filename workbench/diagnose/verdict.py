@@ -111,6 +111,9 @@ def data_evidence(data: DataCheck) -> list[str]:
     copy = f", of which the host->device copy {data.copy_share:.0%}" if data.copy_share else ""
     evidence.append(f"data wait is {wait:.0%} of the step{copy} (rule: under {DATA_WAIT_LIMIT:.0%}; data-bound "
                     "needs a cached batch faster beyond noise, confirmed in rounds or agreeing with that rule)")
+    hidden = loader_hidden(data.baseline)
+    if hidden:
+        evidence.append(hidden)
     if wait >= DATA_WAIT_LIMIT and data.comparison is not None and not data.data_bound:
         evidence.append(f"a {wait:.0%} share, yet one cached batch gains nothing beyond noise: the step is not "
                         "waiting for data")
@@ -119,6 +122,17 @@ def data_evidence(data: DataCheck) -> list[str]:
                         f"{data.loader_headroom:.2f}x what the step can consume")
     faulting = page_fault_evidence(data.baseline)
     return [*evidence, faulting] if faulting else evidence
+
+
+def loader_hidden(base: TrialResult) -> str | None:
+    """A line when the data wait was timed on the device's clock and the host's time in the loader differs
+    from the device's idle time in it: the part that ran under queued kernels was no wait."""
+    told = base.extra.get("data_wait") or {}
+    host, idle = told.get("loader_host_s"), told.get("loader_idle_s")
+    if told.get("clock") != "device events" or not host or idle is None:
+        return None
+    return (f"the host spent {host * 1e3:,.1f} ms a step in the loader; the device sat idle {idle * 1e3:,.1f} ms of "
+            "it (the rest ran under kernels queued before it: no wait)")
 
 
 def page_fault_evidence(base: TrialResult) -> str | None:
@@ -130,6 +144,8 @@ def page_fault_evidence(base: TrialResult) -> str | None:
     line = f"the kernel took {share:.0%} of the CPU time ({per_step:,.0f} page faults per step)"
     if base.knobs.num_workers or base.knobs.world_size > 1 or keeps_freed_memory():
         return line + " (see the trial's notes)"
+    if base.env.get("ran_in") == "worker":  # the workbench's worker process: a mode per trial reaches it
+        return line + ": freed memory is faulted in again each step; bench.run(allocator='glibc-kept') keeps it"
     return line + ": freed memory is faulted in again each step; wb.keep_freed_memory() removes that in this kernel"
 
 
@@ -140,7 +156,9 @@ def _data_fix(knobs: Knobs, threads: dict[str, Any], base: TrialResult, device: 
     copy = base.copy_share or 0.0
     if device.type == "cuda" and not knobs.pin_memory and copy >= COPY_MOST * (base.data_wait_share or 0.0) > 0:
         return {"pin_memory": True}, (f"the host->device copy is {copy:.0%} of the step: from pinned memory it is "
-                                      "faster and overlaps compute (non_blocking); workers would not speed it up")
+                                      "faster, and asynchronous (non_blocking): it does not block the host, which "
+                                      "goes on to load and launch while it runs (it still runs in turn with the "
+                                      "kernels on their stream); workers would not speed it up")
     if workers == 0:
         w = max(1, cores // 2)
         change: dict[str, Any] = {"num_workers": w, "persistent_workers": True}

@@ -26,6 +26,7 @@ from ..core.workload import StepFn, Workload, move_to
 from ..deciding.budget import Budget
 from ..deciding.rounds import compare
 from ..launch.cluster import check_executor, local_device, where_note
+from ..launch.local import routed, started_text, worker_of
 from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel_slot, run_trial, submit_trial
 from ..results import Comparison, ResultLog
 from ..results.comparison import real_run
@@ -46,8 +47,10 @@ class Workbench:
     runs it (default user@host); with a name, trials go to `<log>/<participant>/<name>.jsonl`, so
     a workshop's learners share one folder and the instructor `wb.gather`s it.
     `executor` runs every trial in a process of its own: `wb.FreshProcess()` on this machine, or any
-    object with `submit(fn, *args) -> job` (a submitit executor). Without one, a trial runs here,
-    unless its knobs ask for a process this one is not (`allocator`), which gets a fresh one.
+    object with `submit(fn, *args) -> job` (a submitit executor). Without one, trials, analyses and turns run
+    in this workbench's worker process (`trials_in="worker"`), one thread as a plain script: the kernel's own
+    torch work cannot change their figures (launch/local.py). `trials_in="kernel"` (or a workload that
+    cannot be pickled, said) runs them in this process. The table's `ran_in` says where each trial ran.
 
     >>> bench = Workbench(model, dataset, loss_fn=torch.nn.CrossEntropyLoss(),
     ...                   optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
@@ -74,6 +77,7 @@ class Workbench:
         collective_timeout_s: float = 120.0,
         executor: Any = None,
         budget_counts_queue: bool = False,
+        trials_in: str | None = None,
     ) -> None:
         if participant is not None and not isinstance(participant, str):
             raise TypeError(f"participant must be a name (str) such as 'ana', got {type(participant).__name__}")
@@ -110,6 +114,13 @@ class Workbench:
             self._jobs_now().travels(self.workload)  # diagnose's analyses of this workload run as jobs too
             for line in self._jobs.reattach(self._record, self._lock):
                 warn_at_caller(f"a job from an earlier kernel: {line}")
+        self.trials_in, self._worker, why = worker_of(self, self.workload, trials_in, executor)  # started now
+        if why:  # the workload cannot leave this process: its trials run here
+            warn_at_caller(why)
+
+    def _where(self) -> Any:
+        """What runs this workbench's trials: its executor's Jobs, its worker process, or None (this process)."""
+        return self._jobs_now() or routed(self.workload, self._worker)
 
     def _log_to(self, log: str | os.PathLike | None) -> None:
         """Append trials from now on to `log` (a folder, a .jsonl file, or None for memory only),
@@ -212,10 +223,8 @@ class Workbench:
         lock = contextlib.nullcontext() if self.executor is not None and in_parallel_slot() else self._lock
         with lock, shown(progress, desc=self.name) as state:  # bars and callbacks poll it, off the trial thread
             stop = cancel or threading.Event()
-            # A trial runs where the user's own loop would: inline when called from the main thread
-            # (a cell, a script, the CLI), else (the panel) on the one trial thread. The thread
-            # decides the OpenMP pool and the malloc arena, and so the figure (issue 23).
-            jobs = self._jobs_now()
+            # In the worker (or a job); in this process inline from the main thread, else on the trial thread.
+            jobs = self._where()
             future = submit_trial(jobs.run_trial if jobs else run_trial, self.workload, k, warmup_steps=self.warmup_steps,
                                   steps=self.steps, progress=state, cancel=stop,
                                   loader_timeout_s=self.loader_timeout_s, trace=trace,
@@ -223,6 +232,7 @@ class Workbench:
                                   stop=self._stop_rule(k) if stop_early else None)
             try:
                 result = with_note(wait_for(future), inert_note(self, k))
+                announce(started_text(result.extra.get("worker_startup")))  # once per worker start
                 if not result.ok:  # the bar ends in the trial's status, not the runner's "done"
                     state.set(result.status, state.done, state.total)
                 return self._record(result)
@@ -446,7 +456,7 @@ class Workbench:
         if reason is not None:
             raise ValueError(f"these two cannot interleave: {reason}")
         with self._lock:
-            jobs = self._jobs_now()
+            jobs = self._where()
             run = functools.partial(in_one_job, jobs) if jobs else interleaved  # both sides in ONE job
             future = submit_trial(run, self.workload, a.knobs, b.knobs, a_id=a.trial_id, b_id=b.trial_id,
                                   margin=margin, budget_s=budget_s if budget_s is not None else BUDGET_S,

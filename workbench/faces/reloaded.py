@@ -1,6 +1,6 @@
 """Which model a trial measured, and what a new Workbench found in its log.
 
-A Workbench stamps each trial with its model's fingerprint (`fingerprint`: a hash of the module classes,
+A Workbench stamps each trial with its model's fingerprint (core/fingerprint.py: a hash of the module classes,
 the parameter and buffer names, shapes and dtypes, and the parameter count), so a log that outlives an edit
 of the model never compares the edited model against the old one: results/models.py keeps the old trials in
 the table, marked by their `model` column, and the new model's first ok trial becomes its baseline.
@@ -10,31 +10,12 @@ where, and which trial is the baseline.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from typing import Any
 
-from torch import nn
-
+from ..core.fingerprint import fingerprint  # noqa: F401  (re-exported: the Workbench stamps with it)
 from ..results import ResultLog
 from ..results.models import model_of
-
-
-def fingerprint(model: nn.Module) -> str:
-    """12 hex digits naming the model's structure: module classes by name, parameter and buffer names, shapes
-    and dtypes, and the parameter count. Weights' values are left out (training changes them, not the step)."""
-    h = hashlib.sha1()
-    for name, m in model.named_modules():
-        h.update(f"m {name} {type(m).__module__}.{type(m).__qualname__}\n".encode())
-    count = 0
-    for kind, tensors in (("p", model.named_parameters()), ("b", model.named_buffers())):
-        for name, t in tensors:
-            lazy = isinstance(t, (nn.parameter.UninitializedParameter, nn.parameter.UninitializedBuffer))
-            shape = "lazy" if lazy else tuple(t.shape)
-            count += 0 if lazy or kind == "b" else t.numel()
-            h.update(f"{kind} {name} {shape} {t.dtype}\n".encode())
-    h.update(f"n {count}\n".encode())
-    return h.hexdigest()[:12]
 
 
 def reload_text(log: ResultLog, model: str) -> str | None:

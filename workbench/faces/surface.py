@@ -1,4 +1,4 @@
-"""What the Workbench class leans on outside itself: the names that left its public surface (issue 42),
+"""What the Workbench class leans on outside itself: the names that left its public surface,
 the notebook extra's check, and where a workbench's log goes."""
 
 from __future__ import annotations

@@ -157,19 +157,6 @@ def where_note(c: Any, a: TrialResult, b: TrialResult) -> Any:
     return replace(c, note=f"{c.note} {note}".strip())
 
 
-def private_folder(path: Path) -> Path:
-    """`path` created if missing and made private (0700), or ValueError when another user owns it: a job
-    loads only what this workbench wrote there."""
-    path.mkdir(parents=True, exist_ok=True)
-    st = path.stat()
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise ValueError(f"the job folder {path} belongs to another user: a job would load files it did not "
-                         "write; give the executor a folder of your own")
-    if st.st_mode & 0o077:
-        path.chmod(0o700)
-    return path
-
-
 def quiet_sacct() -> None:
     """submitit asks `sacct` for states and logs a warning each time it fails (SLURM without
     accounting); the watcher asks squeue/scontrol instead, so those warnings say nothing here."""
@@ -372,8 +359,9 @@ def job_call(fn: Callable[..., Any], workload: Workload, device: str | None, arg
 
 
 def new_progress_file(jobs_dir: Path) -> Path:
-    """A fresh progress file path inside the private jobs folder."""
-    return private_folder(jobs_dir) / f"progress-{uuid.uuid4().hex[:12]}.json"
+    """A fresh progress file path inside the private jobs folder (folders.owned_private_folder: made if
+    missing, this user's all the way down, 0700)."""
+    return owned_private_folder(jobs_dir) / f"progress-{uuid.uuid4().hex[:12]}.json"
 
 
 from .watcher import (  # noqa: E402  (the one job watcher, re-exported: jobs.py and tests read it here)
@@ -383,6 +371,7 @@ from .watcher import (  # noqa: E402  (the one job watcher, re-exported: jobs.py
     TERMINAL,
     WHY,
     JobFailed,
+    QueueWaits,
     SchedulerState,
     Watch,
     failed_trial,
@@ -391,9 +380,11 @@ from .watcher import (  # noqa: E402  (the one job watcher, re-exported: jobs.py
     job_id_of,
     slurm_state,
     stop_job,
+    waits_of,
     watch,
     write_progress,
 )
 
-__all__ = ["ASK_EVERY_S", "POLL_S", "RESULT_GRACE_S", "TERMINAL", "WHY", "JobFailed", "SchedulerState", "Watch",
-           "failed_trial", "is_slurm", "job_error", "job_id_of", "slurm_state", "stop_job", "watch", "write_progress"]
+__all__ = ["ASK_EVERY_S", "POLL_S", "RESULT_GRACE_S", "TERMINAL", "WHY", "JobFailed", "QueueWaits", "SchedulerState",
+           "Watch", "failed_trial", "is_slurm", "job_error", "job_id_of", "slurm_state", "stop_job", "waits_of", "watch",
+           "write_progress"]

@@ -7,17 +7,44 @@ to the root or this user's home, belongs to this user or root and is not writabl
 (a sticky folder such as /tmp is fine: others cannot move or replace what is ours there). Both the
 path as given and the path its links resolve to are checked.
 
+Files written whole (the jobs registry, progress files, held tasks, a fresh process's outcome, the log's
+side files) go through one writer, `write_atomic`: a new temporary file beside the target, never through
+a link, renamed over it.
+
 submitit names per-job folders with patterns (`logs/%j`: `%j` the job id, `%A_%a` an array): those
 folders are made by submitit, so the check is on the static prefix (`logs`), the folder that holds them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import stat
 from pathlib import Path
 
 FIX = "give it a folder of your own (e.g. under your home, mode 0700)"
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def write_atomic(target: str | os.PathLike, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
+    """`data` into `target` whole or not at all: a new temporary file beside it (a random name, O_EXCL:
+    never an existing file, never through a symbolic link, so writers of one target never collide),
+    fsynced when `durable`, then renamed over `target` (a link there is replaced, not followed). `mode`
+    is the new file's (less the umask). OSError on failure, with the temporary file removed."""
+    target = Path(target)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, _NEW, mode)
+    try:
+        with open(fd, "wb", closefd=True) as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def static_prefix(path: str | os.PathLike) -> Path:

@@ -14,10 +14,10 @@ outcome back into the folder; `result()` reads it. `cancel()` ends the job's who
 
 The job's folder is one only this user could have written (folders.py: private, and every folder above
 it this user's or root's, not writable by others), since its outcome is a pickle. The job ends with the
-caller: a watchdog thread in the job watches the caller's pid (a pid, not a thread: a caller's trial
-thread may end first), and when the caller is gone (a kernel killed, crashed or restarted) it removes
-the job folder and kills the job's process group within PARENT_POLL_S, so no training process is left
-beside the next kernel's trials.
+caller: a watchdog thread in the job watches the caller's process (its pid and start time, by the one
+rule of owners.py; a process, not a thread: a caller's trial thread may end first), and when it is gone
+(a kernel killed, crashed or restarted) it removes the job folder and kills the job's process group
+within PARENT_POLL_S, so no training process is left beside the next kernel's trials.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .folders import check_parents, owned_private_folder
+from .folders import check_parents, owned_private_folder, write_atomic
+from .owners import owner, process_alive
 from .ranks import exit_text
 
 CALL = "call.pkl"  # (fn, args, kwargs), cloudpickled by the caller
@@ -192,7 +193,9 @@ class FreshProcess:
                     env[k] = v
             env["PYTHONPATH"] = os.pathsep.join([package_root(), *filter(None, [env.get("PYTHONPATH")])])
             with open(folder / LOG, "wb") as log:
-                proc = subprocess.Popen([self.python, "-m", "workbench.launch.fresh", str(folder), str(os.getpid())],
+                started = owner()["started"]  # the caller's start time: a reused pid is not the caller
+                proc = subprocess.Popen([self.python, "-m", "workbench.launch.fresh", str(folder), str(os.getpid()),
+                                         "-" if started is None else repr(started)],
                                         env=env,
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)  # its own group: cancel ends its workers too
@@ -217,25 +220,16 @@ def _exit_text(code: int | None) -> str:
     return f"is {text}" if code is None else f"was {text}" if code < 0 else text
 
 
-def _caller_gone(parent: int, first_ppid: int) -> bool:
-    """Whether the caller (pid `parent`) has ended: this process was handed to another parent (init or a
-    subreaper), or no process has that pid any more."""
-    if os.getppid() != first_ppid:
-        return True
-    try:
-        os.kill(parent, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # a pid of another user's: ours has gone and the pid was reused
-        return True
-    return False
+def caller_gone(parent: int, started: float | None) -> bool:
+    """Whether the caller (pid `parent`, started at `started`) has ended: the one rule of owners.py (a
+    zombie, killed and not yet reaped, is gone; a pid now another process's is gone)."""
+    return not process_alive(parent, started)
 
 
-def _end_with_caller(parent: int, where: Path) -> None:
+def end_with_caller(parent: int, started: float | None, where: Path) -> None:
     """The job's watchdog: once the caller has ended, remove the job folder and kill the job's process group
     (this process, its DataLoader and compile workers): nobody is left to read its outcome."""
-    first = os.getppid()
-    while not _caller_gone(parent, first):
+    while not caller_gone(parent, started):
         time.sleep(PARENT_POLL_S)
     shutil.rmtree(where, ignore_errors=True)
     with contextlib.suppress(OSError, AttributeError):  # AttributeError: no process groups (Windows)
@@ -243,14 +237,14 @@ def _end_with_caller(parent: int, where: Path) -> None:
     os._exit(1)  # where the group could not be signalled
 
 
-def job_main(folder: str, parent: int | None = None) -> int:
+def job_main(folder: str, parent: int | None = None, started: float | None = None) -> int:
     """Inside the job's process: run the call in `folder`, write its outcome there; the exit code. With
-    `parent` (the caller's pid), the job ends when the caller does (`_end_with_caller`)."""
+    `parent` (the caller's pid, started at `started`), the job ends when the caller does (`end_with_caller`)."""
     import cloudpickle
 
     where = Path(folder)
     if parent is not None:
-        threading.Thread(target=_end_with_caller, args=(parent, where), name="workbench-caller-watch",
+        threading.Thread(target=end_with_caller, args=(parent, started, where), name="workbench-caller-watch",
                          daemon=True).start()
     try:
         for p in json.loads((where / PATH).read_text()):
@@ -261,16 +255,14 @@ def job_main(folder: str, parent: int | None = None) -> int:
         outcome: tuple = ("ok", fn(*args, **kwargs))
     except BaseException as e:  # the caller gets the text; the job exits 1
         outcome = ("error", f"{type(e).__name__}: {e}", traceback.format_exc())
-    tmp = where / (OUTCOME + ".tmp")
     try:
-        with open(tmp, "wb") as f:
-            cloudpickle.dump(outcome, f)
+        data = cloudpickle.dumps(outcome)
     except Exception as e:  # an unpicklable return value
-        with open(tmp, "wb") as f:
-            cloudpickle.dump(("error", f"the job's result cannot be pickled: {type(e).__name__}: {e}", ""), f)
-    os.replace(tmp, where / OUTCOME)
+        data = cloudpickle.dumps(("error", f"the job's result cannot be pickled: {type(e).__name__}: {e}", ""))
+    write_atomic(where / OUTCOME, data)
     return 0 if outcome[0] == "ok" else 1
 
 
 if __name__ == "__main__":
-    sys.exit(job_main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None))
+    sys.exit(job_main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None,
+                      float(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] != "-" else None))

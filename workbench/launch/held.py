@@ -31,11 +31,12 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from .folders import owned_private_folder, static_prefix
-from .watcher import BOARD, TERMINAL, SchedulerState, is_slurm, job_id_of, stop_job
+from .folders import owned_private_folder, static_prefix, write_atomic
+from .watcher import BOARD, TERMINAL, SchedulerState, is_slurm, job_id_of, listed, stop_job
 
 IDLE_S = 60.0  # a worker with no task this long exits (its job ends)
 PICK_S = 0.05  # how often an idle worker looks at its inbox
+NODE_WORKLOADS = 4  # unpickled workloads a worker keeps (the most recent ones)
 _LOCK = threading.Lock()  # the pools' workers (every with_env view of one held executor)
 
 
@@ -50,14 +51,6 @@ def _dump(obj: Any) -> bytes:
     import cloudpickle
 
     return cloudpickle.dumps(obj)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".part")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def held_worker(inbox: str, idle_s: float = IDLE_S) -> dict[str, int]:
@@ -88,21 +81,29 @@ def held_worker(inbox: str, idle_s: float = IDLE_S) -> dict[str, int]:
             os.rename(task, run)
         except OSError:  # withdrawn by the notebook
             continue
-        with open(run, "rb") as f:
-            fn, args, kwargs = pickle.load(f)
-        if args and isinstance(args[0], dict) and isinstance(args[0].get("workload"), _Ref):
-            key = args[0]["workload"].key
-            if key not in cache:
-                with open(folder / f"workload-{key}.pkl", "rb") as f:
-                    cache[key] = pickle.load(f)
-                loads += 1
-            args = ({**args[0], "workload": cache[key]}, *args[1:])
-        try:
+        try:  # unpickling too: a node that cannot import a module of the call says so in the task's error
+            with open(run, "rb") as f:
+                fn, args, kwargs = pickle.load(f)
+            if args and isinstance(args[0], dict) and isinstance(args[0].get("workload"), _Ref):
+                key = args[0]["workload"].key
+                if key not in cache:
+                    with open(folder / f"workload-{key}.pkl", "rb") as f:
+                        loaded = pickle.load(f)
+                    while len(cache) >= NODE_WORKLOADS:  # the oldest goes: a notebook may send many models
+                        cache.pop(next(iter(cache)))
+                    cache[key] = loaded
+                    loads += 1
+                args = ({**args[0], "workload": cache[key]}, *args[1:])
             out: Any = ("ok", fn(*args, **kwargs))
         except Exception:  # the task's own error, returned as text (the watcher's failed trial says it)
             out = ("error", traceback.format_exc())
         tasks += 1
-        _write_atomic(run.with_suffix(".out"), _dump((*out, {"task": tasks, "workload_loads": loads})))
+        info = {"task": tasks, "workload_loads": loads}
+        try:
+            data = _dump((*out, info))
+        except Exception as e:  # a value that cannot be pickled: the task fails, the worker goes on
+            data = _dump(("error", f"the task's value cannot be pickled: {type(e).__name__}: {e}", info))
+        write_atomic(run.with_suffix(".out"), data)
         run.unlink(missing_ok=True)
         last = time.monotonic()
     return {"tasks": tasks, "workload_loads": loads}
@@ -124,6 +125,7 @@ class HeldTask:
         self.paths = getattr(worker.job, "paths", None)  # the worker's stderr: slurmstepd's kill line (watcher)
         self._value: Any = None
         self._read = False
+        self._listed_at = -float("inf")  # when the inbox was last listed for the value (monotonic)
         self.held_info: dict[str, int] = {}  # the worker's count: this task's number, workloads it unpickled
 
     @property
@@ -131,7 +133,14 @@ class HeldTask:
         return job_id_of(self.worker.job)
 
     def done(self) -> bool:
-        return self._read or self.out.exists()
+        """Whether the task's value is there: its `.out` file, asked of the inbox's listing once a second
+        too (a network filesystem may cache the failed lookups of the polls before it was written)."""
+        if self._read or self.out.exists():
+            return True
+        if time.monotonic() - self._listed_at < 1.0:
+            return False
+        self._listed_at = time.monotonic()
+        return listed(self.out)
 
     def scheduler_state(self) -> SchedulerState:
         """The worker job's state (SLURM: from the one batched squeue); without a scheduler, RUNNING
@@ -169,7 +178,7 @@ class HeldExecutor:
 
     def __init__(self, executor: Any, idle_s: float = IDLE_S, *, _pool: dict[str, list[_Worker]] | None = None,
                  _key: str = "", _root: Path | None = None,
-                 _workloads: dict[int, tuple[str, Any]] | None = None) -> None:
+                 _workloads: dict[int, tuple[str, weakref.ref]] | None = None) -> None:
         if not callable(getattr(executor, "submit", None)):
             raise TypeError(f"held(executor): executor must have submit(fn, *args), got {type(executor).__name__}")
         if not idle_s > 0:
@@ -177,7 +186,7 @@ class HeldExecutor:
         self.executor, self.idle_s = executor, float(idle_s)
         self.folder = getattr(executor, "folder", None)  # cluster.check_executor checks it as the executor's
         self._pool = _pool if _pool is not None else {}
-        self._workloads: dict[int, tuple[str, Any]] = _workloads if _workloads is not None else {}
+        self._workloads: dict[int, tuple[str, weakref.ref]] = _workloads if _workloads is not None else {}
         self._key = _key
         base = static_prefix(self.folder) if self.folder is not None else Path.home() / ".cache" / "workbench"
         self._root = _root or owned_private_folder(base / "held")  # the nodes see it where they see the job folder
@@ -217,11 +226,11 @@ class HeldExecutor:
         if args and isinstance(args[0], dict) and "workload" in args[0]:
             key = self._key_of(args[0]["workload"])
             if key not in worker.workloads:  # pickled inside the caller's by_value: its modules travel too
-                _write_atomic(worker.inbox / f"workload-{key}.pkl", _dump(args[0]["workload"]))
+                write_atomic(worker.inbox / f"workload-{key}.pkl", _dump(args[0]["workload"]))
                 worker.workloads.add(key)
             args_ = ({**args[0], "workload": _Ref(key)}, *args[1:])
         path = worker.inbox / f"task-{time.time_ns()}-{uuid.uuid4().hex[:6]}.pkl"
-        _write_atomic(path, _dump((fn, args_, kwargs)))
+        write_atomic(path, _dump((fn, args_, kwargs)))
         if not (worker.inbox / "closed").exists():
             return HeldTask(self, worker, path)
         try:
@@ -231,21 +240,31 @@ class HeldExecutor:
         return None
 
     def _key_of(self, workload: Any) -> str:
-        """The workload's key: one per workload object (kept referenced, so its id is not reused), as a
-        local trial uses the same object for every trial."""
+        """The workload's key: one per live workload object, as a local trial uses the same object for every
+        trial. Held by a weak reference: the executor never keeps a model the notebook has let go."""
         with _LOCK:
+            for gone in [i for i, (_k, ref) in self._workloads.items() if ref() is None]:
+                del self._workloads[gone]
             hit = self._workloads.get(id(workload))
-            if hit is None:
-                hit = self._workloads[id(workload)] = (uuid.uuid4().hex[:16], workload)
+            if hit is None or hit[1]() is not workload:  # new, or another object at a dead one's address
+                try:
+                    ref = weakref.ref(workload)
+                except TypeError:  # an object without weak references: a key of its own each time
+                    return uuid.uuid4().hex[:16]
+                hit = self._workloads[id(workload)] = (uuid.uuid4().hex[:16], ref)
             return hit[0]
 
     def _idle(self) -> _Worker | None:
+        """A free worker of this pool, claimed; None when none is. The scheduler is asked whether a worker
+        still runs outside the module's lock (squeue may take its 10 s timeout), so no submit waits on it."""
         with _LOCK:
-            for w in list(self._pool.get(self._key, [])):
-                if (w.inbox / "closed").exists() or _ended(w.job):
-                    self._pool[self._key].remove(w)
-                    continue
-                if not w.busy:
+            free = [w for w in self._pool.get(self._key, []) if not w.busy]
+        for w in free:
+            if (w.inbox / "closed").exists() or _ended(w.job):
+                self._forget(w)
+                continue
+            with _LOCK:
+                if not w.busy and w in self._pool.get(self._key, []):
                     w.busy = True
                     return w
         return None
@@ -257,16 +276,23 @@ class HeldExecutor:
         w.busy = True
         with _LOCK:
             self._pool.setdefault(self._key, []).append(w)
+        if is_slurm(job):  # on the one batched squeue while held: every task's state comes from one query
+            BOARD.add(job_id_of(job))
         return w
 
     def _released(self, worker: _Worker) -> None:
         worker.busy = False
 
     def _forget(self, worker: _Worker) -> None:
+        """No task goes to `worker` from now on (it closed, ended or was stopped); off the squeue board."""
+        held_ = False
         with _LOCK:
             for ws in self._pool.values():
                 if worker in ws:
                     ws.remove(worker)
+                    held_ = True
+        if held_ and is_slurm(worker.job):
+            BOARD.remove(job_id_of(worker.job))
 
     def _drop(self, worker: _Worker) -> str:
         self._forget(worker)

@@ -7,7 +7,10 @@ in flight, written at submission and removed once its trial is recorded. Each en
 same log reads it back, and takes only the entries whose owner is gone (its process ended, or, on
 another host, no beat for LEASE_S): a job whose result is there is recorded, one the scheduler still
 runs is watched again (its trial is recorded when it ends), and one that vanished becomes a failed
-trial saying so. Another kernel's live jobs are left to it.
+trial saying so. Another kernel's live jobs are left to it. Each entry keeps the fingerprint of the model
+its job runs, so a trial recorded by a kernel restarted after an edit of the model is the old model's. A
+submitit local job still running is stopped (watcher.stop_local): it cannot be watched from another
+kernel, and it would train beside this kernel's trials.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import functools
 import json
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..core.fingerprint import UNKNOWN, fingerprint
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult, now_iso
 from ..core.progress import TrialProgress
@@ -43,13 +46,14 @@ from .cluster import (
     new_progress_file,
     quiet_sacct,
     slurm_state,
+    waits_of,
     watch,
 )
-from .folders import owned_private_folder
-from .watcher import has_scheduler
+from .folders import owned_private_folder, write_atomic
+from .owners import owner, owner_alive
+from .watcher import ENDED, has_scheduler, left_behind_local, result_grace_s, stop_local
 
 BEAT_S = 10.0  # how often a watcher touches its registry entry (its owner's heartbeat)
-LEASE_S = 120.0  # an entry from another host untouched this long: its owner is gone
 ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 
 
@@ -58,7 +62,7 @@ class Jobs:
 
     `device` is what the user asked for ("auto" resolves on the node). `counts_queue`: whether time
     in the scheduler's queue counts against a budget_s (by default it does not: each job reports its
-    wait to the budget's own account, `cancel.queue`, a cluster.QueueAccount).
+    wait to the budget's own account, the cluster.QueueWaits its Deadline gives, `waits_of`).
     """
 
     def __init__(self, executor: Any, log_path: Path | None, *, device: str | None, counts_queue: bool = False) -> None:
@@ -74,6 +78,7 @@ class Jobs:
         self.queue_s = 0.0  # seconds this workbench's jobs waited in the queue
         self.in_flight: dict[str, Any] = {}  # registry file name -> job (tune(parallel=N) keeps several)
         self.halted = threading.Event()  # cancel_all: every watcher cancels its job and ends its trial
+        result_grace_s()  # a bad WORKBENCH_RESULT_GRACE_S is said now, not when a job ends
         quiet_sacct()
 
     def travels(self, workload: Workload) -> int:
@@ -109,7 +114,7 @@ class Jobs:
             pf.unlink(missing_ok=True)
             return failed_trial(knobs, "error", f"the trial's process could not start ({type(ex).__name__}): "
                                 f"{type(e).__name__}: {str(e).strip()[:500]}", w, started, where="process")
-        entry = self._register(w, "trial", knobs, started)
+        entry = self._register(w, "trial", knobs, started, workload)
         account = self._account(cancel, w)
         try:
             out = watch(w.job, w, progress, cancel, on_queue=lambda q: self._queued(q, cancel),
@@ -151,7 +156,7 @@ class Jobs:
 
         with by_value(workload):
             w.job = self.executor.submit(job_call, fn, workload, self.device, args, kwargs, str(pf))
-        entry = self._register(w, "call", Knobs(), now_iso())
+        entry = self._register(w, "call", Knobs(), now_iso(), workload)
         account = self._account(cancel, w)
         try:
             value, env = watch(w.job, w, TrialProgress(), cancel, on_queue=lambda q: self._queued(q, cancel),
@@ -163,27 +168,28 @@ class Jobs:
         return value, env, w.info()
 
     def _account(self, cancel: threading.Event | None, w: Watch) -> _Waits:
-        """The job's waiting/running/ended reports to its budget's queue account (`cancel.queue`, a
-        cluster.QueueAccount; none when the queue counts or no budget runs the trial)."""
-        account = None if self.counts_queue else getattr(cancel, "queue", None)
-        return _Waits(account if callable(getattr(account, "waiting", None)) else None, w)
+        """The job's waiting/running/ended reports to its budget's queue account (the budget's explicit
+        cluster.QueueWaits, `waits_of(cancel)`; none when the queue counts or no budget runs the trial)."""
+        waits = None if self.counts_queue else waits_of(cancel)
+        return _Waits(waits.account if waits is not None else None, w)
 
     def _queued(self, seconds: float, cancel: threading.Event | None) -> None:
         """A job left the queue after `seconds`: counted apart; a budget's deadline moves on by as much
-        unless the queue counts."""
+        (its QueueWaits) unless the queue counts."""
         self.queue_s += seconds
-        if not self.counts_queue:
-            postpone = getattr(cancel, "postpone", None)
-            if callable(postpone):
-                postpone(seconds)
+        waits = None if self.counts_queue else waits_of(cancel)
+        if waits is not None:
+            waits.queued(seconds)
 
     # ---- the registry (re-attach after a restart) --------------------------------------------
-    def _register(self, w: Watch, kind: str, knobs: Knobs, started: str) -> Path:
+    def _register(self, w: Watch, kind: str, knobs: Knobs, started: str, workload: Workload) -> Path:
+        """The job's registry entry: what a restarted kernel needs to record its trial as the trial it was
+        (its knobs, and the fingerprint of the model it runs, which the notebook may edit meanwhile)."""
         paths = getattr(w.job, "paths", None)
         entry = {"kind": kind, "job_id": w.job_id, "executor": type(w.job).__name__,
                  "folder": str(paths.folder) if paths is not None else None, "knobs": knobs.to_dict(),
-                 "started_at": started, "submitted_at": time.time(), "progress_file": str(w.progress_file),
-                 "owner": owner()}
+                 "model": fingerprint(workload.pristine), "started_at": started, "submitted_at": time.time(),
+                 "progress_file": str(w.progress_file), "owner": owner()}
         path = self.dir / f"job-{w.job_id or w.progress_file.stem}.json"
         _write(path, entry)
         self.in_flight[path.name] = w.job
@@ -225,8 +231,9 @@ class Jobs:
 
     def reattach(self, record: Callable[[TrialResult], TrialResult], lock: threading.Lock) -> list[str]:
         """Pick up the trials of jobs an earlier kernel left in flight: record the finished ones, watch the
-        running ones on a daemon thread (recording each when it ends, under `lock`), and record the
-        vanished ones as failed ('lost'). Returns one line per job, for a note."""
+        running ones on a daemon thread (recording each when it ends, under `lock`), stop the local ones
+        still running ('stopped'), and record the vanished ones as failed ('lost'). Each is recorded as the
+        model its job ran (`_settle`). Returns one line per job, for a note."""
         lines = []
         for entry in self.left_behind():
             if entry.get("kind") != "trial":  # an interleaved comparison's job: its caller is gone
@@ -247,6 +254,12 @@ class Jobs:
                 lines.append(f"job {entry.get('job_id')}: lost")
                 continue
             done = Path(job.paths.result_pickle).exists()
+            said = stop_local(job, entry.get("submitted_at")) if not done and left_behind_local(job) else ENDED
+            if said != ENDED:  # a local job that still ran: stopped, never left training beside this kernel's
+                self._settle(entry, self._stopped_local(entry, said, w, knobs), record, lock)
+                lines.append(f"job {w.job_id}: stopped")
+                continue
+            done = done or Path(job.paths.result_pickle).exists()
             sched = slurm_state(w.job_id) if is_slurm(job) and not done else SchedulerState(known=False)
             if not done and sched.known and sched.state in ACTIVE:
                 _write(Path(entry["_path"]), {**{k: v for k, v in entry.items() if k != "_path"}, "owner": owner()})
@@ -258,13 +271,26 @@ class Jobs:
                 self._rewatch(entry, w, knobs, record, lock)
                 lines.append(f"job {w.job_id}: recorded")
                 continue
-            state = f"the scheduler says {sched.state}" if sched.known else "the scheduler no longer knows it"
+            state = (f"the scheduler says {sched.state}" if sched.known else "its process has ended"
+                     if left_behind_local(job) else "the scheduler no longer knows it")
             r = failed_trial(knobs, "error", f"job {w.job_id} is lost: it was in flight when an earlier kernel stopped, "
                              f"{state}, and it left no result in {job.paths.folder}", w, entry.get("started_at", ""))
             r.extra["job"] = {**w.info(), "reattached": True}
             self._settle(entry, r, record, lock)
             lines.append(f"job {w.job_id}: lost")
         return lines
+
+    @staticmethod
+    def _stopped_local(entry: dict[str, Any], said: str, w: Watch, knobs: Knobs) -> TrialResult:
+        """The trial of a left-behind submitit LocalJob that still ran: a local job cannot be watched from
+        another kernel (its process is not this one's child), and left running it would train beside this
+        kernel's trials, so it was stopped (`said`: watcher.stop_local's words); never evidence."""
+        why = (f"job {w.job_id} was in flight when an earlier kernel stopped; a local job cannot be watched from "
+               f"another kernel, and left running it would train beside this kernel's trials: {said}")
+        r = failed_trial(knobs, "interrupted" if said.startswith("cancelled") else "error", why, w,
+                         entry.get("started_at", ""))
+        r.extra["job"] = {**w.info(), "reattached": True}
+        return r
 
     def _rewatch(self, entry: dict[str, Any], w: Watch, knobs: Knobs, record: Callable[[TrialResult], TrialResult],
                  lock: threading.Lock) -> None:
@@ -284,6 +310,10 @@ class Jobs:
     @staticmethod
     def _settle(entry: dict[str, Any], r: TrialResult, record: Callable[[TrialResult], TrialResult],
                 lock: threading.Lock) -> None:
+        """Record a left-behind job's trial as the model it ran (UNKNOWN when its entry does not say: never
+        the current model's, so never compared with its trials nor its baseline), then forget the job."""
+        model = entry.get("model")
+        r.extra["model"] = model if isinstance(model, str) and model else UNKNOWN
         with lock:
             record(r)
         Path(entry["_path"]).unlink(missing_ok=True)
@@ -328,39 +358,8 @@ class _Waits:
             self.account.ended(self.key)
 
 
-def owner() -> dict[str, Any]:
-    """This process as a registry entry's owner: host, pid and the process's start time (a pid reused
-    by another process does not count as the owner)."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid())}
-
-
-def _started(pid: int) -> float | None:
-    """The start time of process `pid` (seconds since the epoch); None when it is gone, a zombie (killed,
-    not yet reaped by its parent: it runs nothing), or unreadable."""
-    try:
-        import psutil
-
-        proc = psutil.Process(pid)
-        return None if proc.status() == psutil.STATUS_ZOMBIE else round(proc.create_time(), 2)
-    except Exception:  # no such process, or psutil cannot read it
-        return None
-
-
-def owner_alive(who: Any, touched: float) -> bool:
-    """Whether an entry's owner still runs: on this host, its process (same pid and start time); on
-    another, a heartbeat within LEASE_S. An entry without an owner is an earlier kernel's."""
-    if not isinstance(who, dict):
-        return False
-    if who.get("host") == socket.gethostname():
-        started = _started(int(who.get("pid") or 0)) if who.get("pid") else None
-        return started is not None and (who.get("started") is None or abs(started - who["started"]) < 1.0)
-    return time.time() - touched < LEASE_S
-
-
 def _write(path: Path, entry: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(entry))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(entry).encode())
 
 
 def _trial_of(out: Any, knobs: Knobs, w: Watch) -> Any:
@@ -392,7 +391,9 @@ def _cancel_entry(entry: dict[str, Any]) -> None:
         job = _rebuild(entry)
     except ValueError:  # not this user's folder: nothing of it is loaded, nor cancelled
         return
-    if job is not None and job_id_of(job):
+    if job is not None and left_behind_local(job):
+        stop_local(job, entry.get("submitted_at"))
+    elif job is not None and job_id_of(job):
         from .cluster import stop_job
 
         stop_job(job)

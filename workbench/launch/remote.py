@@ -53,6 +53,12 @@ def trial_job(payload: dict[str, Any]) -> dict[str, Any]:
     The record is `TrialResult.to_record()`; a mode that did not take is a failed record (status
     "error", where "process") before any step runs.
     """
+    from ..core.knobs import adopt_user_knobs
+    from ..core.measure import RAN_IN_ENV
+    from .workerside import current_cancel
+
+    os.environ.setdefault(RAN_IN_ENV, "job")  # measure.environment's ran_in: a worker says "worker"
+    adopt_user_knobs(payload.get("user_knobs") or {})  # the caller's @wb.knob declarations
     workload: Workload = payload["workload"]
     knobs: Knobs = payload["knobs"]
     info = process_info()
@@ -69,7 +75,8 @@ def trial_job(payload: dict[str, Any]) -> dict[str, Any]:
     path = payload.get("progress_path")
     writer = _progress_writer(Path(path)) if path else None
     with Poller(progress, writer) if writer else contextlib.nullcontext():
-        result = payload["here"](workload, knobs, progress=progress, **payload["run"])  # runner.run_here
+        run = {**payload["run"], "cancel": current_cancel()}  # a worker's stop; None in a one-call job
+        result = payload["here"](workload, knobs, progress=progress, **run)  # runner.run_here
     return {"record": result.to_record(), "process": info}
 
 
@@ -188,12 +195,14 @@ def run_elsewhere(executor: Any, workload: Workload, knobs: Knobs, *, progress: 
     total = run.get("warmup_steps", 0) + run.get("steps", 0)
     base = getattr(ex, "folder", None)
     folder = Path(tempfile.mkdtemp(prefix="workbench-progress-", dir=base if base and Path(base).is_dir() else None))
+    from ..core.knobs import user_knob_specs
+
     payload = {"workload": workload, "knobs": knobs, "run": run, "here": here,
-               "progress_path": str(folder / PROGRESS_FILE)}
+               "progress_path": str(folder / PROGRESS_FILE), "user_knobs": user_knob_specs()}
     where = type(ex).__name__
 
     def failed(status: str, message: str, tb: str = "") -> TrialResult:
-        env_ = {**environment(workload.device), "executor": where}
+        env_ = {**environment(workload.device), "executor": where, "ran_in": getattr(ex, "ran_in", "job")}
         return TrialResult(knobs=knobs, status=status, message=message, env=env_, started_at=started,
                            where="process", traceback=tb)
 

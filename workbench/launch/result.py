@@ -36,13 +36,10 @@ def _elementwise(lists: list[list[float]], fn: Any) -> list[float]:
     return [fn([x[i] for x in lists]) for i in range(n)]
 
 
-def assemble(reports: dict[int, dict[str, Any]], knobs: Knobs, *, env: dict[str, Any], started: str,
-             notes: list[str], backend: str) -> TrialResult:
-    """One TrialResult from every rank's ok report (see the module docstring for the figures)."""
-    ranks = sorted(reports)
-    raws = [RawTrial(**reports[r]["raw"]) for r in ranks]
+def _merged(raws: list[RawTrial], siblings_cores: list[float]) -> RawTrial:
+    """The ranks' raw figures as one: per step the slowest rank's times, the mean loss, the samples summed."""
     first = raws[0]
-    merged = RawTrial(
+    return RawTrial(
         warmup_steps=first.warmup_steps, steps=first.steps,
         startup_s=max(r.startup_s for r in raws),
         warm_times_s=_elementwise([r.warm_times_s for r in raws], max),
@@ -51,13 +48,18 @@ def assemble(reports: dict[int, dict[str, Any]], knobs: Knobs, *, env: dict[str,
         step_times_s=_elementwise([r.step_times_s for r in raws], max),
         waits_s=_elementwise([r.waits_s for r in raws], max),
         copies_s=_elementwise([r.copies_s for r in raws], max),
+        loader_host_s=_elementwise([r.loader_host_s for r in raws], max),
+        loader_idle_s=(None if any(r.loader_idle_s is None for r in raws)  # the host clock on some rank
+                       else _elementwise([r.loader_idle_s for r in raws], max)),
+        host_idle_s=(None if any(r.host_idle_s is None for r in raws)
+                     else _elementwise([r.host_idle_s for r in raws], max)),
         losses=_elementwise([r.losses for r in raws], lambda v: sum(v) / len(v)),  # what DDP trains on
         samples=sum(r.samples for r in raws),
         wall_s=max(r.wall_s for r in raws),
         epochs=max(r.epochs for r in raws),
         # the siblings' own CPU counts as "foreign" inside each rank: take it out again
         foreign_cores=(None if first.foreign_cores is None else
-                       max(0.0, first.foreign_cores - sum(reports[r]["own_cores"] for r in ranks[1:]))),
+                       max(0.0, first.foreign_cores - sum(siblings_cores))),
         peak_bytes=max((r.peak_bytes for r in raws if r.peak_bytes is not None), default=None),
         compile_info=first.compile_info,
         state_bytes=max((r.state_bytes for r in raws if r.state_bytes is not None), default=None),  # largest rank's
@@ -68,6 +70,14 @@ def assemble(reports: dict[int, dict[str, Any]], knobs: Knobs, *, env: dict[str,
         warmup_note=next((r.warmup_note for r in raws if r.warmup_note), None),
         shapes=first.shapes,  # rank 0's input shapes (each rank reads its own shard)
     )
+
+
+def assemble(reports: dict[int, dict[str, Any]], knobs: Knobs, *, env: dict[str, Any], started: str,
+             notes: list[str], backend: str) -> TrialResult:
+    """One TrialResult from every rank's ok report (see the module docstring for the figures)."""
+    ranks = sorted(reports)
+    raws = [RawTrial(**reports[r]["raw"]) for r in ranks]
+    merged = _merged(raws, [reports[r]["own_cores"] for r in ranks[1:]])
     fields_, more = derive(merged, knobs)
     if fields_["status"] == "nan":  # name the rank whose loss went bad first
         bad = [(i, r) for r in ranks for i, x in enumerate(reports[r]["raw"]["losses"]) if not math.isfinite(x)]

@@ -242,7 +242,7 @@ def in_parallel_slot() -> bool:
 
 
 def trial_thread() -> concurrent.futures.ThreadPoolExecutor:
-    """The one thread for trials started off the main thread (the panel) and for analyses (one OpenMP pool)."""
+    """The one thread for trials and analyses started off the main thread (the panel, in this process)."""
     global _TRIAL_THREAD
     if _TRIAL_THREAD is None:
         _TRIAL_THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=TRIAL_THREAD_NAME)
@@ -255,9 +255,10 @@ def submit_trial(fn: Callable[..., T], *args: Any, **kwargs: Any) -> concurrent.
 
     A user's plain loop runs on the main thread, and a thread's figure is tied to it: glibc gives
     every other thread its own malloc arena, whose heaps are unmapped when free and faulted in
-    again at the next step (issue 23: ~4,600 page faults per step for a bf16 + channels_last CNN
-    on a second thread, none on the main thread). Measuring where the user's loop runs reads what
-    it reads; the panel, which must not block the kernel, keeps the trial thread.
+    again at the next step (~4,600 page faults per step for a bf16 + channels_last CNN on a second
+    thread, none on the main thread), and its own OpenMP team. A workbench's trials run in its worker
+    process (launch/local.py), where this is called on the main thread; in a kernel, the panel, which
+    must not block it, keeps the trial thread.
     """
     if threading.current_thread() is not threading.main_thread() and not in_parallel_slot():
         return trial_thread().submit(fn, *args, **kwargs)
@@ -270,12 +271,15 @@ def submit_trial(fn: Callable[..., T], *args: Any, **kwargs: Any) -> concurrent.
 
 
 def on_trial_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Call `fn` on the trial thread and return its result (directly if already there).
+    """Call `fn` where this process's trials run and return its result: inline on the main thread (a
+    cell, a script, a worker process: where `submit_trial` runs a trial), else on the trial thread.
 
-    Every thread that calls into torch gets its own OpenMP pool; analyses that run training steps
-    go through here so they share the trial's pool instead of competing with it.
+    Every thread that calls into torch gets its own OpenMP team, and a second team slows every later
+    parallel region of the process (launch/local.py); analyses that run training steps go through here
+    so that they share the trials' thread instead of adding one.
     """
-    if threading.current_thread().name.startswith(TRIAL_THREAD_NAME):
+    here = threading.current_thread()
+    if here is threading.main_thread() or here.name.startswith(TRIAL_THREAD_NAME):
         return fn(*args, **kwargs)
     future = trial_thread().submit(fn, *args, **kwargs)
     while True:  # wake every 0.1 s so a Ctrl-C in the caller's thread is seen

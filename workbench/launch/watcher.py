@@ -14,6 +14,7 @@ Extension point (docs/cluster.md): an executor is any `submit(fn, *args) -> job`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -28,15 +29,21 @@ from typing import Any
 
 from ..core.measure import TrialResult
 from ..core.progress import TrialProgress
+from .folders import write_atomic
 
 POLL_S = 0.25  # how often the notebook looks at the job (progress file, result)
 ASK_EVERY_S = 1.0  # how often it asks the scheduler, at least (one squeue for every job in flight)
 ASK_PER_JOB_S = 0.25  # ...and this much longer per job in flight (a cluster's rate limits)
 ASK_MAX_S = 10.0  # ...up to this
-RESULT_GRACE_S = 15.0  # after the scheduler says the job ended, how long its result may take to appear
+# After the scheduler says a job ended, how long its result may take to appear in the job folder: a
+# network filesystem shows another node's new file only once its cached lookup of the folder expires
+# (NFS: acdirmax, 60 s by default). WORKBENCH_RESULT_GRACE_S (seconds) sets it for slower filesystems.
+RESULT_GRACE_S = 90.0
+GRACE_ENV = "WORKBENCH_RESULT_GRACE_S"
 UNANSWERED_S = 600.0  # a scheduler silent this long ends the trial, the job left as it is (never forgotten)
 KILLED = {"TIME LIMIT": "TIMEOUT", "PREEMPTION": "PREEMPTED", "NODE FAILURE": "NODE_FAIL"}  # slurmstepd's words
 CANCEL_WAIT_S = 10.0  # after a cancel, how long to wait for the job to leave the node
+ENDED = "cancelled (it has ended)"  # what stop_job says of a job that was no longer running
 TERMINAL = {  # SLURM job states that end a job, and the trial status a job without a result gets
     "CANCELLED": "interrupted", "PREEMPTED": "interrupted", "DEADLINE": "interrupted",
     "TIMEOUT": "error", "NODE_FAIL": "error", "BOOT_FAIL": "error", "FAILED": "error",
@@ -57,14 +64,45 @@ WHY = {
 
 def write_progress(path: Path, phase: str, done: int, total: int) -> bool:
     """Write the job's progress (the one format every watcher reads: phase, done, total, host, pid,
-    time) atomically (write, then rename); False, never raising, when the filesystem refuses: a
+    time) atomically (folders.write_atomic); False, never raising, when the filesystem refuses: a
     progress file is a view, and losing it must not lose the trial's result."""
-    tmp = Path(path).with_suffix(".tmp")
+    snap = {"phase": phase, "done": done, "total": total, "pid": os.getpid(), "host": platform.node().split(".")[0],
+            "t": time.time()}
     try:
-        tmp.write_text(json.dumps({"phase": phase, "done": done, "total": total, "pid": os.getpid(),
-                                   "host": platform.node().split(".")[0], "t": time.time()}))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(snap).encode(), durable=False)  # a view: no fsync every half second
         return True
+    except OSError:
+        return False
+
+
+def result_grace_s() -> float:
+    """Seconds a finished job's result may take to appear (RESULT_GRACE_S, or WORKBENCH_RESULT_GRACE_S);
+    ValueError naming the variable when it is not a positive number of seconds."""
+    raw = os.environ.get(GRACE_ENV, "").strip()
+    if not raw:
+        return RESULT_GRACE_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{GRACE_ENV}={raw!r}: the seconds a finished job's result may take to appear in its "
+                         f"folder must be a positive number (e.g. {GRACE_ENV}=300)")
+    return seconds
+
+
+def listed(path: Path) -> bool:
+    """Whether `path` exists, asking its folder's listing when a lookup says no: a network filesystem
+    (NFS) may cache a failed lookup of a file another node has since written, while a fresh listing of
+    the folder has it. The folder is touched first (chmod to its own mode), as submitit does, so the
+    client drops its cached view of it."""
+    if path.exists():
+        return True
+    folder = path.parent
+    with contextlib.suppress(OSError):  # not this user's folder: the listing alone
+        folder.chmod(folder.stat().st_mode)
+    try:
+        return path.name in os.listdir(folder)
     except OSError:
         return False
 
@@ -78,6 +116,31 @@ def has_scheduler(job: Any) -> bool:
 def is_slurm(job: Any) -> bool:
     """Whether `job` is a SLURM job (submitit's SlurmJob): its state then comes from squeue/scontrol."""
     return type(job).__name__ == "SlurmJob" and shutil.which("squeue") is not None
+
+
+class QueueWaits:
+    """What one budgeted trial's jobs report about their queue waits, given to them explicitly: a
+    budget's Deadline holds one (`Deadline.waits`), and the jobs read it there by type (`waits_of`),
+    never by attribute names on a cancel event. `account` is the budget's QueueAccount (each job's
+    waiting, running, ended); `queued(seconds)` is a job that left the queue after `seconds`, summed in
+    `waited` and passed to `on_wait` (the deadline moves on by as much)."""
+
+    def __init__(self, account: Any, on_wait: Callable[[float], None] | None = None) -> None:
+        self.account = account
+        self.on_wait = on_wait
+        self.waited = 0.0  # seconds this trial's jobs waited in a queue
+
+    def queued(self, seconds: float) -> None:
+        self.waited += max(0.0, seconds)
+        if self.on_wait is not None:
+            self.on_wait(seconds)
+
+
+def waits_of(cancel: Any) -> QueueWaits | None:
+    """The QueueWaits a trial's cancel event carries (a budget's Deadline, or the panel's Stop around
+    one); None for any other event, whatever its attributes."""
+    waits = getattr(cancel, "waits", None)
+    return waits if isinstance(waits, QueueWaits) else None
 
 
 @dataclass
@@ -162,7 +225,7 @@ class SlurmBoard:
             now = time.monotonic()
             if job_id in self._states and now - self._at < self.interval():
                 return self._states[job_id]
-            self._states = slurm_states([*self._jobs, job_id])
+            self._states = slurm_states(sorted({*self._jobs, job_id}))
             self._at = time.monotonic()
             return self._states[job_id]
 
@@ -200,6 +263,7 @@ class Watch:
     host: str = ""
     stopped: str = ""  # what stop_job said when a Ctrl-C cancelled the job
     silent_since: float | None = None  # when the scheduler stopped answering (None while it answers)
+    listed_at: float = -float("inf")  # when the job folder's listing was last asked for the result (monotonic)
 
     @property
     def job_id(self) -> str:
@@ -232,10 +296,15 @@ class Watch:
         return d
 
     def finished(self) -> bool:
-        """Whether the job's result is there to read (without asking the scheduler for it)."""
+        """Whether the job's result is there to read (without asking the scheduler for it). Once the
+        scheduler said the job ended, the folder's listing is asked too, once per ASK_EVERY_S (`listed`)."""
         paths = getattr(self.job, "paths", None)
         if paths is not None and is_slurm(self.job):
-            return Path(paths.result_pickle).exists()
+            result = Path(paths.result_pickle)
+            if self.ended_at is None or time.monotonic() - self.listed_at < ASK_EVERY_S:
+                return result.exists()
+            self.listed_at = time.monotonic()
+            return listed(result)
         return bool(self.job.done())
 
     def read_progress(self) -> dict[str, Any] | None:
@@ -279,7 +348,7 @@ class Watch:
 
     def check_alive(self, sched: SchedulerState | None, now: float) -> None:
         """JobFailed when the scheduler says the job ended (or forgot it) and no result came within
-        RESULT_GRACE_S: its state and reason become the trial's status and message. A job the scheduler
+        `result_grace_s()`: its state and reason become the trial's status and message. A job the scheduler
         says was killed (slurmstepd's "CANCELLED AT" in its stderr while it is COMPLETING) ends at once.
         Any answer that the job lives resets the grace; a scheduler that does not answer never loses
         the job: the watch goes on (UNANSWERED_S at most, then the job is left as it is, saying so)."""
@@ -300,15 +369,20 @@ class Watch:
             sched = SchedulerState(killed, sched.reason, sched.node)
         if self.ended_at is None:
             self.ended_at = now
-        if killed is None and now - self.ended_at < (RESULT_GRACE_S if sched.state in ("COMPLETED", "") else 2.0):
+        grace = result_grace_s() if sched.state in ("COMPLETED", "") else 2.0
+        if killed is None and now - self.ended_at < grace:
             return
+        folder = getattr(getattr(self.job, "paths", None), "folder", "its folder")
+        waited = (f" within {grace:g} s of its end (a network filesystem can show it later: raise {GRACE_ENV}, "
+                  "in seconds)")
         if not sched.known:
             raise JobFailed("error", f"job {self.job_id} is lost: the scheduler no longer knows it and it left no "
-                                     f"result in {getattr(getattr(self.job, 'paths', None), 'folder', 'its folder')}")
+                                     f"result in {folder}{waited}")
         why = WHY.get(sched.state, f"ended in state {sched.state}")
         where = f" on {sched.node}" if sched.node else ""
         reason = f" (reason: {sched.reason})" if sched.reason else ""
-        raise JobFailed(TERMINAL[sched.state], f"job {self.job_id}{where} {why}{reason}")
+        seen = f": none appeared in {folder}{waited}" if sched.state == "COMPLETED" else ""
+        raise JobFailed(TERMINAL[sched.state], f"job {self.job_id}{where} {why}{reason}{seen}")
 
     def killed(self) -> str | None:
         """The end state slurmstepd wrote into the job's stderr when it killed it (CANCELLED, TIMEOUT,
@@ -334,8 +408,8 @@ def watch(job: Any, w: Watch, progress: TrialProgress, cancel: threading.Event |
     """Wait for `job`'s value, showing its state in `progress`; JobFailed when it ends without one
     (cancelled by `cancel`, a fault, the scheduler's reason). Ctrl-C cancels the job, then propagates.
     `on_running()` is called once the scheduler runs the job (or it wrote progress), `on_queue(seconds)`
-    once the job started (its queue time). A budget's deadline (an event whose `expired` is true and
-    with `postpone`) that expires while the job still waits in the queue does not cancel it unless
+    once the job started (its queue time). A budget's deadline (an event carrying its QueueWaits, whose
+    `expired` is true) that expires while the job still waits in the queue does not cancel it unless
     `queue_counts`: `on_queue` moves that deadline on by the wait. Any other set (Stop, Ctrl-C) cancels,
     as does `halt` (Ctrl-C in tune(parallel=N)'s main thread: Jobs.cancel_all). `beat()` is called at
     every look (the registry's heartbeat, jobs.py)."""
@@ -362,8 +436,8 @@ def watch(job: Any, w: Watch, progress: TrialProgress, cancel: threading.Event |
                 if on_queue is not None:
                     reported = True
                     on_queue(w.queue_s or 0.0)  # a deadline moves on by the queue's wait only
-            waiting_deadline = (not queue_counts and not ran and bool(getattr(cancel, "expired", False))
-                                and callable(getattr(cancel, "postpone", None)))
+            waiting_deadline = (not queue_counts and not ran and waits_of(cancel) is not None
+                                and bool(getattr(cancel, "expired", False)))
             if halt is not None and halt.is_set():
                 raise JobFailed("interrupted", f"interrupted by the user: job {w.job_id} {stop_job(job)}"
                                 .replace("job  ", "the job "))
@@ -418,6 +492,8 @@ def _last_line(text: str, word: str) -> str:
 def stop_job(job: Any) -> str:
     """Cancel `job` (scancel for SLURM, SIGINT for submitit's local executor), never raising; what
     happened, in words for the trial's message ("cancelled", or why the cancel may not have taken)."""
+    if left_behind_local(job):
+        return stop_local(job)
     try:
         if is_slurm(job):
             job.cancel(check=False)
@@ -436,7 +512,83 @@ def stop_job(job: Any) -> str:
     if not ended:
         return "cancelled"
     in_process = getattr(job, "proc", None) is not None or type(job).__name__ == "LocalJob"  # FreshJob, submitit local
-    return "cancelled (its process was ended)" if in_process else "cancelled (it has ended)"
+    return "cancelled (its process was ended)" if in_process else ENDED
+
+
+def left_behind_local(job: Any) -> bool:
+    """Whether `job` is a submitit LocalJob without its process handle: rebuilt from its folder and id by
+    another kernel than the one that started it (its `cancel()` then signals nothing)."""
+    return type(job).__name__ == "LocalJob" and getattr(job, "_process", False) is None
+
+
+def stop_local(job: Any, submitted_at: float | None = None) -> str:
+    """End a left-behind submitit LocalJob by its pid, never raising; what happened, in words. Its id is
+    the pid of submitit's controller (`python -m submitit.local._local FOLDER`, which runs the task as its
+    child): SIGINT to it (it then stops its task), SIGKILL to whatever of them is left after
+    CANCEL_WAIT_S. A pid that is not this job's controller (reused, or started after `submitted_at`, a
+    wall-clock time) is never signalled."""
+    import signal
+
+    import psutil
+
+    pid = job_id_of(job)
+    try:
+        top = psutil.Process(int(pid))
+        tree = [top, *top.children(recursive=True)]
+        controller = next((p for p in tree if "submitit.local._local" in p.cmdline()), None)
+        if controller is None or _gone(top):
+            return ENDED if _gone(top) else (
+                f"not cancelled: process {pid} is not its submitit job any more (the pid was reused)")
+        args = controller.cmdline()
+        folder = args[args.index("submitit.local._local") + 1] if args[-1] != "submitit.local._local" else ""
+        if not _same_folder(folder, pid, job) or (submitted_at is not None and top.create_time() > submitted_at + 1):
+            return f"not cancelled: process {pid} is not its submitit job any more (the pid was reused)"
+        controller.send_signal(signal.SIGINT)  # submitit's own cancel: the controller interrupts its task
+        alive = _wait_gone(tree, CANCEL_WAIT_S)
+        for p in alive:
+            p.kill()
+        alive = _wait_gone(alive, 2.0)
+    except (ValueError, psutil.NoSuchProcess):
+        return ENDED
+    except psutil.Error as e:  # another user's process, or one psutil cannot read
+        return f"not cancelled: its process {pid} could not be stopped ({type(e).__name__}); kill {pid} to end it"
+    if alive:
+        return f"not cancelled: its processes {', '.join(str(p.pid) for p in alive)} still run after SIGKILL"
+    return "cancelled (its process was ended)"
+
+
+def _same_folder(folder: str, job_id: str, job: Any) -> bool:
+    """Whether a controller's FOLDER argument (submitit's pattern, `%j` the job id) is `job`'s folder."""
+    try:
+        from submitit.core.utils import JobPaths
+
+        return Path(JobPaths(folder, job_id).folder).resolve() == Path(job.paths.folder).resolve()
+    except Exception:  # no submitit, or a folder it cannot format
+        return False
+
+
+def _gone(p: Any) -> bool:
+    """Whether process `p` has ended (a zombie, killed and not yet reaped, runs nothing)."""
+    import psutil
+
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_gone(procs: list[Any], timeout: float) -> list[Any]:
+    """The processes of `procs` still running after up to `timeout` seconds (children are reaped)."""
+    import psutil
+
+    psutil.wait_procs(procs, timeout=0)  # reaps those that are this process's children
+    end = time.monotonic() + timeout
+    alive = [p for p in procs if not _gone(p)]
+    while alive and time.monotonic() < end:
+        time.sleep(0.05)
+        psutil.wait_procs(alive, timeout=0)
+        alive = [p for p in alive if not _gone(p)]
+    return alive
 
 
 def failed_trial(knobs: Any, status: str, message: str, w: Watch, started: str, where: str = "process") -> TrialResult:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..core.knobs import Knobs
@@ -44,6 +44,22 @@ def rate_for(runs_a: Sequence[TrialResult], runs_b: Sequence[TrialResult]) -> st
     shares = [r.padding_share or 0.0 for r in runs]
     differ = any(getattr(a, n, None) != getattr(b, n, None) for n in LENGTH_KNOBS)
     return "tokens/s" if differ or max(shares) - min(shares) > PADDING_GAP else "samples/s"
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What a pair of sides is judged on: the figure ("samples/s" or "tokens/s") and the "same speed" margin."""
+
+    rate: str
+    margin: float = MARGIN
+
+
+def judged_on(runs_a: Sequence[TrialResult], runs_b: Sequence[TrialResult], margin: float = MARGIN) -> Basis:
+    """THE rule for what a comparison of these two sides is judged on: `rate_for`'s figure and `margin`
+    (checked). `judge`, the results table's verdicts and `compare`'s rounds all ask this, so a row's
+    verdict is its comparison's."""
+    check_margin(margin)
+    return Basis(rate_for(runs_a, runs_b), float(margin))
 
 
 def rates(runs: Sequence[TrialResult], rate: str) -> list[float]:
@@ -171,15 +187,15 @@ def judge(a: Trials, b: Trials, *, log: HasNoise | None = None, noise: Noise | N
     `a`, `b`: a trial each, or lists of repeats of one configuration. The noise is `noise`, else
     `log`'s (its repeats of identical knobs), else these trials' own; until repeats exist it is a
     conservative prior. `rounds`, `note` and `seconds` describe how the trials came about (a driver
-    that ran alternating rounds passes them through). The rule is `stats.decide`'s.
+    that ran alternating rounds passes them through). The figure judged is `judged_on`'s (tokens/s when
+    the sides pad token batches differently, else samples/s); the rule is `stats.decide`'s.
     """
     runs_a, runs_b = trials_of(a), trials_of(b)
-    check_margin(margin)
+    basis = judged_on(runs_a, runs_b, margin)
     if noise is None:
         noise = log.noise if log is not None else noise_of([*runs_a, *runs_b])
     note = caveats(runs_a, runs_b, note)
-    rate = rate_for(runs_a, runs_b)
-    c = decide(rates(runs_a, rate), rates(runs_b, rate), noise,
+    c = decide(rates(runs_a, basis.rate), rates(runs_b, basis.rate), noise,
                a_trials=[r.trial_id for r in runs_a], b_trials=[r.trial_id for r in runs_b], rounds=rounds,
-               note=note, margin=margin, seconds=seconds)
-    return replace(c, rate=rate)
+               note=note, margin=basis.margin, seconds=seconds)
+    return replace(c, rate=basis.rate)

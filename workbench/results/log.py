@@ -29,6 +29,7 @@ import pandas as pd
 
 from ..core.knobs import Knobs
 from ..core.measure import TrialResult
+from ..launch.folders import write_atomic
 from . import series
 from .comparison import real_run
 from .models import MODEL_KEY, model_of, of_model, same_model, with_others
@@ -323,7 +324,7 @@ class ResultLog:
         lines = [self._trial_line(r.to_record(), target) for r in self.trials]
         if self._baseline_id is not None:
             lines.append(_line({"event": "baseline", "trial_id": self._baseline_id}))
-        series.write_new(target, b"".join(lines))  # a new temporary file (O_EXCL, no link followed), then renamed
+        write_atomic(target, b"".join(lines), mode=0o666)  # a new temporary file (O_EXCL, no link followed), then renamed
         self.path, self._offset, self._unsaved, self.write_error = target, target.stat().st_size, [], None
         return target
 
@@ -434,10 +435,11 @@ class ResultLog:
         """One row per trial: summary columns first, then every knob, notes and environment.
 
         `trial_id` is a column (the index is a plain 0..n-1 range): `df.set_index("trial_id")`
-        looks trials up by id. `speedup` is samples/s over the baseline's; `verdict` is exactly
-        `compare(a, b)` of every ok trial so far with the baseline's knobs against every ok trial so far
-        with this trial's knobs (just the two trials until repeats exist): "faster", "slower", "same"
-        or "undecided" ("baseline" for the baseline, "" for a failed trial). `samples_per_s_low/high` bound where a repeat of the trial
+        looks trials up by id. `speedup` is samples/s over the baseline's, or tokens/s where `judged_on`
+        says so (`comparison.judged_on`, compare's own rule); `verdict` is exactly `compare(a, b)` of every
+        ok trial so far with the baseline's knobs against every ok trial so far with this trial's knobs
+        (just the two trials until repeats exist), unless a logged comparison decided those knobs:
+        "faster", "slower", "same" or "undecided" ("baseline" for the baseline, "" for a failed trial). `samples_per_s_low/high` bound where a repeat of the trial
         would land (95%, from the between-trial noise); `df.attrs["noise"]` holds that noise.
         Kept up to date as trials arrive: a new trial adds its row, a new noise re-judges cheaply.
         """

@@ -50,7 +50,7 @@ def with_others(df: pd.DataFrame, trials: Sequence[TrialResult], model: str | No
         return df
     rest = static_frame(others)
     rest["label"] = [r.knobs.label(defaults) for r in others]
-    rest["speedup"], rest["verdict"] = np.nan, ""
+    rest["speedup"], rest["verdict"], rest["judged_on"] = np.nan, "", ""
     out = pd.concat([df, rest], ignore_index=True) if len(df) else rest
     out = out.sort_values("trial_id", kind="stable").reset_index(drop=True)
     out["baseline"] = out["baseline"].fillna(False).astype(bool)

@@ -8,8 +8,8 @@ loss), named by its SHA-256, and the record keeps their first KEPT_STEPS values 
 in `extra["series"]` ({"file", "sha256", "counts"}). The log's reader puts the whole series back
 (`join`), so the median, IQR and every figure derived from them reload exactly.
 
-Side files are written like the log's `save()`: a new temporary file (O_EXCL, never through a link),
-fsynced, then renamed into place. They are read as untrusted input: a name that is only a hash, no
+Side files are written like the log's `save()`, by the one atomic writer (launch/folders.py:
+`write_atomic`: a new temporary file, O_EXCL, never through a link, fsynced, then renamed into place). They are read as untrusted input: a name that is only a hash, no
 symbolic link followed, a regular file of exactly the size the counts say, and a matching hash.
 """
 
@@ -19,13 +19,14 @@ import contextlib
 import hashlib
 import os
 import re
-import secrets
 import stat
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..launch.folders import write_atomic
 
 INLINE_VALUES = 10_000  # a record with more series values keeps them in a side file (~25 bytes each inline)
 KEPT_STEPS = 1_000  # values of each series kept inline (what a reader without the side file sees)
@@ -38,23 +39,6 @@ _FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 def folder_of(log: Path) -> Path:
     """The side-file folder of the log at `log`: `runs.jsonl` -> `runs.series/`."""
     return log.with_suffix(".series")
-
-
-def write_new(target: Path, data: bytes, mode: int = 0o666) -> None:
-    """`data` into `target` whole or not at all: a new temporary file beside it (O_EXCL: never an existing
-    file, never through a symbolic link), fsynced, then renamed over `target` (a link there is replaced,
-    not followed). OSError on failure, with the temporary file removed."""
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FLAGS, mode)
-    try:
-        with open(fd, "wb", closefd=True) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def _own_folder(folder: Path) -> Path:
@@ -82,7 +66,7 @@ def split(record: dict[str, Any], log: Path | None) -> dict[str, Any]:
             raise FileNotFoundError("no log file")
         folder = _own_folder(folder_of(log))
         if not _matches(folder / name, digest, len(data)):  # the same series written before: nothing to do
-            write_new(folder / name, data)
+            write_atomic(folder / name, data, mode=0o666)
     except OSError:
         ref = {"unsaved": counts}
     out["extra"] = {**(record.get("extra") or {}), "series": ref}

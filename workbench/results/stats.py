@@ -347,7 +347,7 @@ class Comparison:
 class Looks(NamedTuple):
     """The one-look rule's result for many comparisons at once (arrays, one entry per comparison)."""
 
-    log_ratio: np.ndarray  # mean log(samples/s) of B minus A's
+    log_ratio: np.ndarray  # mean log(rate) of B minus A's (the figure judged: samples/s or tokens/s)
     sigma: np.ndarray  # the noise each used: the model's, or the sides' own spread when that is larger
     half: np.ndarray  # half-width of the CONFIDENCE interval of the log-ratio
     beyond: np.ndarray  # faster or slower: the interval excludes 0 and the ratio is MIN_EFFECT away from 1
@@ -362,11 +362,12 @@ class Looks(NamedTuple):
 
 def one_look(n_a: Sequence[float], mean_a: Sequence[float], ss_a: Sequence[float], n_b: Sequence[float],
              mean_b: Sequence[float], ss_b: Sequence[float], noise: Noise = PRIOR, *,
-             margin: float = MARGIN) -> Looks:
-    """THE one-look rule, vectorised: every comparison at once from each side's moments of log(samples/s).
+             margin: float | np.ndarray = MARGIN) -> Looks:
+    """THE one-look rule, vectorised: every comparison at once from each side's moments of log(rate).
 
-    Per comparison: n (trials), mean and sum of squared deviations of log(samples/s) on each side. A
-    pooled Student-t interval of the log-ratio uses the larger of the model's sigma and the sides' own
+    Per comparison: n (trials), mean and sum of squared deviations of log(rate) on each side, the rate
+    being the figure the pair is judged on (samples/s, or tokens/s: `comparison.judged_on`); `margin`
+    one for all or one per comparison. A pooled Student-t interval of the log-ratio uses the larger of the model's sigma and the sides' own
     spread (when they have 2+ degrees of freedom of it), so a configuration noisier than the machine's
     usual cannot win on the pooled figure. `decide` (one comparison) and the results table (every row,
     re-judged when the noise changes) both call this: there is no second copy of the rule.

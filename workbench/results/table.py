@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..core.knobs import BLOCK_KNOBS, KNOBS, Knobs
 from ..core.measure import STATUSES, TrialResult
-from .comparison import NoiseTracker, Trials, real_run, usable
+from .comparison import Basis, NoiseTracker, Trials, judged_on, rates, real_run, usable
 from .stats import Noise, critical, one_look
 
 # The columns a reader wants first; knobs and details follow.
@@ -82,6 +82,7 @@ def static_frame(trials: Sequence[TrialResult]) -> pd.DataFrame:
         row["node"] = r.env.get("host", "")
         row["queue_s"] = job.get("queue_s") if isinstance(job, dict) else None  # waited in the queue (not measured)
         row["process_mode"] = r.env.get("allocator", "")  # the allocator its process ran in, read back
+        row["ran_in"] = r.env.get("ran_in", "")  # worker, job, kernel or kernel thread (measure.ran_in)
         row["participant"] = r.participant
         model = r.extra.get("model") if isinstance(r.extra, dict) else None  # its model's fingerprint (models.py)
         row["model"] = model if isinstance(model, str) else ""
@@ -128,11 +129,14 @@ class Table:
         self.verdicts: list[str] = []
         self.label_of: dict[int, str] = {}  # id(knobs) -> label against `defaults`
         self.defaults: Knobs | None = None  # what the labels name differences from (a workbench's defaults)
-        self.sides: list[Any] = []  # per row: ((knobs, repeats), (knobs, repeats)) of its comparison, or None
+        # per row: ((knobs, repeats), (knobs, repeats), what it is judged on) of its comparison, or None
+        self.sides: list[Any] = []
         self.ids: dict[Knobs, list[int]] = {}  # usable trials' ids per knobs, in log order
-        self.rates: dict[Knobs, list[float]] = {}  # their samples/s
-        self.rate_by_id: dict[int, float] = {}
-        self.cums: dict[Knobs, tuple[np.ndarray, np.ndarray, float]] = {}  # running sums per knobs (_cum)
+        self.runs: dict[Knobs, list[TrialResult]] = {}  # those trials
+        self.by_id: dict[int, TrialResult] = {}
+        self.judged: list[str] = []  # per row: the figure its verdict is judged on ("" without a verdict)
+        # running sums per (knobs, figure) (_cum)
+        self.cums: dict[tuple[Knobs, str], tuple[np.ndarray, np.ndarray, float]] = {}
 
     def sync(self, trials: list[TrialResult]) -> Table:
         """Take in the trials appended to a log's `trials` since the last call (all of them if it changed)."""
@@ -175,6 +179,7 @@ class Table:
             df["baseline"] = (df["trial_id"] == base.trial_id) if base is not None else False
             df["speedup"] = np.array([np.nan if v is None else v for v in self.speedups], dtype=float)
             df["verdict"] = self.verdicts
+            df["judged_on"] = self.judged
         df["mode_differs"] = mode_differs(df, base)
         band = math.exp(critical(noise.df) * noise.sigma)
         rate = df["samples_per_s"].astype(float)
@@ -189,7 +194,7 @@ class Table:
         if key != self.base_key:
             self.base_key, self.judged_noise = key, None
             self.labels, self.speedups, self.verdicts, self.label_of, self.sides = [], [], [], {}, []
-            self.ids, self.rates, self.cums, self.rate_by_id = {}, {}, {}, {}
+            self.ids, self.runs, self.cums, self.by_id, self.judged = {}, {}, {}, {}, []
         start = len(self.labels)
         comparable = base is not None and usable(base)
         new = self.trials[start:]
@@ -197,15 +202,15 @@ class Table:
         for r in new:  # first every repeat, so a row before the baseline sees the baseline's earlier repeats
             if usable(r) and not real_run(r):  # a real run is no repeat of a trial: compare(trial, run) judges it
                 self.ids.setdefault(r.knobs, []).append(r.trial_id or 0)
-                self.rates.setdefault(r.knobs, []).append(float(r.samples_per_s or 0.0))
-                self.rate_by_id[r.trial_id or 0] = float(r.samples_per_s or 0.0)
+                self.runs.setdefault(r.knobs, []).append(r)
+                self.by_id[r.trial_id or 0] = r
             count.append(len(self.ids.get(r.knobs, ())))
         for r, n in zip(new, count):
             label = self.label_of.get(id(r.knobs))
             if label is None:  # repeats share one Knobs object (the reader caches them)
                 label = self.label_of[id(r.knobs)] = r.knobs.label(self.defaults)
             self.labels.append(label)
-            speedup, verdict, sides = None, "", None
+            speedup, verdict, sides, judged = None, "", None, ""
             if comparable and usable(r) and real_run(r):
                 speedup = float(r.samples_per_s or 0.0) / float(base.samples_per_s or 1.0)
             elif comparable and usable(r):
@@ -213,50 +218,64 @@ class Table:
                     speedup, verdict = 1.0, "baseline"
                 else:
                     sides = self._sides_of(base, r, n)
-                    speedup, verdict = math.exp(self._mean(sides[1]) - self._mean(sides[0])), "?"
+                    judged = sides[2].rate
+                    speedup, verdict = math.exp(self._mean(sides[1], judged) - self._mean(sides[0], judged)), "?"
             self.speedups.append(speedup)
             self.verdicts.append(verdict)
             self.sides.append(sides)
+            self.judged.append(judged)
         if noise != self.judged_noise:  # every verdict again, else only the new trials'
             self.judged_noise, start = noise, 0
         todo = [i for i in range(start, len(self.verdicts)) if self.sides[i] is not None]
         if todo:
             self._verdicts(noise, todo)
 
-    def _sides_of(self, base: TrialResult, r: TrialResult, n: int) -> tuple[tuple[Knobs, int], tuple[Knobs, int]]:
+    def _sides_of(self, base: TrialResult, r: TrialResult,
+                  n: int) -> tuple[tuple[Knobs, int], tuple[Knobs, int], Basis]:
         """`_sides(trials, base, r)` as (knobs, how many of its repeats) for each side: prefixes of the
-        per-knobs lists, since a side is every usable repeat up to a trial id (`n`: r's place in its list)."""
+        per-knobs lists, since a side is every usable repeat up to a trial id (`n`: r's place in its list);
+        then what the pair is judged on (`comparison.judged_on`, as compare asks it: the figure, the margin)."""
         if r.knobs == base.knobs:  # a repeat of the baseline's knobs: one trial each, by id
-            return (base.knobs, -(base.trial_id or 0)), (r.knobs, -(r.trial_id or 0))
-        upto = max(r.trial_id or 0, base.trial_id or 0)
-        na = bisect.bisect_right(self.ids.get(base.knobs, []), upto)
-        return (base.knobs, na or -(base.trial_id or 0)), (r.knobs, n)
+            a, b = (base.knobs, -(base.trial_id or 0)), (r.knobs, -(r.trial_id or 0))
+        else:
+            upto = max(r.trial_id or 0, base.trial_id or 0)
+            na = bisect.bisect_right(self.ids.get(base.knobs, []), upto)
+            a, b = (base.knobs, na or -(base.trial_id or 0)), (r.knobs, n)
+        return a, b, judged_on(self._runs(a), self._runs(b))
 
-    def _cum(self, knobs: Knobs) -> tuple[np.ndarray, np.ndarray, float]:
-        """Running sums of log samples/s (shifted by the first, against cancellation) of knobs' repeats."""
-        rates = self.rates[knobs]
-        got = self.cums.get(knobs)
-        if got is None or len(got[0]) != len(rates):
-            x = np.log(np.asarray(rates, dtype=float))
-            got = self.cums[knobs] = (np.cumsum(x - x[0]), np.cumsum((x - x[0]) ** 2), float(x[0]))
+    def _runs(self, side: tuple[Knobs, int]) -> list[TrialResult]:
+        """A side's trials: the first n repeats of its knobs, or one trial by id (n < 0)."""
+        knobs, n = side
+        return [self.by_id[-n]] if n < 0 else self.runs[knobs][:n]
+
+    def _cum(self, knobs: Knobs, rate: str) -> tuple[np.ndarray, np.ndarray, float]:
+        """Running sums of log `rate` (shifted by the first, against cancellation) of knobs' repeats."""
+        runs = self.runs[knobs]
+        got = self.cums.get((knobs, rate))
+        if got is None or len(got[0]) != len(runs):
+            x = np.log(np.asarray(rates(runs, rate), dtype=float))
+            got = self.cums[(knobs, rate)] = (np.cumsum(x - x[0]), np.cumsum((x - x[0]) ** 2), float(x[0]))
         return got
 
-    def _moments(self, side: tuple[Knobs, int]) -> tuple[int, float, float]:
-        """(n, mean, sum of squared deviations) of a side's log samples/s: what decide() computes."""
+    def _moments(self, side: tuple[Knobs, int], rate: str) -> tuple[int, float, float]:
+        """(n, mean, sum of squared deviations) of a side's log `rate`: what decide() computes."""
         knobs, n = side
         if n < 0:  # one trial, by id
-            return 1, math.log(self.rate_by_id[-n]), 0.0
-        s1, s2, x0 = self._cum(knobs)
+            return 1, math.log(rates([self.by_id[-n]], rate)[0]), 0.0
+        s1, s2, x0 = self._cum(knobs, rate)
         t1, t2 = float(s1[n - 1]), float(s2[n - 1])
         return n, x0 + t1 / n, max(0.0, t2 - t1 * t1 / n)
 
-    def _mean(self, side: tuple[Knobs, int]) -> float:
-        return self._moments(side)[1]
+    def _mean(self, side: tuple[Knobs, int], rate: str) -> float:
+        return self._moments(side, rate)[1]
 
     def _verdicts(self, noise: Noise, todo: list[int]) -> None:
         """The verdict of each row in `todo` by `stats.one_look`, decide()'s rule itself, on every row at
         once from running sums, so a new noise costs one vectorised pass, not n decide() calls.
         tests/test_table.py holds every verdict equal to compare(*_sides(...))."""
-        m = np.array([(*self._moments(self.sides[i][0]), *self._moments(self.sides[i][1])) for i in todo], dtype=float)
-        for i, w in zip(todo, one_look(*m.T, noise).verdicts):
+        rows = [self.sides[i] for i in todo]
+        m = np.array([(*self._moments(a, basis.rate), *self._moments(b, basis.rate)) for a, b, basis in rows],
+                     dtype=float)
+        margins = np.array([basis.margin for _, _, basis in rows], dtype=float)
+        for i, w in zip(todo, one_look(*m.T, noise, margin=margins).verdicts):
             self.verdicts[i] = w

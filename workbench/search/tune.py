@@ -337,7 +337,8 @@ def _lead(ctx: Ctx, start: TrialResult) -> tuple[str, ...]:
                               f"{padding:.0%} of the start's token slots are padding: group_by_length and "
                               "packing before workers, precision or kernels")
     # the loader's part of the data wait (the copy's own cost apart: workers do not speed up the copy);
-    # on CUDA the queue a pageable copy waits behind is not in it (step.py, CopyClock)
+    # on CUDA the device's idle time while the host loaded: a loader hidden under queued kernels is none
+    # (core/measure.py, CopyClock)
     wait = max(0.0, (start.data_wait_share or 0.0) - (start.copy_share or 0.0))
     if wait >= DATA_WAIT_LIMIT:  # data-bound by diagnose's rule: every worker option enters first
         return _entered_first(ctx, "data", "every worker count", ("workers",),

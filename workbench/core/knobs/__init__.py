@@ -19,6 +19,7 @@ from .precision import AMP_MODES, COMPILE_MODES, MATMUL_PRECISIONS
 from .registry import (
     USER_WHERE,
     adjust_optimizer,
+    adopt_user_knobs,
     check_run,
     checkpoint_options,
     context,
@@ -43,6 +44,7 @@ from .registry import (
     tunable_knobs,
     user_code,
     user_knob_names,
+    user_knob_specs,
     wrap_model,
 )
 from .spec import (
@@ -91,6 +93,7 @@ __all__ = [
     "KnobSpec",
     "Knobs",
     "adjust_optimizer",
+    "adopt_user_knobs",
     "check_run",
     "check_strategy",
     "checkpoint_options",
@@ -121,5 +124,6 @@ __all__ = [
     "tunable_knobs",
     "user_code",
     "user_knob_names",
+    "user_knob_specs",
     "wrap_model",
 ]

@@ -118,6 +118,21 @@ def user_knob_names() -> list[str]:
     return [n for n, s in KNOBS.items() if s.function is not None]
 
 
+def user_knob_specs() -> dict[str, KnobSpec]:
+    """{name: spec} of the knobs declared with @knob: what a trial's process needs to apply them (a worker
+    process or a job has only the built-in knobs; `adopt_user_knobs` there)."""
+    return {n: s for n, s in KNOBS.items() if s.function is not None}
+
+
+def adopt_user_knobs(specs: dict[str, KnobSpec]) -> None:
+    """Declare in this process the @knob specs another process sent (`user_knob_specs`), replacing any of
+    the same name; a built-in knob's name is never taken."""
+    builtin = {f.name for f in BUILTIN_FIELDS}
+    for name, spec in specs.items():
+        if name not in builtin and isinstance(spec, KnobSpec) and spec.function is not None:
+            KNOBS[name] = spec
+
+
 def tunable_knobs(*, user_only: bool = True) -> dict[str, tuple]:
     """{knob: its choices} for the knobs with `choices` (your @knob ones; all with `user_only=False`):
     what a search such as tune() can try."""

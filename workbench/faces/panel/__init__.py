@@ -85,16 +85,26 @@ def has_frontend() -> bool:
 
 
 def mixed_threads_html(df: Any, started_here: set[int], device: str) -> str:
-    """On CPU, a line under the table when it holds ok trials started in this panel (on its trial thread) and
-    others (a cell's run inline on the main thread): their figures can differ by ten percent or more either way
-    from the thread alone (docs/measurement.md "Against your own loop"), so their verdicts mix two settings."""
-    ok = set(df.loc[df["status"] == "ok", "trial_id"]) if len(df) else set()
-    if device != "cpu" or not (ok & started_here) or not (ok - started_here):
+    """On CPU, a line under the table when its ok trials ran on different threads of this kernel (`ran_in`:
+    a panel's trial thread and the main thread, with `trials_in="kernel"`): the thread alone can move a figure
+    by ten percent or more either way (docs/measurement.md "Where a trial runs"), so their verdicts mix two
+    settings. Trials in the worker process all run on its one thread: no line. Old logs without `ran_in`:
+    the trials `started_here` (this panel's) against the others."""
+    ok = df.loc[df["status"] == "ok"] if len(df) else df
+    if device != "cpu" or not len(ok):
         return ""
-    text = ("This table mixes trials started in the panel (on its own trial thread) with trials started from cells "
-            "(on the main thread, like your own loop). On a CPU the thread alone can move a figure by ten percent or "
-            "more either way (docs/measurement.md, 'Against your own loop'): compare trials started the same way, "
-            "e.g. bench.compare(a, b, rounds=3) in a cell.")
+    where = ok["ran_in"].fillna("") if "ran_in" in ok else None
+    if where is not None and (where != "").all():
+        mixed = "kernel thread" in set(where) and len(set(where)) > 1
+    else:
+        ids = set(ok["trial_id"])
+        mixed = bool(ids & started_here) and bool(ids - started_here)
+    if not mixed:
+        return ""
+    text = ("This table mixes trials run on the panel's thread of this kernel with trials run elsewhere (a cell's, "
+            "on the main thread). On a CPU the thread alone can move a figure by ten percent or more either way "
+            "(docs/measurement.md, 'Where a trial runs'): compare trials started the same way, or let the trials "
+            "run in the workbench's worker process (Workbench(..., trials_in='worker'), the default).")
     return f'<p class="wb-mixed-threads" style="font-size:12px;color:#8d6e00">{html.escape(text)}</p>'
 
 

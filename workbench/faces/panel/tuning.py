@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from ...core.progress import TrialProgress, budget_left
+from ...launch.cluster import QueueWaits, waits_of
 from ...results.protocol import Bench
 
 DEFAULT_BUDGET_S = 60.0  # the budget box's first value, in seconds
@@ -44,12 +45,11 @@ class Either(threading.Event):
         return (bool(getattr(self.first, "expired", False)) and not self.second.is_set()
                 and not super().is_set())
 
-    def __getattr__(self, name: str) -> Any:
-        """The deadline's own parts (`postpone`, `queue`, `waited`): a job's queue wait reaches the budget
-        through the panel's Stop as it does without it; AttributeError without a deadline."""
-        if name in ("postpone", "queue", "waited") and self.__dict__.get("first") is not None:
-            return getattr(self.__dict__["first"], name)
-        raise AttributeError(name)
+    @property
+    def waits(self) -> QueueWaits | None:
+        """The deadline's QueueWaits (None without a deadline): a job's queue wait reaches the budget
+        through the panel's Stop as it does without it."""
+        return waits_of(self.first)
 
 
 class PanelBench:

@@ -42,7 +42,8 @@ def result_line(r: TrialResult, bench: Bench) -> str:
         line += " (the baseline)"
     elif len(row) and pd.notna(row["speedup"].iloc[0]):
         speedup = float(row["speedup"].iloc[0])
-        line += f", {speedup:.2f}× baseline ({row['verdict'].iloc[0]})"
+        on = " on tokens/s" if "judged_on" in row and row["judged_on"].iloc[0] == "tokens/s" else ""
+        line += f", {speedup:.2f}× baseline{on} ({row['verdict'].iloc[0]})"
     if r.notes:
         line += " · " + "; ".join(r.notes)
     return line
