@@ -571,7 +571,7 @@ def fake_steps(monkeypatch, durations):
     meter.start()
     for i, d in enumerate(durations):
         if i == 12:
-            meter.pause()  # validation ran before step 13: it is left out
+            meter.pause("validation")  # validation ran before step 13: it is left out
         meter.batch((torch.zeros(4, 2),))
         clock[0] += d
         meter.batch_done(torch.tensor(1.0))
