@@ -1,9 +1,12 @@
 # Two commands on a fresh machine (see README.md):
 #   make lab    create/refresh .venv with what the notebooks need (the notebook extra), then open JupyterLab
-#               on the quickstart notebook (notebook 11 also needs the hf extra, notebook 07's jobs section the
-#               cluster extra: each says so in its first cell; .venv/bin/pip install -e '.[hf,cluster]' adds both)
-#   make test   add the test extra (pytest, nbval, playwright, hypothesis, ruff, transformers, tensorboard),
-#               then lint + every test + every notebook (in headless Chromium, else nbval)
+#               on the quickstart notebook (notebook 11 also needs the hf extra, notebook 13 the lightning
+#               extra, notebook 07's jobs section the cluster extra: each says so in its first cell;
+#               .venv/bin/pip install -e '.[hf,cluster,lightning]' adds all three)
+#   make test   add the test extra (pytest, nbval, playwright, hypothesis, ruff, transformers, accelerate,
+#               lightning, tensorboard, submitit), then lint + every test + every notebook (in headless
+#               Chromium, else nbval)
+#   make test-quick  only the tests in tests/ that are neither slow nor browser tests: no ruff, no notebook
 # Also: make docs (docs/knobs.md from the knob declarations), make screenshots (docs/panel.png from a real browser run)
 VENV ?= .venv
 PYTHON ?= python3
@@ -29,7 +32,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q $(TORCH_FROM) -c constraints.txt torch -e '.[notebook]'
 	touch $@
 
-# The developers' install on top: the test extra (it pulls the tensorboard extra and transformers too).
+# The developers' install on top: the test extra (it pulls the tensorboard and cluster extras, transformers,
+# accelerate and lightning too).
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/python -m pip install -q $(TORCH_FROM) -c constraints.txt torch -e '.[notebook,test]'
 	touch $@

@@ -106,8 +106,13 @@ def _trials_in_kernel_unless_about_the_worker(request, monkeypatch):
     fixture), so the default path is tested where users meet it."""
     if request.node.get_closest_marker("worker") is None:
         monkeypatch.setenv("WORKBENCH_TRIALS", "kernel")
-    else:
-        monkeypatch.delenv("WORKBENCH_TRIALS", raising=False)
+        yield
+        return
+    monkeypatch.delenv("WORKBENCH_TRIALS", raising=False)
+    yield
+    from workbench.launch.local import close_all
+
+    close_all()  # no worker process outlives its test (later tests count this process's children)
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,7 @@
 """The docs say what the package is: every path a page names exists, every code name in backticks is a
-name the package has, and no page, notebook or public docstring uses a retired word (issue 50).
+name the package has, no page, notebook or public docstring uses a retired word (issue 50), no user-facing
+text speaks of the project's history (issue numbers, rounds), every measured figure on a page carries its
+benchmark link or its date and machine, and the README's install table is pyproject.toml's.
 
 The known names are generated from the package itself (its source's identifiers, parameters, attributes and
 string constants such as result columns, plus the knob registry), never listed by hand; the only hand-kept
@@ -291,3 +293,150 @@ def test_no_page_counts_the_notebooks_by_hand():
     found = {str(p.relative_to(ROOT)): counted.findall(p.read_text(encoding="utf-8"))
              for p in [*PAGES, ROOT / "benchmarks" / "README.md"]}
     assert not {k: v for k, v in found.items() if v}, found
+
+
+# ---- no history in user-facing text ----------------------------------------------------------------------
+# A reader does not know what "issue 48" or "round 5" was: a page says what is true now, and history lives in
+# git and benchmarks/HISTORY.md. User-facing text: README, docs/, notebooks (every cell), and every string the
+# package holds (docstrings, messages, labels; comments are not strings and stay the developers').
+HISTORY = re.compile(r"\bissues? #?\d+\b|#\d{2,}\b(?=[^\n]{0,20}\b(?:fix|issue))|\bround \d+\b", re.IGNORECASE)
+
+
+def history_words(text: str) -> list[str]:
+    return sorted({m.group(0) for m in HISTORY.finditer(text)})
+
+
+def _package_strings() -> list[tuple[Path, str]]:
+    out = []
+    for file in _package_files():
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                out.append((file, node.value))
+    return out
+
+
+def test_no_user_facing_text_speaks_of_the_project_s_history():
+    found: dict[str, list[str]] = {}
+    for page in PAGES:
+        if words := history_words(page.read_text(encoding="utf-8")):
+            found[str(page.relative_to(ROOT))] = words
+    for notebook in NOTEBOOKS:
+        nb = nbformat.read(notebook, as_version=4)
+        if words := history_words("\n".join(c.source for c in nb.cells)):
+            found[notebook.name] = words
+    for file, text in _package_strings():
+        if words := history_words(text):
+            found.setdefault(str(file.relative_to(ROOT)), []).extend(words)
+    assert not found, f"issue numbers or rounds in user-facing text (say what is true now): {found}"
+
+
+def test_the_history_check_can_fail():
+    assert history_words("before the issue 48 fixes; logs before round 5; see issues 30 and 34") == [
+        "issue 48", "issues 30", "round 5"]
+    assert history_words('compare(a, b, rounds="auto") ran 3 rounds; a round of trials; 48 steps') == []
+
+
+# ---- figures with their conditions ---------------------------------------------------------------------
+# A measured figure goes stale with the machine it came from, so the reader must be able to tell where and when
+# it was measured. The rule, for README.md and docs/: a paragraph (or a table row) that states a measured figure
+# either links the benchmark that made it (benchmarks/README.md#section, or docs/devices.md for a device run)
+# or gives its conditions: a date (2026-12-04) and a machine. A measured figure is
+#   - a rate: N samples/s, tokens/s or steps/s (only a measurement has one);
+#   - a spread or change of figures: 1.54–1.68×, 433.7 → 435.4 MB, 176 vs 20 ms;
+#   - any figure with a unit in a sentence that says it was measured: "measured: ...", "in CI", "tried on ...",
+#     "on an H200", "on a 2-core CPU".
+# Settings and rules (a 5% margin, a 120 s timeout, the 20% data-wait line) are not measurements and pass.
+# Code (fenced or in backticks) is not prose and is skipped.
+UNIT = r"(?:samples/s|tokens/s|steps/s|ms|µs|s|min|×|x|%|[KMG]i?B)"
+NUMBER = r"\d[\d,]*(?:\.\d+)?"
+FIGURE = re.compile(rf"(?<![\w.=/#+-]){NUMBER}(?P<spread>\s?(?:–|→|vs\.?)\s?{NUMBER})?\s?(?P<unit>{UNIT})(?![\w/])")
+RATES = ("samples/s", "tokens/s", "steps/s")
+SAYS_MEASURED = re.compile(r"\bmeasured(?::| at| as)|\bin CI\b|\btried on\b|"
+                           r"\bon (?:an?|one) (?:H100|H200|A100|GPU|\d+-core)\b", re.IGNORECASE)
+SENTENCE = re.compile(r"(?<=[.;!?])\s+(?=[A-Z(])|\n(?=\s*(?:[-*]|\d+\.) )")
+CITES = re.compile(r"benchmarks/README\.md#[\w-]+|devices\.md")
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+MACHINE = re.compile(r"\b(?:H100|H200|A100|GPU|CPU|cores?|VM|laptop|machine)\b", re.IGNORECASE)
+
+
+def measured_figures(paragraph: str) -> list[str]:
+    out = []
+    for sentence in SENTENCE.split(paragraph):
+        said = SAYS_MEASURED.search(sentence)
+        out += [m.group(0) for m in FIGURE.finditer(sentence) if said or m.group("spread") or m.group("unit") in RATES]
+    return out
+
+
+def figures_without_conditions(text: str) -> list[str]:
+    """The measured figures of a page whose paragraph or table row neither cites a benchmark nor gives a date and
+    a machine."""
+    prose = re.sub(r"`[^`\n]*`", "", FENCE.sub("", text))
+    bare = []
+    for paragraph in re.split(r"\n\s*\n|\n(?=\|)", prose):  # a table row is a paragraph of its own
+        figures = measured_figures(paragraph)
+        if figures and not CITES.search(paragraph) and not (DATE.search(paragraph) and MACHINE.search(paragraph)):
+            bare += figures
+    return bare
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_measured_figure_has_its_benchmark_or_its_conditions(page):
+    bare = figures_without_conditions(page.read_text(encoding="utf-8"))
+    assert not bare, (f"{page.relative_to(ROOT)} states measured figures {bare} without their conditions: link the "
+                      "benchmarks/README.md section that made them (or docs/devices.md), or give the date and machine "
+                      "in the same paragraph")
+
+
+def test_the_figure_check_can_fail():
+    """A planted page: a rate, a spread and a figure said to be measured, each bare; then each made good."""
+    planted = ("# A page\n\nThe cnn demo runs at 20,668 samples/s.\n\nThe effect is 1.54–1.68× too fast.\n\n"
+               "| soak | RSS grew < 5% (measured: 433.7 → 435.4 MB) |\n\nIt took 143 s in CI.\n")
+    assert figures_without_conditions(planted) == ["20,668 samples/s", "1.54–1.68×", "5%", "433.7 → 435.4 MB", "143 s"]
+    fine = ("The margin is 5% and a trial times out after 120 s; the 20% line marks data-bound.\n\n"
+            "The cnn demo runs at 20,668 samples/s ([benchmarks](../benchmarks/README.md#gpu-check)).\n\n"
+            "It took 143 s in CI (2026-12-04, the 2-core CPU VM).\n\n`bench.run()  # 1,000 samples/s`\n")
+    assert figures_without_conditions(fine) == []
+
+
+# ---- the README's install table is pyproject.toml's ------------------------------------------------------
+def _requirement_names(requirements: list[str]) -> set[str]:
+    """Package names of requirement strings, leaving out this package's own extras and environment-only ones."""
+    names = set()
+    for req in requirements:
+        if ";" in req or req.startswith("tuning-workbench"):
+            continue
+        names.add(re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower())
+    return names
+
+
+def install_rows_missing(readme: str, project: dict) -> list[str]:
+    """What the README's install table leaves out: an extra without its row, a package its row does not name."""
+    rows = [line for line in readme.splitlines() if line.startswith("|") and "pip install" in line]
+    core = next((r for r in rows if "`pip install tuning-workbench`" in r), "")
+    missing = [f"core: {n}" for n in sorted(_requirement_names(project["dependencies"])) if n not in core.lower()]
+    for extra, requirements in project["optional-dependencies"].items():
+        row = next((r for r in rows if f"tuning-workbench[{extra}]" in r), None)
+        if row is None:
+            missing.append(f"[{extra}]: no row")
+            continue
+        missing += [f"[{extra}]: {n}" for n in sorted(_requirement_names(requirements)) if n not in row.lower()]
+    return missing
+
+
+def test_the_readme_install_table_names_every_extra_and_what_it_adds():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    missing = install_rows_missing((ROOT / "README.md").read_text(encoding="utf-8"), project)
+    assert not missing, f"README.md's install table leaves out: {missing}"
+
+
+def test_the_install_table_check_can_fail():
+    project = {"dependencies": ["torch>=2.4", "cloudpickle>=2.2"],
+               "optional-dependencies": {"hf": ["transformers>=4.40"], "lightning": ["lightning>=2.1"],
+                                         "test": ["tuning-workbench[hf]", "pytest>=8", "tomli; python_version < '3.11'"]}}
+    readme = ("| the core (torch) | `pip install tuning-workbench` |\n| Hugging Face (adds transformers) | "
+              '`pip install "tuning-workbench[hf]"` |\n| tests (adds nbval) | `pip install "tuning-workbench[test]"` |\n')
+    assert install_rows_missing(readme, project) == ["core: cloudpickle", "[lightning]: no row", "[test]: pytest"]

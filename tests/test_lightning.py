@@ -320,6 +320,17 @@ def test_a_trainer_with_max_steps_zero():
         bench_of(tr=trainer(max_steps=0))
 
 
+def test_configure_optimizers_that_needs_the_trainer_is_refused_with_the_fix():
+    class NeedsTrainer(Net):
+        def configure_optimizers(self):
+            opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
+            total = self.trainer.estimated_stepping_batches  # no Trainer is attached to the trial's copy
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.LinearLR(opt, total_iters=total)}
+
+    with pytest.raises(ValueError, match=r"configure_optimizers failed outside a Trainer.*from the module alone"):
+        bench_of(module=NeedsTrainer())
+
+
 def test_bf16_true_is_refused_with_how_it_maps():
     with pytest.raises(ValueError, match="bf16-mixed"):
         bench_of(tr=trainer(precision="bf16-true"))
@@ -560,7 +571,7 @@ def fake_steps(monkeypatch, durations):
     meter.start()
     for i, d in enumerate(durations):
         if i == 12:
-            meter.pause()  # validation ran before step 13: it is left out
+            meter.pause("validation")  # validation ran before step 13: it is left out
         meter.batch((torch.zeros(4, 2),))
         clock[0] += d
         meter.batch_done(torch.tensor(1.0))

@@ -233,7 +233,7 @@ class KernelTime:
     Why: on glibc, memory freed at the end of a step can go back to the OS and be faulted in again
     (a minor fault per 4 KiB page, zeroed by the kernel) by the next step. Whether it does depends on
     the heap's history in this process; on a 2-core EPYC each 10% of kernel time cost 10-16% of the
-    samples/s (issue 23, benchmarks/HISTORY.md "Round 6"). The kernel's share of CPU time shows it.
+    samples/s (benchmarks/HISTORY.md). The kernel's share of CPU time shows it.
     """
 
     def __init__(self) -> None:

@@ -347,10 +347,7 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
     if raw.warmup_rule.get("remeasured") and problems:
         notes.append(f"not steady after {len(raw.warmup_rule['remeasured'])} more window(s): the trial kept the last")
     window_steady = not problems
-    steady = statistics.median(raw.step_times_s)  # compile_s = warm-up time beyond steady-state steps
-    warm = raw.warm_times_s
-    compile_s = max(0.0, sum(warm) - steady * len(warm)) if warm else 0.0
-    compile_s = compile_s if told["compiles"] else None  # nothing compiled: empty, not a small number
+    compile_s = compile_cost(raw.warm_times_s, raw.step_times_s, compiles=told["compiles"])
     status, message = "ok", ""
     bad = [i for i, x in enumerate(raw.losses) if not math.isfinite(x)]
     if bad:
@@ -399,6 +396,17 @@ def derive(raw: RawTrial, knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         extra=extra,
     )
     return fields_, notes
+
+
+def compile_cost(warm_times_s: list[float], window_times_s: list[float], *, compiles: bool) -> float | None:
+    """`compile_s`: the warm-up's seconds beyond as many steady-state steps (the window's median step), the
+    one-time cost of compiling (and of the first calls' plans and autotuning); None when the knobs compile
+    nothing (empty, not a small number). A real run's row reads it the same way (faces/realrun.py)."""
+    if not compiles:
+        return None
+    if not warm_times_s or not window_times_s:
+        return 0.0
+    return max(0.0, sum(warm_times_s) - statistics.median(window_times_s) * len(warm_times_s))
 
 
 def data_wait_figures(raw: RawTrial) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""When warm-up is over: the steady-state rule (issue 30), and the check that a window is steady.
+"""When warm-up is over: the steady-state rule, and the check that a window is steady.
 
 A DataLoader with workers keeps up to `num_workers x prefetch_factor` batches ready ahead of the
 training loop. Any long step before the measured window (the first step's compile, the CPU memory
@@ -41,7 +41,7 @@ CAP_STEPS = 200  # warm-up steps at most (the minimum included, when it is small
 CAP_S = 30.0  # seconds of warm-up past the slow steps at most
 TOLERANCE = 0.25  # two halves of recent steps may differ by this share of their time
 HALF_STEPS = 3  # steps in each half of the trend test, at least (rounded up to whole loader cycles, >= 4 with workers)
-SLOW_FACTOR = 4.0  # a step this many times the mean of its neighbours is slow (x2 per worker beyond 2)
+SLOW_FACTOR = 4.0  # a step this many times the mean of its neighbours is slow, x max(1, workers / 2)
 DEFAULT_PREFETCH = 2  # torch's DataLoader default with workers
 
 

@@ -35,7 +35,7 @@ from ..results.stats import MARGIN, Noise
 from .nodefacts import NodeFacts, OnNode
 from .reloaded import announce, fingerprint, reload_text, stamp
 from .scaling import Scaling
-from .surface import DEPRECATED, knobs_of, log_path, outcome_of, require_notebook, wait_for
+from .surface import DEPRECATED, fastest_trial, knobs_of, log_path, outcome_of, require_notebook, wait_for
 from .unchanged import inert_note, unchanged, warn_at_caller, with_note
 
 DEFAULT_LOG_DIR = "workbench-runs"
@@ -289,15 +289,14 @@ class Workbench(OnNode):
     def to_code(self, trial: int | TrialResult | Knobs | None = None, **kwargs: Any) -> str:
         """The training script of a trial (id or result), a Knobs value, or (None) the best trial so
         far: the step this workbench measured (its batch format, loss and sampling), the knobs' code,
-        seeded like the trials. None takes the fastest finished trial. Keywords go to `knobs_to_code` (steps, warmup, model=..., setup=...)."""
+        seeded like the trials. None takes this model's fastest finished trial (never a real run). Keywords go to `knobs_to_code` (steps, warmup, model=..., setup=...)."""
         from ..core.codegen import knobs_to_code, trial_shapes
 
         style = kwargs.pop("style", "loop")
         if style not in ("loop", "trainer"):
             raise ValueError(f"to_code(style={style!r}): use 'loop' (a plain PyTorch loop) or 'trainer' (a Trainer script)")
-        if trial is None:  # the fastest trial that finished, else the defaults
-            done = [t for t in self.log.trials if t.ok and t.samples_per_s]
-            trial = max(done, key=lambda t: t.samples_per_s) if done else self.defaults
+        if trial is None:  # this model's fastest trial that finished, else the defaults
+            trial = fastest_trial(self.log) or self.defaults
         if isinstance(trial, int) and not isinstance(trial, bool):
             trial = self.log.get(trial)
         if isinstance(trial, TrialResult):

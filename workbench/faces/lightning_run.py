@@ -10,6 +10,7 @@ This module imports lightning at its top: `workbench` imports it only when `wb.L
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,16 +50,31 @@ class LightningCallback(pl.Callback):
     """Measures the fit it is passed to: steady warm-up, samples/s (tokens/s for token batches), data-wait
     share, peak memory (CUDA); at the end of training the run lands in `bench.results` as a row with
     source "real run" (`.result` holds it). Per step it reads the host clock and, on CUDA, records one
-    event (read in chunks of long-finished events and at the end): no sync per step."""
+    event (read in chunks of long-finished events and at the end): no sync per step. Validation during
+    fit and checkpoint saves are left out of the measured window (the row's notes give their seconds);
+    the sanity check runs before the run's clock starts. Under DDP rank zero writes the one row, with
+    every rank's samples (RunMeter.combine_ranks); a launcher that forks the ranks (ddp_notebook,
+    ddp_spawn) writes it from a child process: `bench.log.refresh()` reads it into the notebook."""
 
     def __init__(self, bench: Any) -> None:
         self.bench = bench
         self.meter: RunMeter | None = None
         self.result: Any = None
         self._step = 0
+        self._sanity: float | None = None  # host seconds of the sanity check (its start, then its length)
+
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._sanity = time.perf_counter()
+
+    def on_sanity_check_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._sanity is not None:
+            self._sanity = time.perf_counter() - self._sanity
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         knobs, notes = run_knobs(trainer, pl_module)
+        if self._sanity is not None:
+            notes.append(f"sanity check: {self._sanity:.2f} s before the first step, outside the run's clock")
+            self._sanity = None
         loader = trainer.train_dataloader
         self.meter = RunMeter(knobs=knobs, device=pl_module.device, framework="lightning",
                               warmup_steps=self.bench.warmup_steps, notes=notes,
@@ -85,15 +101,19 @@ class LightningCallback(pl.Callback):
             self.meter.step()
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.meter is not None and trainer.training:
-            self.meter.pause()
+        # during fit's validation trainer.training is False (the stages exclude each other): the meter
+        # exists only between on_train_start and on_train_end, so this is validation inside the fit
+        if self.meter is not None and not trainer.sanity_checking:
+            self.meter.pause("validation")
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: Any) -> None:
-        if self.meter is not None:
-            self.meter.pause()
+        if self.meter is not None:  # called as the checkpoint is assembled (the file is written after), by a
+            self.meter.pause("checkpoint saving", under_way=True)  # callback that began after the last batch
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.meter is None:
             return
-        self.result = self.bench.log.append(self.meter.result())
+        row = self.meter.combine_ranks()  # a collective under DDP: every rank's on_train_end runs it
         self.meter = None
+        if row is not None:
+            self.result = self.bench.log.append(row)

@@ -2,13 +2,17 @@
 and a trial's speed judged against it.
 
 `RunMeter` is the framework-neutral part the Lightning and Hugging Face callbacks feed: one call when a
-(micro-)batch arrives, one when it is done, one when an optimizer step ends. It times every optimizer step
-(the host clock on CPU; CUDA events on CUDA, read in chunks of old events and at the run's end, so the
-measuring adds no sync per step), the host time between the end of one batch and the arrival of the next
-(data wait: the loader, the move to the device and the framework's loop between batches), samples (tokens
-for token batches) and the device's peak memory. At the end the warm-up rule of core/steady.py runs over
-the recorded steps, and the steps after warm-up are the measured window of one row in `bench.results`,
-marked `source="real run"`.
+(micro-)batch arrives, one when it is done, one when an optimizer step ends, and one when something that is
+not training starts between steps (validation, evaluation, a checkpoint save). It times every optimizer
+step (the host clock on CPU; CUDA events on the model's device, read in chunks of old events and at the
+run's end, so the measuring adds no sync per step), the host time between the end of one batch and the
+arrival of the next (data wait: the loader, the move to the device and the framework's loop between
+batches), samples (tokens for token batches) and the device's peak memory. At the end the warm-up rule of
+core/steady.py runs over the recorded steps, and the steps after warm-up are the measured window of one row
+in `bench.results`, marked `source="real run"`. A step that validation, evaluation or a checkpoint save
+fell in is left out of the window; the row's notes give each one's runs and host seconds. Under DDP every
+rank measures its own steps and `combine_ranks` makes one row on rank zero the way a trial's ranks make one
+(launch/result.py): samples and tokens summed over ranks, each step's time the slowest rank's.
 
 `compare_real(bench, a, b)` decides whether a trial's speed holds in the real run: the real run's
 window is cut into windows as long as the trial's, each one repeat of its side, judged against the
@@ -23,8 +27,9 @@ from typing import Any
 
 import torch
 
-from ..core.knobs import Knobs
-from ..core.measure import TrialResult, environment, now_iso
+from ..core.knobs import Knobs, traits
+from ..core.measure import TrialResult, environment, now_iso, record_event
+from ..core.phases import compile_cost
 from ..core.steady import WarmupRule
 from ..core.tokens import count
 from ..core.workload import batch_size_of
@@ -33,7 +38,7 @@ from ..results.stats import MARGIN, Comparison, decide
 
 CHUNK = 256  # CUDA events older than this many steps are read (long finished: no wait) and dropped
 MAX_STEPS = 20_000  # steps recorded at most (a log line stays under its size limit); later steps are counted only
-PAUSE = "validation or checkpoint"  # a step holding one is left out of the window (it is not training speed)
+PAUSE = "a pause (validation, evaluation, a checkpoint save)"  # a step holding one is left out of the window (it is not training speed)
 KEEP_STEPS = 4_000  # measured steps kept in the row (the latest); its figures cover the whole window
 
 
@@ -54,11 +59,15 @@ class RunMeter:
         self.tokens: list[Any] = []  # per step: an int (host batch) or a 0-d device tensor (read at the end)
         self.losses: list[Any] = []
         self.slow: dict[int, str] = {}  # step index -> why it is known to be slow (epoch start, validation)
+        self.paused: dict[str, list[float]] = {}  # what -> [runs, host seconds] of pauses between steps
         self.skipped = 0  # steps beyond MAX_STEPS: counted, not recorded
         self.started_at = now_iso()
+        self.peak: int | None = None  # CUDA: the run's peak allocated bytes (the largest rank's under DDP)
         self._wait = self._samples = 0.0
         self._tokens: Any = 0
         self._last = self._ready = None  # host clock at the last step end / batch end
+        self._open: tuple[str, float] | None = None  # the pause under way: (what, host clock at its start)
+        self._idle: float | None = None  # host clock when the last batch or pause ended
         self._pending_event: str | None = "first step (start-up, compile)"
 
     def start(self) -> None:
@@ -66,7 +75,7 @@ class RunMeter:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._record_event()
-        self._last = self._ready = time.perf_counter()
+        self._last = self._ready = self._idle = time.perf_counter()
 
     def mark(self, event: str) -> None:
         """The next step is known to be slow (an epoch start, a validation run before it)."""
@@ -74,8 +83,9 @@ class RunMeter:
 
     def batch(self, batch: Any = None) -> None:
         """A micro-batch (or, `batch=None`, a step's batches) arrived: its host wait is the time since the
-        last batch ended; a batch given is counted (samples, tokens) on the host."""
+        last batch ended; a batch given is counted (samples, tokens) on the host. A pause under way ends."""
         now = time.perf_counter()
+        self._close(now)
         if self._ready is not None:
             self._wait += now - self._ready
         if batch is None:
@@ -87,13 +97,35 @@ class RunMeter:
 
     def batch_done(self, loss: Any = None) -> None:
         """A micro-batch's step ended (the next batch's wait starts now)."""
-        self._ready = time.perf_counter()
+        self._ready = self._idle = time.perf_counter()
         if isinstance(loss, torch.Tensor):  # Lightning's outputs hold it detached already: no op then
             self._loss = loss.detach() if loss.requires_grad else loss
 
-    def pause(self) -> None:
-        """Validation or a checkpoint runs now: the step it falls in is left out of the measured window."""
+    def pause(self, what: str, *, under_way: bool = False) -> None:
+        """Something that is not training (`what`: "validation", "checkpoint saving") starts now, or, with
+        `under_way`, started when the last batch or pause ended (a hook that runs once the work is under way
+        or done: Lightning's on_save_checkpoint, Hugging Face's on_evaluate and on_save). The step it falls in
+        is left out of the measured window; its host seconds, up to `resume()`, the next pause or the next
+        training batch, go to the row's notes."""
+        now = time.perf_counter()
+        began = self._idle if under_way and self._open is None and self._idle is not None else now
+        self._close(now)
+        self._open = (what, began)
         self._pending_event = PAUSE
+
+    def resume(self) -> None:
+        """The pause under way ended now (a hook that runs after the work, such as Hugging Face's on_evaluate)."""
+        self._close(time.perf_counter())
+
+    def _close(self, now: float) -> None:
+        """End the pause under way (if any) at host clock `now`, adding its seconds to its kind's."""
+        if self._open is None:
+            return
+        what, began = self._open
+        runs = self.paused.setdefault(what, [0, 0.0])
+        runs[0] += 1
+        runs[1] += max(0.0, now - began)
+        self._open, self._idle = None, now
 
     def step(self, samples: int | None = None, tokens: int | None = None) -> None:
         """An optimizer step ended; `samples`/`tokens` override the batches' count (a framework that hides
@@ -111,14 +143,12 @@ class RunMeter:
             if self.cuda:
                 self._record_event()
             else:
-                self.times.append(now - (self._last or now))
+                self.times.append(now - self._last if self._last is not None else 0.0)
         self._pending_event, self._wait, self._samples, self._tokens = None, 0.0, 0, 0
         self._last = now
 
     def _record_event(self) -> None:
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        self.events.append(ev)
+        self.events.append(record_event(self.device))  # on the model's device, whichever is current
         if len(self.events) > 2 * CHUNK:  # read the oldest chunk: those events finished long ago
             self._read(CHUNK)
 
@@ -128,10 +158,56 @@ class RunMeter:
         self.times += [a.elapsed_time(b) / 1e3 for a, b in zip(self.events[:n], self.events[1:n + 1])]
         del self.events[:n]
 
-    def result(self) -> TrialResult:
-        """The run's row: warm-up by the steady-state rule, the rest its measured window."""
+    def _finish(self) -> None:
+        """The run ended: read the last events and the peak memory, end a pause under way (the last
+        validation or checkpoint, after the last step), read device token counts (one read)."""
         if self.cuda and len(self.events) > 1:
             self._read(len(self.events) - 1)
+        if self.cuda and self.peak is None:
+            self.peak = int(torch.cuda.max_memory_allocated(self.device))
+        self._close(time.perf_counter())
+        on_device = [i for i, t in enumerate(self.tokens) if isinstance(t, torch.Tensor)]
+        if on_device:
+            read = torch.stack([self.tokens[i].reshape(()) for i in on_device]).tolist()
+            for i, v in zip(on_device, read):
+                self.tokens[i] = int(v)
+
+    def combine_ranks(self) -> TrialResult | None:
+        """The run's row with every rank's steps in it, on rank zero; None on the other ranks. Counted as a
+        trial's ranks are (launch/result.py): samples and tokens summed over ranks, each step's time and data
+        wait the slowest rank's, peak memory the largest rank's; a step any rank paused in is left out.
+        A collective: every rank calls it at the same point (the framework's train-end hook). Without a
+        process group of more than one rank it is `result()`."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return self.result()
+        self._finish()
+        world = dist.get_world_size()
+        on = self.device if dist.get_backend() == "nccl" else torch.device("cpu")  # NCCL reduces CUDA tensors
+        n = torch.tensor([len(self.times)], dtype=torch.float64, device=on)
+        dist.all_reduce(n, op=dist.ReduceOp.MIN)  # DDP steps in lockstep: the same count, unless a rank failed
+        k = int(n.item())
+        paused = [float(self.slow.get(i) == PAUSE) for i in range(k)]
+        slowest = torch.tensor([*self.times[:k], *self.waits[:k], *paused, float(self.peak or 0)],
+                               dtype=torch.float64, device=on)
+        summed = torch.tensor([*self.samples[:k], *(int(t) for t in self.tokens[:k])], dtype=torch.float64, device=on)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        slowest, summed = slowest.tolist(), summed.tolist()
+        self.times, self.waits = slowest[:k], slowest[k:2 * k]
+        self.samples, self.tokens = [int(x) for x in summed[:k]], [int(x) for x in summed[k:]]
+        self.losses = self.losses[:k]
+        self.slow = {**{i: w for i, w in self.slow.items() if i < k and w != PAUSE},
+                     **{i: PAUSE for i in range(k) if slowest[2 * k + i]}}
+        self.peak = int(slowest[-1]) if self.cuda else None
+        self.notes.append(f"{world} ranks: samples and tokens summed over the ranks, each step's time and data wait "
+                          "the slowest rank's (as a trial's ranks are counted); the pauses' seconds and the losses are rank zero's")
+        return self.result() if dist.get_rank() == 0 else None
+
+    def result(self) -> TrialResult:
+        """The run's row: warm-up by the steady-state rule, the rest its measured window."""
+        self._finish()
         n = len(self.times)
         for i in range(n):
             if self.rule.done():
@@ -139,12 +215,16 @@ class RunMeter:
             self.rule.observe(self.times[i], self.waits[i], self.slow.get(i))
         warm = self.rule.steps
         window = [i for i in range(warm, n) if self.slow.get(i) != PAUSE]
-        if len(window) < n - warm:
-            self.notes.append(f"{n - warm - len(window)} steps left out of the window: {PAUSE} ran in them")
+        if self.paused:
+            told = "; ".join(f"{what}: {int(r)} run{'s' if r != 1 else ''}, {s:.2f} s" for what, (r, s)
+                             in self.paused.items())
+            self.notes.append(f"left out of the window: {told} (host seconds from each start to the next "
+                              f"training batch); {n - warm - len(window)} steps of the window held one")
         outcome = self.rule.outcome()
         notes = [*self.notes, *filter(None, [self.rule.note()])]  # after the window's own note
         extra = {"source": "real run", "framework": self.framework, "warmup_rule": outcome, "steps_total": n,
-                 "steady": self.rule.ended == "steady"}
+                 "steady": self.rule.ended == "steady",
+                 "left_out": {what: {"runs": int(r), "seconds": s} for what, (r, s) in self.paused.items()}}
         base = dict(knobs=self.knobs, env=environment(self.device), started_at=self.started_at, extra=extra)
         if len(window) < 2:
             return TrialResult(status="error", message=(
@@ -154,17 +234,12 @@ class RunMeter:
             notes.append(f"{self.skipped} steps after the first {MAX_STEPS} were not recorded")
         times = [self.times[i] for i in window]
         wall, samples = sum(times), sum(self.samples[i] for i in window)
-        tokens = [self.tokens[i] for i in window]
-        total = sum(int(t) if not isinstance(t, torch.Tensor) else 0 for t in tokens)
-        device_tokens = [t for t in tokens if isinstance(t, torch.Tensor)]
-        if device_tokens:
-            total += int(torch.stack([t.reshape(()) for t in device_tokens]).sum())  # one read, at the end
+        total = sum(int(self.tokens[i]) for i in window)
         losses = [x for x in (self.losses[i] for i in window[-KEEP_STEPS:]) if x is not None]
         kept = times[-KEEP_STEPS:]
         if len(kept) < len(times):
             notes.append(f"the row keeps the last {KEEP_STEPS} of {len(times)} measured steps; its samples/s, "
                          "data-wait share and tokens/s cover all of them")
-        peak = int(torch.cuda.max_memory_allocated(self.device)) if self.cuda else None
         if not self.cuda:
             notes.append("peak memory: not measured in a real run on this device (the profiler's replay that "
                          "trials use would slow the run)")
@@ -174,7 +249,8 @@ class RunMeter:
             status="ok", samples_per_s=samples / wall if wall > 0 else None, step_times_s=tuple(kept),
             data_wait_s=tuple(self.waits[i] for i in window)[-KEEP_STEPS:],
             data_wait_share=sum(self.waits[i] for i in window) / wall if wall > 0 else None,
-            peak_memory_bytes=peak, compile_s=outcome.get("seconds"),
+            peak_memory_bytes=self.peak if self.cuda else None,
+            compile_s=compile_cost(self.times[:warm], times, compiles=traits(self.knobs)["compiles"]),
             samples_per_step=round(samples / len(times)),
             losses=tuple(torch.stack([x.float().reshape(()) for x in losses]).cpu().tolist()) if losses else (),
             tokens_per_s=total / wall if total and wall > 0 else None,

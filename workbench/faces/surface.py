@@ -1,4 +1,4 @@
-"""What the Workbench class leans on outside itself: the names that left its public surface (issue 42),
+"""What the Workbench class leans on outside itself: the names that left its public surface,
 the notebook extra's check, and where a workbench's log goes."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from typing import Any
 
 from ..launch.runner import TrialInterrupted
 from ..results import safe_file_name
+from ..results.comparison import real_run
+from ..results.models import of_model
 
 # Removed from the public surface (issue 42): old name -> (private name, what to use instead).
 DEPRECATED = {
@@ -55,16 +57,23 @@ def log_path(log: str | os.PathLike | None, name: str, participant: str | None =
     return p / (safe_file_name(name, what="workbench") + ".jsonl")
 
 
+def fastest_trial(log: Any) -> Any:
+    """The fastest ok trial of the log's model (`log.model`; every trial's when None), what `to_code()`,
+    `to_lightning()` and `to_training_arguments()` export when given no trial; None when there is none.
+    A real run's row is never taken (it is the user's run, not a trial), nor another model's trial."""
+    done = [t for t in of_model(log.trials, log.model) if t.ok and t.samples_per_s and not real_run(t)]
+    return max(done, key=lambda t: t.samples_per_s) if done else None
+
+
 def knobs_of(log: Any, trial: Any, verb: str) -> Any:
-    """The Knobs of a trial id, a TrialResult or a Knobs value; None takes the fastest ok trial (else None)."""
+    """The Knobs of a trial id, a TrialResult or a Knobs value; None takes `fastest_trial` (else None)."""
     from ..core.knobs import Knobs
     from ..core.measure import TrialResult
 
     if trial is None:
-        done = [t for t in log.trials if t.ok and t.samples_per_s]
-        if not done:
+        trial = fastest_trial(log)
+        if trial is None:
             return None
-        trial = max(done, key=lambda t: t.samples_per_s)
     knobs = log.get(trial).knobs if isinstance(trial, int) and not isinstance(trial, bool) else trial
     knobs = knobs.knobs if isinstance(knobs, TrialResult) else knobs
     if not isinstance(knobs, Knobs):

@@ -73,6 +73,18 @@ def check_trials_in(value: str | None) -> str:
     return value
 
 
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every LocalWorker of this process (close_all)
+
+
+def close_all() -> int:
+    """Close every worker this process started (each workbench's, and their with_env ones); how many ran.
+    A test suite calls it after a test, so no worker outlives the test that made it."""
+    ran = [w for w in list(_LIVE) if w.alive()]
+    for w in list(_LIVE):
+        w.close()
+    return len(ran)
+
+
 class WorkerDied(RuntimeError):
     """The worker process ended while a call ran or waited (crashed, killed, out of memory)."""
 
@@ -156,6 +168,7 @@ class LocalWorker:
         self._pool = _pool if _pool is not None else {}
         self.startups: list[dict[str, Any]] = []  # each start: spawn to ready, torch's import, workloads loaded
         self.reported = 0  # how many of `startups` a workbench has said
+        _LIVE.add(self)
         if _pool is None:
             ref = weakref.ref(self)
             atexit.register(lambda: (lambda w: w.close() if w is not None else None)(ref()))

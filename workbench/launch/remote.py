@@ -57,7 +57,6 @@ def trial_job(payload: dict[str, Any]) -> dict[str, Any]:
     from ..core.measure import RAN_IN_ENV
     from .workerside import current_cancel
 
-    os.environ.setdefault(RAN_IN_ENV, "job")  # measure.environment's ran_in: a worker says "worker"
     adopt_user_knobs(payload.get("user_knobs") or {})  # the caller's @wb.knob declarations
     workload: Workload = payload["workload"]
     knobs: Knobs = payload["knobs"]
@@ -70,14 +69,23 @@ def trial_job(payload: dict[str, Any]) -> dict[str, Any]:
                              started_at=now_iso(),
                              message=f"the trial's process did not start as asked: {why} (the platform "
                                      "may ignore LD_PRELOAD or MALLOC_* variables: macOS, Windows, musl)")
-        return {"record": result.to_record(), "process": info}
+        return {"record": _where(result.to_record(), RAN_IN_ENV), "process": info}
     progress = TrialProgress()
     path = payload.get("progress_path")
     writer = _progress_writer(Path(path)) if path else None
     with Poller(progress, writer) if writer else contextlib.nullcontext():
-        run = {**payload["run"], "cancel": current_cancel()}  # a worker's stop; None in a one-call job
+        stop = current_cancel()  # a worker's stop event; None in a one-call job
+        run = {**payload["run"], **({"cancel": stop} if stop is not None else {})}
         result = payload["here"](workload, knobs, progress=progress, **run)  # runner.run_here
-    return {"record": result.to_record(), "process": info}
+    return {"record": _where(result.to_record(), RAN_IN_ENV), "process": info}
+
+
+def _where(record: dict[str, Any], var: str) -> dict[str, Any]:
+    """The record's `ran_in`: "worker" in a workbench's worker process (its environment says so), else "job"."""
+    env = record.get("env")
+    if isinstance(env, dict):
+        record["env"] = {**env, "ran_in": os.environ.get(var) or "job"}
+    return record
 
 
 def _progress_writer(path: Path) -> Any:

@@ -7,7 +7,7 @@ half is out (successive halving, as in F-Race/irace), so further trials go only 
 `Budget` (the seconds), runs every trial through `bench.run` (so each lands in the results and the chart), and
 keeps the path's rows. tune.py builds the candidates and calls these; this module never imports it.
 
-Interleaved drops (issue 34): after a round's trials, a contender that the trials leave undecided
+Interleaved drops: after a round's trials, a contender that the trials leave undecided
 against the leader is compared with it by interleaved turns (`compare(method="interleave")`, a few seconds in
 one process) when the two differ only in knobs that can take turns (`interleave.why_not`; on CUDA
 both peaks fit in free memory) and the seconds fit; the slower side of a decided comparison drops at
@@ -111,7 +111,7 @@ class Ctx:
 
     def run(self, knobs: Knobs) -> TrialResult | None:
         """One trial, None when its estimate does not fit the seconds left (Budget.trial); an unsteady
-        trial runs once more when that fits, and the repeat is the evidence (issue 30)."""
+        trial runs once more when that fits, and the repeat is the evidence."""
         r = self._once(knobs)
         if r is not None and r.ok and r.steady is False and self.used < self.limit:
             again = self._once(knobs)  # kept only when it finished: a repeat stopped by the budget is no evidence
