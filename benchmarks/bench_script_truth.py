@@ -40,6 +40,7 @@ import workbench as wb
 from workbench.core.codegen import script_warmup
 from workbench.core.measure import environment
 from workbench.core.system import allocator_env
+from workbench.launch.fresh import child_env
 from workbench.results.stats import t_quantile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,12 +138,7 @@ def script_rate(arch: str, result: wb.TrialResult, workdir: Path, steps: int, wa
     w = script_warmup(result.knobs, warmup)
     path.write_text(PREAMBLE.format(folder=str(ROOT / "benchmarks"), arch=arch) +
                     result.to_code(steps=w + steps, warmup=w))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for k, v in allocator_env(result.pinned_knobs().allocator or "glibc").items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
+    env = child_env(allocator_env(result.pinned_knobs().allocator or "glibc"))  # as its header's launch line says
     out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=900)
     m = re.search(r"([\d.]+) samples/s", out.stdout)
     if out.returncode != 0 or m is None:

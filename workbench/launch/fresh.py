@@ -58,6 +58,19 @@ def package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
+def child_env(changes: Mapping[str, str | None], paths: list[str] | None = None) -> dict[str, str]:
+    """This process's environment with `changes` (None unsets a variable), and a PYTHONPATH that imports
+    this `workbench` package first, then `paths` (the caller's import path), then what it already held."""
+    env = {**os.environ}
+    for k, v in changes.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    env["PYTHONPATH"] = os.pathsep.join([package_root(), *(paths or []), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 class FreshJob:
     """One job running in its own process: `done()`, `result()`, `cancel()`, `job_id`, `state`."""
 
@@ -185,13 +198,7 @@ class FreshProcess:
             with open(folder / CALL, "wb") as f:
                 cloudpickle.dump((fn, args, kwargs), f)
             (folder / PATH).write_text(json.dumps([p for p in sys.path if isinstance(p, str)]))
-            env = {**os.environ}
-            for k, v in self.env.items():
-                if v is None:
-                    env.pop(k, None)
-                else:
-                    env[k] = v
-            env["PYTHONPATH"] = os.pathsep.join([package_root(), *filter(None, [env.get("PYTHONPATH")])])
+            env = child_env(self.env)
             with open(folder / LOG, "wb") as log:
                 started = owner()["started"]  # the caller's start time: a reused pid is not the caller
                 proc = subprocess.Popen([self.python, "-m", "workbench.launch.fresh", str(folder), str(os.getpid()),

@@ -191,16 +191,12 @@ class LocalWorker:
                 self.folder = Path(tempfile.mkdtemp(prefix="workbench-worker-"))  # mode 0700
             to_r, to_w = os.pipe()
             from_r, from_w = os.pipe()
-            env = {**os.environ, PROCESS_ENV: "worker", TRIALS_ENV: "kernel"}
-            for k, v in self.env.items():
-                if v is None:
-                    env.pop(k, None)
-                else:
-                    env[k] = v
-            from .fresh import package_root
-
-            env["PYTHONPATH"] = os.pathsep.join([package_root(), *filter(None, [env.get("PYTHONPATH")])])
+            from .fresh import child_env
             from .owners import owner
+
+            # the kernel's import path too (a notebook's sys.path.insert): what it imports, the worker imports
+            paths = [p for p in sys.path if p and isinstance(p, str) and os.path.isdir(p)]
+            env = child_env({PROCESS_ENV: "worker", TRIALS_ENV: "kernel", **self.env}, paths)
 
             started = owner()["started"]  # the kernel's start time: a reused pid is not the kernel
             argv = [self.python, "-m", "workbench.launch.workerside", str(to_r), str(from_w), str(os.getpid()),
