@@ -163,9 +163,11 @@ def _bench(net: nn.Module, data, steps: int = 5) -> wb.Workbench:
 
 def _lead(r: TrialResult) -> tuple[str, ...]:
     """tune's first axes for a start `r` on a GPU bench (no page-fault or shape lead there)."""
+    from workbench.core.devicefacts import DeviceFacts
     from workbench.search.tune import _lead as lead
 
-    bench = SimpleNamespace(device=torch.device("cuda"), trials=[], workload=None)
+    bench = SimpleNamespace(device=torch.device("cuda"), trials=[], workload=None,
+                            _facts=DeviceFacts(type="cuda", name="a stand-in GPU", cores=2))  # what tune reads
     return lead(SimpleNamespace(bench=bench, rows=[]), r)
 
 
@@ -382,14 +384,17 @@ def test_a_copy_bound_step_on_cuda_is_told_to_pin_memory_not_to_add_workers():
 
     threads = {"cores": 8, "main_threads": 8, "workers": 0, "threads_wanted": 8, "oversubscribed": False,
                "suggest_cpu_threads": None}
+    from workbench.core.devicefacts import DeviceFacts
+
+    gpu = DeviceFacts(type="cuda", name="a stand-in GPU", cores=8)  # a GPU's facts on this CPU-only host
     base, cached = _trial(1, 0.10, wait=0.40, copy=0.35), _trial(2, 0.05, cached=True)
-    v = decide(base.knobs, check_data(base, cached, None), threads, device=torch.device("cuda"))
+    v = decide(base.knobs, check_data(base, cached, None), threads, device=torch.device("cuda"), facts=gpu)
     assert v.bottleneck == "data" and v.next_knobs == {"pin_memory": True}
     assert any("of which the host->device copy 35%" in e for e in v.evidence)
     # the copy is queued on the compute stream: pinning makes it asynchronous for the host, not concurrent
     assert "overlap" not in v.why and "does not block the host" in v.why
     loader = _trial(1, 0.10, wait=0.40, copy=0.02)
-    v = decide(loader.knobs, check_data(loader, cached, None), threads, device=torch.device("cuda"))
+    v = decide(loader.knobs, check_data(loader, cached, None), threads, device=torch.device("cuda"), facts=gpu)
     assert v.next_knobs.get("num_workers", 0) >= 1
 
 
