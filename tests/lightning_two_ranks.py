@@ -35,3 +35,9 @@ kinds = sorted({type(m).__name__ for m in module.modules()})
 line = (f"rank {trainer.global_rank}: steps={trainer.global_step} strategy={type(trainer.strategy).__name__} "
         f"modules={','.join(kinds)}\n")
 os.write(1, line.encode())  # one write: the two ranks share the pipe, and print's parts could interleave
+import torch.distributed as dist  # noqa: E402
+
+if dist.is_initialized():  # leave together, then skip the interpreter's teardown: a C++ thread of the process
+    dist.barrier()  # group still joinable at exit aborts the process ("terminate called without an active
+    dist.destroy_process_group()  # exception", exit code -6) after a fit that ran to its end
+os._exit(0)
