@@ -138,6 +138,7 @@ def test_noop_knobs_are_disabled_with_the_reason(bench: wb.Workbench) -> None:
     assert bench.trials == []
 
 
+@pytest.mark.worker  # as users run it: the DataLoader's worker forks from the worker process's main thread
 def test_widget_change_runs_a_trial_and_grows_chart_and_table(panel: Panel, bench: wb.Workbench) -> None:
     assert chart_data(panel.chart).empty and "No trials yet" in panel.table.value
     panel.controls["num_workers"].value = 1
@@ -156,6 +157,7 @@ def test_widget_change_runs_a_trial_and_grows_chart_and_table(panel: Panel, benc
     assert [v for _, v in panel.trial_pick.options] == [2, 1]  # newest first
 
 
+@pytest.mark.worker  # as users run it: the DataLoader's worker forks from the worker process's main thread
 def test_three_rapid_changes_coalesce_and_measure_the_last_config(bench: wb.Workbench) -> None:
     p = Panel(bench, debounce_s=0.3)
     try:
