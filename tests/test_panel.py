@@ -364,6 +364,7 @@ def test_a_long_log_updates_the_chart_data_and_shows_the_default_view(bench):
         p.close()
 
 
+@pytest.mark.worker  # the tuner races num_workers: its DataLoader forks from the worker's main thread, as users run
 def test_tune_button_tunes_within_the_budget_and_says_the_seconds_left(panel: Panel, bench: wb.Workbench,
                                                                        monkeypatch) -> None:
     shown = []
