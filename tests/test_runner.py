@@ -386,6 +386,7 @@ def test_derive_notes_page_faults_only_when_the_kernel_took_a_real_share(monkeyp
     from workbench.core.phases import MALLOC_ENV, RawTrial, derive
 
     monkeypatch.setattr(phases, "keeps_freed_memory", lambda: False)
+    monkeypatch.setattr(phases, "malloc_settled", lambda: False)
 
     def raw(share: float, faults: int) -> RawTrial:
         return RawTrial(warmup_steps=1, steps=10, startup_s=0.1, warm_times_s=[0.1], warmup_wall_s=0.1, probe_s=0.0,
@@ -401,6 +402,11 @@ def test_derive_notes_page_faults_only_when_the_kernel_took_a_real_share(monkeyp
     note = next(n for n in derive(raw(0.19, 230_000), wb.Knobs(batch_size=8))[1] if n.startswith("page faults"))
     assert "32 MiB" in note and "allocator='tcmalloc'" in note and "keep_freed_memory()" not in note
     monkeypatch.setattr(phases, "keeps_freed_memory", lambda: False)
+    monkeypatch.setattr(phases, "malloc_settled", lambda: True)  # glibc at its ceilings: what is above them
+    note = next(n for n in derive(raw(0.19, 230_000), wb.Knobs(batch_size=8))[1] if n.startswith("page faults"))
+    assert "above 32 MiB" in note and "64 MiB" in note and "allocator='glibc-kept'" in note
+    assert "keep_freed_memory()" not in note
+    monkeypatch.setattr(phases, "malloc_settled", lambda: False)
     _, notes = derive(raw(0.19, 230_000), wb.Knobs(batch_size=8, num_workers=2))
     assert any(n.startswith("page faults") and "shared memory" in n and MALLOC_ENV not in n for n in notes)
     for share, faults in ((0.01, 230_000), (0.19, 0)):  # a quiet window; kernel time without faults

@@ -156,3 +156,73 @@ def test_release_free_memory_trims_through_the_one_glibc_handle(monkeypatch):
     monkeypatch.setattr(system, "_glibc", lambda: None)
     system.release_free_memory()
     assert trims == [0]
+
+
+# Whether glibc serves a block of n bytes from a mapping of its own (above its mmap threshold): the count of
+# mapped blocks (mallinfo2's hblks) while it is held. The probe's own free moves the threshold as any free does.
+_THRESHOLDS = """
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None)
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc.mallinfo2.restype = Info
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+def mapped(n):
+    before = libc.mallinfo2().hblks
+    p = libc.malloc(n)
+    held = libc.mallinfo2().hblks
+    libc.free(p)
+    return held > before
+MiB = 2**20
+out = {"fresh_2": mapped(2 * MiB), "after_past_8": mapped(8 * MiB)}  # a past: 2 MiB, then 8 MiB freed
+SETTLE
+out["settled_24"] = mapped(24 * MiB)  # below the ceiling now: from the heap
+out["above_40"] = mapped(40 * MiB)  # above glibc's ceiling: always mapped, and its free moves nothing
+out["still_24"] = mapped(24 * MiB)
+print(json.dumps(out))
+"""
+
+
+def _thresholds(settle: str, env: dict[str, str] | None = None) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    out = subprocess.run([sys.executable, "-c", _THRESHOLDS.replace("SETTLE", settle)], capture_output=True,
+                         text=True, env={**base, **(env or {})}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(system._glibc() is None or system.mapped_allocator() is not None, reason="glibc's malloc only")
+def test_settle_malloc_puts_glibcs_thresholds_where_no_past_moves_them():
+    """A process's past (blocks it freed) raises glibc's thresholds; after settle_malloc a 24 MiB block comes
+    from the heap whatever came before, and blocks above the ceiling cannot move it. The exported script's lines
+    do the same. Fresh processes: the state is the process's for good."""
+    unsettled = _thresholds("pass")
+    assert unsettled == {"fresh_2": True, "after_past_8": True, "settled_24": True, "above_40": True,
+                         "still_24": False}  # the reference: one 24 MiB request, mapped or not by the past
+    settled = _thresholds("from workbench.core import system\nout['settle'] = system.settle_malloc()\n"
+                          "out['policy'] = system.malloc_policy()")
+    assert settled["settle"] is True and settled["policy"] == "glibc, thresholds settled"
+    assert settled["settled_24"] is False and settled["above_40"] is True and settled["still_24"] is False
+    from workbench.core.knobs.process import settle_lines
+
+    script = _thresholds("\n".join(settle_lines()))  # the exported script's lines, as written
+    assert script["settled_24"] is False and script["still_24"] is False
+    pinned = _thresholds("from workbench.core import system\nout['settle'] = system.settle_malloc()",
+                         env={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)})
+    assert pinned["settle"] is False and pinned["settled_24"] is True  # fixed at start-up: left as it is
+
+
+def test_a_trial_settles_glibc_before_it_records_its_environment(make_bench):
+    """The allocator knob's settings hook runs before the trial's environment is recorded: every trial of a
+    glibc process says its thresholds were settled, the first one too."""
+    if system._glibc() is None or system.mapped_allocator() is not None or system.keeps_freed_memory():
+        pytest.skip("glibc with dynamic thresholds only")
+    r = make_bench(steps=2, warmup_steps=1).run(progress=False)
+    assert r.ok and r.env["malloc"] == "glibc, thresholds settled", r.env["malloc"]
+    code = r.to_code()
+    assert "libc.free(libc.malloc(32 * 2**20 - 8192))" in code and "import ctypes" in code
+    compile(code, "train.py", "exec")

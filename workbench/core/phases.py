@@ -42,7 +42,7 @@ from .progress import TrialProgress
 from .shapes import ShapeWatch, shape_costs
 from .steady import WarmupRule, cycle_steps, is_steady
 from .step import BatchSource, LossBuffer, Stage, TrainStep
-from .system import KEEP_MMAP_BYTES, MALLOC_ENV, keeps_freed_memory
+from .system import KEEP_MMAP_BYTES, KEEP_TRIM_BYTES, MALLOC_ENV, keeps_freed_memory, malloc_settled
 from .tokens import window_figures
 from .workload import Workload
 
@@ -483,6 +483,12 @@ def page_fault_note(share: float, per_step: float, knobs: Knobs) -> str:
         return (head + f" although malloc keeps freed memory here: allocations above {KEEP_MMAP_BYTES >> 20} MiB "
                 "are still mapped afresh every step; a smaller batch, or bench.run(allocator='tcmalloc') (a fresh process), "
                 "avoids it (docs/measurement.md 'Page faults')")
+    if malloc_settled():  # glibc's thresholds at their ceiling: what still faults is above them
+        return (head + f": blocks above {KEEP_MMAP_BYTES >> 20} MiB are mapped afresh every step, and free memory "
+                f"above {2 * KEEP_MMAP_BYTES >> 20} MiB at the heap's top goes back to the OS (glibc's ceilings, where "
+                "the trial fixed its thresholds); measure allocator='glibc-kept' (keeps up to "
+                f"{KEEP_TRIM_BYTES >> 30} GiB) or 'tcmalloc', each in a process started in it (docs/measurement.md "
+                "'Page faults')")
     if ran_in() == "worker":  # the workbench's worker process: the kernel's mallopt does not reach it
         return (head + ": freed memory went back to the OS and each step faulted it in again. Whether that "
                 "happens depends on what ran before in the process, so the same knobs can read faster in "

@@ -119,6 +119,10 @@ MALLOC_ENV = f"MALLOC_MMAP_THRESHOLD_={KEEP_MMAP_BYTES} MALLOC_TRIM_THRESHOLD_={
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 _MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "MALLOC_TOP_PAD_")
 _kept = False  # keep_freed_memory() succeeded in this process
+_settled = False  # settle_malloc() fixed glibc's dynamic thresholds at their ceiling in this process
+# a request whose mapped chunk (request + header, rounded up to 4 KiB pages) is 32 MiB - 4 KiB: glibc raises its
+# thresholds only for a chunk below 32 MiB (it compares the size with the chunk's flag bits in it)
+SETTLE_BYTES = KEEP_MMAP_BYTES - 8192
 
 
 @functools.cache
@@ -161,6 +165,44 @@ def keep_freed_memory() -> bool:
     return ok
 
 
+def settle_malloc() -> bool:
+    """Fix glibc's dynamic malloc thresholds at their ceiling, so this process's past cannot move them; True
+    when they are fixed there now (False: not glibc, or its thresholds were set at start-up or by
+    keep_freed_memory(), which history cannot move either).
+
+    glibc raises its mmap threshold to the largest mapped block freed so far (up to 32 MiB) and its trim
+    threshold to twice that. Memory a step frees below them stays in the heap; above them it goes back to
+    the OS and the next step faults it in again. So the same loop reads faster in a process that once freed
+    a big block (loading a checkpoint, an earlier trial at a larger batch, the workload's own transfer) than
+    in a fresh one: 8-14% on a small ViT at batch 64 (benchmarks/README.md, "Trial vs its exported script").
+    One block freed at the ceiling puts both thresholds where no later free moves them: every trial, in any
+    process and after any past, starts from the same state, and the exported script does the same at its
+    top (knobs/process.py), so it reads what the trial read. Costs one mapping and unmapping, no page touched.
+    """
+    global _settled
+    if _settled:
+        return True
+    libc = _glibc()
+    if libc is None or _kept or any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
+        return False
+    if mapped_allocator() is not None:  # tcmalloc or jemalloc preloaded: malloc is theirs
+        return False
+    import ctypes
+
+    malloc, free = libc.malloc, libc.free
+    malloc.restype, malloc.argtypes, free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    block = malloc(SETTLE_BYTES)
+    if block:
+        free(block)  # a mapped chunk freed: mmap threshold ~32 MiB, trim threshold ~64 MiB
+    _settled = bool(block)
+    return _settled
+
+
+def malloc_settled() -> bool:
+    """Whether settle_malloc() fixed this process's glibc thresholds at their ceiling."""
+    return _settled
+
+
 def release_free_memory() -> None:
     """Hand freed heap pages back to the OS (glibc keeps them, so RSS would only ever grow).
 
@@ -180,7 +222,9 @@ def malloc_policy() -> str:
     named = [f"{k}={os.environ[k]}" for k in _MALLOC_VARS if k in os.environ]
     if named:
         return " ".join(named)
-    return "glibc default" if _glibc() is not None else ""
+    if _glibc() is None:
+        return ""
+    return "glibc, thresholds settled" if _settled else "glibc default"
 
 
 def keeps_freed_memory() -> bool:

@@ -14,18 +14,22 @@ the exported script's header and checks the mode at its start (every torchrun ra
 
 from __future__ import annotations
 
+import contextlib
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..system import (
     ALLOCATOR_INSTALL,
     ALLOCATORS,
+    KEEP_MMAP_BYTES,
     KEPT_ENV,
     PRELOADED,
     allocator_env,
     allocator_library,
     process_allocator,
+    settle_malloc,
 )
 from .spec import Context, Fuzz, declare
 
@@ -43,6 +47,34 @@ def allocator_differs(value: str | None, ctx: Context) -> str | None:
     if here == value:
         return None
     return f"allocator={value!r} asked, this process runs {here or 'its platform allocator'!r}"
+
+
+@contextlib.contextmanager
+def allocator_settings(value: str | None, ctx: Context) -> Iterator[None]:
+    """glibc as it starts (None or "glibc" in a glibc process): its malloc thresholds fixed at their ceiling
+    before the trial (`settle_malloc`), so the process's past cannot change the figure. It stays so after the
+    block (glibc cannot lower them again); the exported script does the same at its top (`settle_lines`)."""
+    if value in (None, "glibc"):
+        settle_malloc()
+    yield
+
+
+def settle_lines() -> list[str]:
+    """Script lines doing what `settle_malloc` did in the trial's process: one ~32 MiB block freed."""
+    return ["", "",
+            "def settle_malloc():",
+            '    """glibc raises its malloc thresholds to the largest block freed so far (up to 32 MiB), so a',
+            "    process's speed depends on its past: the trials fixed them at that ceiling first, and so does this",
+            '    script (a mapped block freed, no page touched)."""',
+            '    libc = ctypes.CDLL(None)',
+            '    if hasattr(libc, "mallopt"):  # glibc',
+            "        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]",
+            "        libc.free.argtypes = [ctypes.c_void_p]",
+            f"        libc.free(libc.malloc({KEEP_MMAP_BYTES >> 20} * 2**20 - 8192))",
+            "",
+            "",
+            'if os.name == "posix":',
+            "    settle_malloc()"]
 
 
 def allocator_check_run(value: str | None, ctx: Context) -> None:
@@ -93,8 +125,8 @@ def allocator_code(k: Any) -> dict[str, list[str]]:
     return {"header": [f"# The trials ran with allocator={k.allocator!r}; start the script the same way"
                        + (" (every rank inherits it)" if k.world_size > 1 else "") + ":",
                        f"#   {launch} {run}"],
-            "imports": ["import os", "import warnings"],
-            "setup": check_lines(k.allocator)}
+            "imports": ["import os", "import warnings"] + (["import ctypes"] if k.allocator == "glibc" else []),
+            "setup": check_lines(k.allocator) + (settle_lines() if k.allocator == "glibc" else [])}
 
 
 def pin_allocator(knobs: Any, mode: str | None) -> Any:
@@ -110,7 +142,7 @@ class ProcessKnobs:
 
     allocator: str | None = declare(None, interleave=False, kind="choice", choices=ALLOCATORS, optional=True,
         group="CPU", widget="dropdown", process_env=allocator_process_env, process_differs=allocator_differs,
-        check_run=allocator_check_run, note=allocator_note, code=allocator_code,
+        check_run=allocator_check_run, note=allocator_note, code=allocator_code, settings=allocator_settings,
         fuzz=Fuzz((None,), ("mimalloc", "TCMALLOC", "")),
         help='the C heap: "glibc" | "glibc-kept" | "tcmalloc" | "jemalloc", each in a fresh process '
              "(None: the process as it is)")
