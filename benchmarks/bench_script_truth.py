@@ -179,6 +179,7 @@ def main() -> None:
     load0, t0 = os.getloadavg(), time.perf_counter()
     kernel_past()
     rows = []
+    malloc: set[str] = set()  # the trials' malloc state (env["malloc"]): settled before each, or not
     with tempfile.TemporaryDirectory() as tmp:
         for arch in args.archs:
             model, data, loss_fn, opt = parts(arch)
@@ -192,6 +193,7 @@ def main() -> None:
                     for side in args.sides[:: 1 if r % 2 == 0 else -1]:
                         res = benches[side].run(batch_size=bs, progress=False)
                         rates.setdefault((side, bs), []).append(res.samples_per_s if res.ok else float("nan"))
+                        malloc.add(f"{side}: {res.env.get('malloc', '?')}")
                         if side == args.sides[0]:
                             rates.setdefault(("script", bs), []).append(
                                 script_rate(arch, res, Path(tmp), args.script_steps, args.warmup))
@@ -219,7 +221,8 @@ def main() -> None:
     env = environment(torch.device("cpu"))
     print(f"\n{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {env['cpu_model']}, "
           f"{os.cpu_count()} cores ({env['cpu_capability']}), torch {env['torch']} with {torch.get_num_threads()} "
-          f"threads, OpenMP {openmp_runtime()}, Python {platform.python_version()}; {args.rounds} rounds, trials "
+          f"threads, OpenMP {openmp_runtime()}, malloc ({'; '.join(sorted(malloc))}), Python "
+          f"{platform.python_version()}; {args.rounds} rounds, trials "
           f"{args.steps} steps, scripts {args.script_steps} timed steps; load {load0[0]:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after; {time.perf_counter() - t0:.0f} s")
     with pd.option_context("display.width", 250, "display.max_columns", 40):
