@@ -125,7 +125,7 @@ class Workbench(OnNode):
     def _where(self) -> Any:
         """What runs this workbench's trials: its executor's Jobs, its worker process (a distributed rank's starts at
         its first trial, launch/local.py's in_rank), or None (this process)."""
-        if self._worker is not None and self._worker.deferred and self._jobs_now() is None:
+        if self._worker is not None and self._worker.deferred:
             self.trials_in, self._worker, why = start_deferred(self._worker, self.workload)
             if why:  # the workload cannot leave this process: its trials run here
                 warn_at_caller(why)

@@ -11,9 +11,9 @@ user's script reads something else.
 
 The worker is a fresh Python process per workbench (pyperf's design): started once (in the background,
 when the workbench is made; in a rank of a distributed run, at the first trial), the workload sent once,
-then each call is a message. It runs every call
-on its main thread, one at a time, so it holds one OpenMP team, as a script does. The kernel's own
-torch work (a cell's forward pass, another workbench's trials) cannot reach its figures.
+then each call is a message. It runs every call on its main thread, one at a time, so it holds one
+OpenMP team, as a script does. The kernel's own torch work (a cell's forward pass, another workbench's
+trials) cannot reach its figures.
 
 How it talks: two pipes (`multiprocessing.connection.Connection`, length-framed bytes), cloudpickle
 payloads. To the worker: ("workload", key, blob) once per workload, ("call", id, blob), ("stop", id),
@@ -501,7 +501,7 @@ def start_deferred(worker: LocalWorker, workload: Any) -> tuple[str, LocalWorker
 def worker_for(workload: Any, worker: LocalWorker | None = None) -> tuple[LocalWorker | None, str]:
     """A started worker (`worker`, or a new one) already sent `workload` (the workbench's: `Workbench(trials_in=
     "worker")`), and ""; or (None, why its trials stay in this process) when the workload cannot be pickled."""
-    worker = worker or LocalWorker()
+    worker = LocalWorker() if worker is None else worker
     try:
         worker.preload(workload)
     except Exception as e:  # pickling: a generator, an open file, a lock in the data or the model
