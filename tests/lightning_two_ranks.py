@@ -37,7 +37,7 @@ line = (f"rank {trainer.global_rank}: steps={trainer.global_step} strategy={type
 os.write(1, line.encode())  # one write: the two ranks share the pipe, and print's parts could interleave
 import torch.distributed as dist  # noqa: E402
 
-if dist.is_initialized():  # leave together, then skip the interpreter's teardown: a C++ thread of the process
-    dist.barrier()  # group still joinable at exit aborts the process ("terminate called without an active
-    dist.destroy_process_group()  # exception", exit code -6) after a fit that ran to its end
+if dist.is_initialized():  # leave together, then skip the interpreter's teardown: a gloo thread that drops a
+    dist.barrier()  # finished collective's tensors once the interpreter exits cannot take the GIL and ends inside a
+    dist.destroy_process_group()  # destructor ("terminate called without an active exception", exit code -6)
 os._exit(0)

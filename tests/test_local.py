@@ -12,7 +12,7 @@ import torch
 from conftest import TinyNet, tiny_data
 
 import workbench as wb
-from workbench.launch.local import LocalWorker, WorkerDied, check_trials_in, startup_text
+from workbench.launch.local import LocalWorker, WorkerDied, check_trials_in, in_rank, startup_text
 
 pytestmark = pytest.mark.worker
 
@@ -190,3 +190,50 @@ def test_worker_seam_alone(tmp_path):
     finally:
         w.close()
     assert not w.alive()
+
+
+def in_a_torchrun_rank(monkeypatch) -> None:
+    """What torchrun sets in each rank's environment (the variables in_rank reads)."""
+    for k, v in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none"}.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.mark.parametrize("env", [{"LOCAL_RANK": "1"}, {"TORCHELASTIC_RUN_ID": "none"}, {"WORLD_SIZE": "2"}])
+def test_a_rank_is_known_by_torchrun_s_environment(monkeypatch, env):
+    for k in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    assert not in_rank()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not in_rank()
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert in_rank()
+
+
+def test_in_a_rank_the_worker_starts_at_the_first_trial_and_says_so_once(tmp_path, monkeypatch, capsys):
+    """A torchrun rank that only records its real run (wb.TrainerCallback) holds no worker process, no pickled
+    workload and no sender or reader thread; its first trial starts the worker and runs there."""
+    in_a_torchrun_rank(monkeypatch)
+    threads = {t.name for t in threading.enumerate()}
+    bench = bench_of(TinyNet(), tmp_path)
+    assert bench.trials_in == "worker" and not bench._worker.alive() and not bench._worker.startups
+    assert {t.name for t in threading.enumerate()} == threads  # no workbench-worker-sender/-reader
+    r = bench.run(progress=False)
+    assert r.ok and r.env["ran_in"] == "worker" and bench._worker.alive()
+    assert "ready in" in r.extra["worker_startup"]["text"]
+    again = bench.run(batch_size=16, progress=False)
+    assert again.env["ran_in"] == "worker" and "worker_startup" not in again.extra
+    assert bench.results["ran_in"].tolist() == ["worker"] * 2 and bench.trials_in == "worker"
+    said = capsys.readouterr()
+    assert (said.out + said.err).count("apart from the kernel") == 1
+
+
+def test_in_a_rank_a_workload_that_cannot_travel_says_so_at_its_first_trial(tmp_path, monkeypatch):
+    in_a_torchrun_rank(monkeypatch)
+    data = tiny_data()
+    data.lock = threading.Lock()  # cannot be pickled
+    bench = bench_of(TinyNet(), tmp_path, data=data)
+    assert bench.trials_in == "worker"  # nothing pickled yet
+    with pytest.warns(UserWarning, match="cannot be sent"):
+        r = bench.run(progress=False)
+    assert r.ok and r.env["ran_in"] == "kernel" and bench.trials_in == "kernel" and bench._worker is None

@@ -159,7 +159,12 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
             clock[0] += 0.1 if rank == 0 else 0.2  # rank 1 is the slow one: it sets each step's time
             meter.batch_done()
             meter.step()
+        reduced = []  # each collective's tensors and their reference counts before it
+        refs = realrun._refs
+        realrun._refs = lambda ts: reduced.append((ts, refs(ts))) or reduced[-1][1]
         row = meter.combine_ranks()
+        before = {id(ts): (ts, counts) for ts, counts in reversed(reduced)}  # each list's first count
+        assert len(before) == 2 and all(refs(ts) == counts for ts, counts in before.values())  # gloo let go
         if rank == 0:
             with open(out, "w") as f:
                 json.dump([row.samples_per_s, row.samples_per_step, max(row.step_times_s), list(row.notes)], f)
@@ -170,6 +175,8 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_two_gloo_ranks_make_one_row_with_the_world_s_samples(tmp_path):
+    """One row on rank zero; and combine_ranks returns only once gloo's threads have dropped its tensors (a drop
+    after the interpreter began to exit aborted the rank, when its collectives were a script's last)."""
     import torch.multiprocessing as mp
 
     with socket.socket() as s:

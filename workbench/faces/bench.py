@@ -27,7 +27,7 @@ from ..core.workload import StepFn, Workload, move_to
 from ..deciding.budget import Budget
 from ..deciding.rounds import compare
 from ..launch.cluster import check_executor, local_device, where_note
-from ..launch.local import routed, started_text, worker_of
+from ..launch.local import routed, start_deferred, started_text, worker_of
 from ..launch.runner import Progress, TrialInterrupted, check_knobs, in_parallel_slot, run_trial, submit_trial
 from ..results import Comparison, ResultLog
 from ..results.comparison import real_run
@@ -118,12 +118,17 @@ class Workbench(OnNode):
             self._jobs_now().travels(self.workload)  # diagnose's analyses of this workload run as jobs too
             for line in self._jobs.reattach(self._record, self._lock):
                 warn_at_caller(f"a job from an earlier kernel: {line}")
-        self.trials_in, self._worker, why = worker_of(self, self.workload, trials_in, executor)  # started now
+        self.trials_in, self._worker, why = worker_of(self, self.workload, trials_in, executor)  # started now, or in _where
         if why:  # the workload cannot leave this process: its trials run here
             warn_at_caller(why)
 
     def _where(self) -> Any:
-        """What runs this workbench's trials: its executor's Jobs, its worker process, or None (this process)."""
+        """What runs this workbench's trials: its executor's Jobs, its worker process (a distributed rank's starts at
+        its first trial, launch/local.py's in_rank), or None (this process)."""
+        if self._worker is not None and self._worker.deferred:
+            self.trials_in, self._worker, why = start_deferred(self._worker, self.workload)
+            if why:  # the workload cannot leave this process: its trials run here
+                warn_at_caller(why)
         return self._jobs_now() or routed(self.workload, self._worker)
 
     def _log_to(self, log: str | os.PathLike | None) -> None:

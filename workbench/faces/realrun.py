@@ -21,6 +21,7 @@ trial with the log's between-trial noise (stats.decide, the one-look rule of the
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,6 +40,7 @@ from ..results.stats import MARGIN, Comparison, decide
 CHUNK = 256  # CUDA events older than this many steps are read (long finished: no wait) and dropped
 MAX_STEPS = 20_000  # steps recorded at most (a log line stays under its size limit); later steps are counted only
 PAUSE = "a pause (validation, evaluation, a checkpoint save)"  # a step holding one is left out of the window (it is not training speed)
+LET_GO_S = 2.0  # reduced waits this long at most for the backend's threads to drop its tensors (milliseconds, usually)
 KEEP_STEPS = 4_000  # measured steps kept in the row (the latest); its figures cover the whole window
 
 
@@ -185,16 +187,12 @@ class RunMeter:
         self._finish()
         world = dist.get_world_size()
         on = self.device if dist.get_backend() == "nccl" else torch.device("cpu")  # NCCL reduces CUDA tensors
-        n = torch.tensor([len(self.times)], dtype=torch.float64, device=on)
-        dist.all_reduce(n, op=dist.ReduceOp.MIN)  # DDP steps in lockstep: the same count, unless a rank failed
-        k = int(n.item())
+        # DDP steps in lockstep: the same count, unless a rank failed
+        k = int(reduced([[len(self.times)]], [dist.ReduceOp.MIN], on)[0][0])
         paused = [float(self.slow.get(i) == PAUSE) for i in range(k)]
-        slowest = torch.tensor([*self.times[:k], *self.waits[:k], *paused, float(self.peak or 0)],
-                               dtype=torch.float64, device=on)
-        summed = torch.tensor([*self.samples[:k], *(int(t) for t in self.tokens[:k])], dtype=torch.float64, device=on)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
-        slowest, summed = slowest.tolist(), summed.tolist()
+        slowest, summed = reduced([[*self.times[:k], *self.waits[:k], *paused, float(self.peak or 0)],
+                                   [*self.samples[:k], *(int(t) for t in self.tokens[:k])]],
+                                  [dist.ReduceOp.MAX, dist.ReduceOp.SUM], on)
         self.times, self.waits = slowest[:k], slowest[k:2 * k]
         self.samples, self.tokens = [int(x) for x in summed[:k]], [int(x) for x in summed[k:]]
         self.losses = self.losses[:k]
@@ -275,6 +273,30 @@ class RunComparison(Comparison):
     def _settle(self) -> str:
         return ("one trial against one run cannot settle a gap this size at this noise: repeat the trial "
                 "(bench.run(trial.knobs)) so the log learns the noise, or train longer")
+
+
+def reduced(rows: list[list[float]], ops: list[Any], device: torch.device) -> list[list[float]]:
+    """Each row of numbers all-reduced over the ranks with its op, returned once the process group's threads have
+    let go of the tensors (at most LET_GO_S). A finished collective's work still holds its tensors until the
+    backend's thread drops it, and that drop takes the GIL (the tensor's Python object): when it comes after the
+    interpreter began to exit, as it can after these collectives at a run's end on a busy machine, the thread
+    is ended inside a destructor and the rank aborts ("terminate called without an active exception", -6)."""
+    import torch.distributed as dist
+
+    tensors = [torch.tensor(row, dtype=torch.float64, device=device) for row in rows]
+    before = _refs(tensors)
+    for i, op in enumerate(ops):
+        dist.all_reduce(tensors[i], op=op)
+    out = [t.tolist() for t in tensors]
+    deadline = time.monotonic() + LET_GO_S
+    while any(a > b for a, b in zip(_refs(tensors), before)) and time.monotonic() < deadline:
+        time.sleep(0.001)  # the backend's thread takes the GIL to let go
+    return out
+
+
+def _refs(tensors: list[torch.Tensor]) -> list[int]:
+    """Each tensor's count of references to its Python object (the backend's work holds one until it ends)."""
+    return [sys.getrefcount(t) for t in tensors]
 
 
 def windows(real: TrialResult, steps: int) -> list[tuple[float, float]]:

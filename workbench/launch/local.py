@@ -10,9 +10,10 @@ script has one team. So a trial measured in the kernel reads what the kernel did
 user's script reads something else.
 
 The worker is a fresh Python process per workbench (pyperf's design): started once (in the background,
-when the workbench is made), the workload sent once, then each call is a message. It runs every call
-on its main thread, one at a time, so it holds one OpenMP team, as a script does. The kernel's own
-torch work (a cell's forward pass, another workbench's trials) cannot reach its figures.
+when the workbench is made; in a rank of a distributed run, at the first trial), the workload sent once,
+then each call is a message. It runs every call on its main thread, one at a time, so it holds one
+OpenMP team, as a script does. The kernel's own torch work (a cell's forward pass, another workbench's
+trials) cannot reach its figures.
 
 How it talks: two pipes (`multiprocessing.connection.Connection`, length-framed bytes), cloudpickle
 payloads. To the worker: ("workload", key, blob) once per workload, ("call", id, blob), ("stop", id),
@@ -148,10 +149,11 @@ class LocalWorker:
 
     `env` is what its process starts with on top of this one's (None unsets a variable): the
     `allocator` knob's trials get a worker of their own through `with_env`. `start()` begins its start-up
-    without waiting (a workbench calls it when made); the first call waits for it.
+    without waiting (a workbench calls it when made, or at its first trial in a rank); the first call waits for it.
     """
 
     ran_in = "worker"  # a trial's `ran_in`, also when it failed before the worker said so (remote.run_elsewhere)
+    deferred = False  # made but not started: in a distributed rank, the first trial starts it (start_deferred)
 
     def __init__(self, env: Mapping[str, str | None] | None = None, *, python: str | None = None,
                  _pool: dict[str, LocalWorker] | None = None) -> None:
@@ -459,25 +461,55 @@ class LocalWorker:
 def worker_of(owner: Any, workload: Any, trials_in: str | None, executor: Any) -> tuple[str, LocalWorker | None, str]:
     """For `Workbench(trials_in=..., executor=...)`: (where its trials run, its worker, why not in one). Without an
     executor and unless "kernel" is asked, a worker is started now and sent the workload (the first trial waits for
-    less), and closed with `owner`; a workload that cannot be pickled runs in this process, saying why."""
+    less), and closed with `owner`; a workload that cannot be pickled runs in this process, saying why. In a rank of
+    a distributed run (in_rank) the worker is made but left for the first trial that needs it (start_deferred)."""
     trials_in = check_trials_in(trials_in)
     if executor is not None or trials_in == "kernel":
         return trials_in, None, ""
-    worker, why = worker_for(workload)
-    if worker is None:
-        return "kernel", None, why
+    if in_rank():
+        worker: LocalWorker | None = routed(workload, LocalWorker())
+        worker.deferred = True
+    else:
+        worker, why = worker_for(workload)
+        if worker is None:
+            return "kernel", None, why
     weakref.finalize(owner, worker.close)
     return "worker", worker, ""
 
 
-def worker_for(workload: Any) -> tuple[LocalWorker | None, str]:
-    """A started worker already sent `workload` (the workbench's: `Workbench(trials_in="worker")`), and "";
-    or (None, why its trials stay in this process) when the workload cannot be pickled."""
-    worker = LocalWorker()
+def in_rank() -> bool:
+    """Whether this process is one rank of a distributed run: torchrun's environment (LOCAL_RANK,
+    TORCHELASTIC_RUN_ID, WORLD_SIZE > 1) or an initialized process group. A workbench made there mostly records
+    the real run (wb.TrainerCallback, the Lightning callback): a worker started with it would be one idle
+    process per rank, the model and data pickled on every rank, and two threads in the run."""
+    env = os.environ
+    if "LOCAL_RANK" in env or "TORCHELASTIC_RUN_ID" in env or env.get("WORLD_SIZE", "1").strip() not in ("", "0", "1"):
+        return True
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def start_deferred(worker: LocalWorker, workload: Any) -> tuple[str, LocalWorker | None, str]:
+    """A worker that worker_of left for the first trial (`worker.deferred`), started and sent `workload` now: (where
+    trials run from now on, the worker or None, why not in it), as worker_of says them for a started one."""
+    worker.deferred = False
+    started, why = worker_for(workload, worker)
+    return ("worker" if started is not None else "kernel"), started, why
+
+
+def worker_for(workload: Any, worker: LocalWorker | None = None) -> tuple[LocalWorker | None, str]:
+    """A started worker (`worker`, or a new one) already sent `workload` (the workbench's: `Workbench(trials_in=
+    "worker")`), and ""; or (None, why its trials stay in this process) when the workload cannot be pickled."""
+    worker = LocalWorker() if worker is None else worker
     try:
         worker.preload(workload)
     except Exception as e:  # pickling: a generator, an open file, a lock in the data or the model
         worker.close()
+        from .runner import ROUTES
+
+        if ROUTES.get(workload) is worker:
+            del ROUTES[workload]
         return None, (f"trials run in this kernel, not in a worker process: the workload cannot be sent to one "
                       f"({type(e).__name__}: {str(e).strip()[:200]}). A figure measured here can depend on what "
                       "this kernel ran before (other threads' torch work); make the data and the model picklable "
