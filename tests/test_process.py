@@ -178,3 +178,18 @@ def test_a_mode_that_did_not_take_ends_only_its_trial(make_bench, monkeypatch):
     r = bench.run(allocator="tcmalloc" if HAVE_TCMALLOC else "glibc-kept")
     assert r.status == "error" and "did not start as asked" in r.message and r.where == "process"
     assert bench.run().ok
+
+
+def test_a_glibc_trial_s_script_and_a_trainers_words_settle_malloc_as_the_trial_did():
+    """The exported loop settles glibc's thresholds at its top (the trial's process did, before the trial); a
+    Trainer's or a Lightning fit's export says to call wb.settle_malloc(); other modes have nothing to settle."""
+    code = wb.Knobs(allocator="glibc").to_code()
+    assert "settle_malloc()" in code and "import ctypes" in code
+    assert code.index("settle_malloc()") < code.index("for batch in loader")  # before the loop
+    assert "settle_malloc" not in wb.Knobs(allocator="glibc-kept").to_code()
+    from workbench.faces.hf import training_kwargs
+
+    said = next(x for x in training_kwargs(wb.Knobs(allocator="glibc"), blocks=[], optim=None,
+                                           device_type="cpu").left_out if x.startswith("allocator="))
+    assert "wb.settle_malloc()" in said and "env -u LD_PRELOAD" in said
+    assert wb.settle_malloc is system.settle_malloc

@@ -21,7 +21,7 @@ from typing import Any
 
 from .core.knobs import Knobs, forget_knob, knob, knob_names, knob_table, tunable_knobs
 from .core.measure import TrialResult
-from .core.system import keep_freed_memory, package_version
+from .core.system import keep_freed_memory, package_version, settle_malloc
 from .deciding.rounds import compare
 from .faces.bench import Workbench
 from .launch.fresh import FreshProcess
@@ -66,5 +66,5 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Comparison", "FreshProcess", "Knobs", "ResultLog", "TrialInterrupted", "TrialResult", "Workbench", "compare",
     "demo", "forget_knob", "gather", "keep_freed_memory", "knob", "knob_names", "knob_table", "run_trial",
-    "tunable_knobs",
+    "settle_malloc", "tunable_knobs",
 ]

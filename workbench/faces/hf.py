@@ -276,10 +276,9 @@ def training_kwargs(knobs: Knobs, *, blocks: list[str], optim: str | None, devic
     if k.data == "cached":
         left.append("data='cached' (a measurement short-circuit: train on your data)")
     if k.allocator is not None:  # a process setting: the launch line, not an argument
-        from ..core.knobs.process import launch_env
+        from ..core.knobs.process import launch_words
 
-        left.append(f"allocator={k.allocator!r} (the process's memory allocator: launch the training as "
-                    f"`{launch_env(k.allocator)} python train.py`)")
+        left.append(f"allocator={k.allocator!r} (the process's memory allocator: {launch_words(k.allocator)})")
     left += [f"{name} (your @wb.knob: apply it to the model before the Trainer)" for name in user_knob_names()
              if name in dict(k.user)]
     out.collator = collator_lines(k)

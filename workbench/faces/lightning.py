@@ -455,9 +455,9 @@ def snippet(k: Knobs, *, device_type: str, blocks: list[str]) -> tuple[list[str]
         lines.append(f"# optimizer_impl={k.optimizer_impl!r}: in configure_optimizers pass {k.optimizer_impl}=True")
         said.append("optimizer_impl")
     if k.allocator is not None:
-        from ..core.knobs.process import launch_env
+        from ..core.knobs.process import launch_words
 
-        lines.append(f"# allocator={k.allocator!r}: launch the training as `{launch_env(k.allocator)} python train.py`")
+        lines.append(f"# allocator={k.allocator!r}: {launch_words(k.allocator)}")
         said.append("allocator")
     for name in user_knob_names():
         if name in dict(k.user):

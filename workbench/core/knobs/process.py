@@ -77,6 +77,14 @@ def settle_lines() -> list[str]:
             "    settle_malloc()"]
 
 
+def launch_words(value: str) -> str:
+    """How a script outside ours (a Trainer's, a Lightning fit) starts in `value`'s mode, as the trials did."""
+    words = f"launch the training as `{launch_env(value)} python train.py`"
+    if value == "glibc":
+        words += " and call `wb.settle_malloc()` at its top (the trials fixed glibc's malloc thresholds first)"
+    return words
+
+
 def allocator_check_run(value: str | None, ctx: Context) -> None:
     """Refuse, naming the package, a mode whose library is not on this machine."""
     if value in PRELOADED and allocator_library(value) is None:
