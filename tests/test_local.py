@@ -13,6 +13,7 @@ from conftest import TinyNet, tiny_data
 
 import workbench as wb
 from workbench.launch.local import LocalWorker, WorkerDied, check_trials_in, in_rank, startup_text
+from workbench.launch.runner import trial_threaded
 
 pytestmark = pytest.mark.worker
 
@@ -237,3 +238,19 @@ def test_in_a_rank_a_workload_that_cannot_travel_says_so_at_its_first_trial(tmp_
     with pytest.warns(UserWarning, match="cannot be sent"):
         r = bench.run(progress=False)
     assert r.ok and r.env["ran_in"] == "kernel" and bench.trials_in == "kernel" and bench._worker is None
+
+
+@trial_threaded
+def _pid_of(workload) -> int:
+    """An analysis: runs wherever the workload's analyses are routed."""
+    return os.getpid()
+
+
+def test_in_a_rank_an_analysis_before_any_trial_runs_here_and_starts_no_worker(tmp_path, monkeypatch):
+    """diagnose() before the first trial, in a rank: its analyses run in this process (nothing pickled, so an
+    unpicklable workload fails nothing); the first trial still decides where trials run."""
+    in_a_torchrun_rank(monkeypatch)
+    data = tiny_data()
+    data.lock = threading.Lock()  # cannot be pickled
+    bench = bench_of(TinyNet(), tmp_path, data=data)
+    assert _pid_of(bench.workload) == os.getpid() and not bench._worker.alive()

@@ -301,7 +301,7 @@ def trial_threaded(fn: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T:
         jobs = ROUTES.get(args[0]) if args else None
-        if jobs is not None:
+        if jobs is not None and not getattr(jobs, "deferred", False):  # a rank's worker not yet started: here
             return jobs.call(wrapper, *args, **kwargs)
         return on_trial_thread(fn, *args, **kwargs)
 
