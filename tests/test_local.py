@@ -254,3 +254,20 @@ def test_in_a_rank_an_analysis_before_any_trial_runs_here_and_starts_no_worker(t
     data.lock = threading.Lock()  # cannot be pickled
     bench = bench_of(TinyNet(), tmp_path, data=data)
     assert _pid_of(bench.workload) == os.getpid() and not bench._worker.alive()
+
+
+def test_with_env_workers_close_with_their_worker_and_one_closes_alone():
+    """A worker's with_env workers (an allocator trial's process) share its pool: closing the worker closes them,
+    once each; closing one of them ends only that one and takes it out of the pool."""
+    w = LocalWorker()
+    a, b = w.with_env({"WORKBENCH_TEST_A": "1"}), w.with_env({"WORKBENCH_TEST_B": "1"})
+    try:
+        assert w.with_env({"WORKBENCH_TEST_A": "1"}) is a
+        assert a.submit(os.getenv, "WORKBENCH_TEST_A").result(60) == "1"
+        assert b.submit(pow, 2, 3).result(60) == 8
+        a.close()
+        assert not a.alive() and b.alive() and w.with_env({"WORKBENCH_TEST_A": "1"}) is not a
+        w.close()
+        assert not b.alive() and not w.alive() and not w._pool
+    finally:
+        w.close()

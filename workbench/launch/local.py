@@ -168,6 +168,7 @@ class LocalWorker:
         self._loaded: dict[int, tuple[str, Any]] = {}  # id(workload) -> (key, weakref to it)
         self._ready = threading.Event()
         self._pool = _pool if _pool is not None else {}
+        self._owns_pool = _pool is None  # made by with_env: another worker's pool, not its own
         self.startups: list[dict[str, Any]] = []  # each start: spawn to ready, torch's import, workloads loaded
         self.reported = 0  # how many of `startups` a workbench has said
         _LIVE.add(self)
@@ -437,9 +438,14 @@ class LocalWorker:
 
     def close(self) -> None:
         """Ask the worker (and every with_env worker) to exit, end it if it does not within 2 s; remove its folder."""
-        for w in list(self._pool.values()):
-            if w is not self:
+        if self._owns_pool:  # its with_env workers close with it; one of them closes alone, leaving the pool
+            others = list(self._pool.values())
+            self._pool.clear()
+            for w in others:
                 w.close()
+        else:
+            for key in [k for k, w in list(self._pool.items()) if w is self]:
+                self._pool.pop(key, None)
         proc = self._proc
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(WorkerDied):
