@@ -8,8 +8,10 @@ when a process starts, so a trial with an allocator runs in a fresh process star
 trial where it is asked to, as that process is, and records its mode (the environment's `allocator`).
 
 Each hook sits here: the process's environment, the check that it is active, the refusal of a
-missing library (naming the package), the note, and the code hook that writes the launch line into
-the exported script's header and checks the mode at its start (every torchrun rank runs the check).
+missing library (naming the package), the note, the settings hook that fixes glibc's malloc thresholds
+before each trial (system.settle_malloc), and the code hook that writes the launch line into the
+exported script's header, checks the mode at its start (every torchrun rank runs the check) and, for
+glibc, fixes the thresholds there too.
 """
 
 from __future__ import annotations
